@@ -1,0 +1,742 @@
+"""Every statement that moves a message: enqueue, claim, ack, fail, release, promote, recover.
+
+Nothing else in the package writes the queue tables. Statements are raw SQL where the
+ORM can't say them (``UPDATE … ORDER BY … LIMIT``, ``FORCE INDEX``, ``CONNECTION_ID()``),
+always parameterised, and all times come from the database clock (``UTC_TIMESTAMP(6)``)
+so that producers and workers on hosts with skewed clocks agree on what is due.
+
+Delivery is at-least-once: a claim is one autocommit ``UPDATE … LIMIT n`` stamped with
+the claimer's connection id, the server's start time and a fresh token; the batch is read
+back by the token. Ack deletes the message and writes its history row in one transaction,
+guarded by the token so a late ack never touches a message a peer has since recovered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .conf import get_settings
+from .models import CLAIM_INDEX, MessageStatus, Outcome
+from .signals import message_enqueued, messages_recovered
+from .tasks import NewMessage
+
+logger = logging.getLogger("django_mysqlq")
+
+T = TypeVar("T")
+
+MESSAGE_TABLE = "mysqlq_message"
+ATTEMPT_TABLE = "mysqlq_attempt"
+WORKER_TABLE = "mysqlq_worker"
+RECOVERY_LOCK = "django_mysqlq:recover"
+
+#: MySQL error codes retried with jitter: deadlock, lock wait timeout.
+LOCK_ERRORS = frozenset({1213, 1205})
+LOCK_RETRY_LIMIT = 8
+#: Seconds of tolerance when comparing server start times (Uptime has 1 s resolution).
+SERVER_START_SLACK = 2
+#: Rows per multi-row INSERT in enqueue_many.
+INSERT_CHUNK = 1000
+
+_INSERT_COLUMNS = (
+    "queue, task_name, payload, priority, max_attempts, retry_backoff, timeout, dedup_key, "
+    "enqueued_at, run_at, status, attempts, last_error"
+)
+#: One row of the enqueue INSERT. run_at is the absolute time given, else now + delay, both
+#: on the database clock; the row is scheduled when that lies in the future.
+_INSERT_ROW = (
+    "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), "
+    "COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), "
+    "IF(COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND) > UTC_TIMESTAMP(6), "
+    "'scheduled', 'ready'), 0, '')"
+)
+
+CLAIM_SQL = f"""
+UPDATE {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
+       owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
+       lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       attempts = attempts + 1
+ WHERE queue = %s AND status = 'ready'
+ ORDER BY priority DESC, id
+ LIMIT %s
+"""
+
+READ_CLAIMED_SQL = f"""
+SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
+       timeout, enqueued_at, owner_connection
+  FROM {MESSAGE_TABLE}
+ WHERE claim_token = %s
+ ORDER BY priority DESC, id
+"""
+
+_CLEAR_CLAIM = (
+    "claim_token = NULL, owner_connection = NULL, owner_server_start = NULL, "
+    "worker_id = NULL, claimed_at = NULL, lease_expires_at = NULL"
+)
+
+ACK_DELETE_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s"
+
+RETRY_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = IF(%s > 0, 'scheduled', 'ready'),
+       run_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       last_error = %s, {_CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+
+DEAD_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'dead', last_error = %s, {_CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+
+RELEASE_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {_CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+
+PROMOTE_SQL = f"""
+UPDATE {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
+   SET status = 'ready'
+ WHERE status = 'scheduled' AND run_at <= UTC_TIMESTAMP(6)
+ ORDER BY run_at
+ LIMIT %s
+"""
+
+RENEW_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       owner_connection = CONNECTION_ID(), owner_server_start = %s
+ WHERE worker_id = %s AND status = 'claimed'
+"""
+
+CLAIMED_ROWS_SQL = f"""
+SELECT id, claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired
+  FROM {MESSAGE_TABLE}
+ WHERE status = 'claimed'
+"""
+
+RECOVER_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = IF(attempts >= max_attempts, 'dead', 'ready'),
+       last_error = %s, {_CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+
+# Copies a message row into history; the caller adds the worker's columns.
+_HISTORY_FROM_MESSAGE = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload)
+SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, claimed_at,
+       UTC_TIMESTAMP(6), COALESCE(worker_id, ''), '', NULL, owner_connection, '', %s, %s, '',
+       NULL, IF(%s, payload, '')
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s
+"""
+
+INSERT_ATTEMPT_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+IDENTITY_SQL = (
+    "SELECT CONNECTION_ID(), UNIX_TIMESTAMP() - VARIABLE_VALUE "
+    "FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
+)
+LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
+
+REGISTER_WORKER_SQL = f"""
+INSERT INTO {WORKER_TABLE}
+       (id, host, pid, queues, concurrency, connection_id, started_at, last_heartbeat,
+        stopped_at, processed, failed)
+VALUES (%s, %s, %s, %s, %s, CONNECTION_ID(), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, 0)
+ON DUPLICATE KEY UPDATE last_heartbeat = UTC_TIMESTAMP(6), stopped_at = NULL,
+       connection_id = CONNECTION_ID()
+"""
+HEARTBEAT_WORKER_SQL = f"""
+UPDATE {WORKER_TABLE}
+   SET last_heartbeat = UTC_TIMESTAMP(6), connection_id = CONNECTION_ID(),
+       processed = %s, failed = %s, stopped_at = NULL
+ WHERE id = %s
+"""
+STOP_WORKER_SQL = f"""
+UPDATE {WORKER_TABLE}
+   SET stopped_at = UTC_TIMESTAMP(6), processed = %s, failed = %s
+ WHERE id = %s
+"""
+MARK_STALE_WORKERS_SQL = f"""
+UPDATE {WORKER_TABLE}
+   SET stopped_at = last_heartbeat
+ WHERE stopped_at IS NULL AND last_heartbeat < UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedMessage:
+    """A message this worker holds, as read back by its claim token."""
+
+    id: int
+    queue: str
+    task_name: str
+    payload: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    retry_backoff: float
+    timeout: float | None
+    enqueued_at: dt.datetime
+    claim_token: str
+    connection_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """Who ran an attempt: written into its history row."""
+
+    worker_id: str
+    host: str
+    pid: int
+    thread: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    """How one attempt ended, as the worker saw it."""
+
+    started_at: dt.datetime
+    error_class: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    result: Any = None
+
+
+class BrokerStats:
+    """Counters the worker reports: lock conflicts retried inside the broker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.deadlocks = 0
+        self.lock_waits = 0
+
+    def count(self, code: int) -> None:
+        with self._lock:
+            if code == 1213:
+                self.deadlocks += 1
+            else:
+                self.lock_waits += 1
+
+
+stats = BrokerStats()
+
+
+def _alias() -> str:
+    return get_settings().DATABASE
+
+
+def _connection(alias: str | None = None) -> BaseDatabaseWrapper:
+    return connections[alias or _alias()]
+
+
+def _naive_utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def _micros(seconds: float) -> int:
+    return int(round(seconds * 1_000_000))
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
+
+
+def _with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
+    """Run ``operation``; retry it on deadlock/lock-wait errors with jittered backoff.
+
+    Only valid outside the caller's transaction: inside one, a deadlock has already
+    rolled back everything else, so the error must reach the caller.
+    """
+    connection = _connection(alias)
+    for attempt in range(LOCK_RETRY_LIMIT):
+        try:
+            return operation()
+        except OperationalError as exc:
+            code = _error_code(exc)
+            if (
+                code not in LOCK_ERRORS
+                or connection.in_atomic_block
+                or attempt == LOCK_RETRY_LIMIT - 1
+            ):
+                raise
+            stats.count(code)
+            time.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+    raise AssertionError("unreachable")
+
+
+def _require_autocommit(alias: str, what: str) -> None:
+    if _connection(alias).in_atomic_block:
+        raise RuntimeError(
+            f"{what} must run in autocommit mode, outside transaction.atomic(): a claim "
+            "held inside an open transaction is invisible to peers and can't be recovered."
+        )
+
+
+# --------------------------------------------------------------------------- identity
+
+_identity_cache: dict[int, tuple[int, int]] = {}
+_identity_lock = threading.Lock()
+
+
+def connection_identity(alias: str | None = None) -> tuple[int, int]:
+    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection, cached per link."""
+    connection = _connection(alias)
+    connection.ensure_connection()
+    key = id(connection.connection)
+    cached = _identity_cache.get(key)
+    if cached is not None:
+        return cached
+    with connection.cursor() as cursor:
+        cursor.execute(IDENTITY_SQL)
+        row = cursor.fetchone()
+    identity = (int(row[0]), int(row[1]))
+    with _identity_lock:
+        if len(_identity_cache) > 1000:
+            _identity_cache.clear()
+        _identity_cache[key] = identity
+    return identity
+
+
+# --------------------------------------------------------------------------- enqueue
+
+
+def _row_params(message: NewMessage) -> list[Any]:
+    run_at = _naive_utc(message.run_at) if message.run_at is not None else None
+    delay_micros = _micros(message.delay)
+    return [
+        message.queue, message.task_name, message.payload, message.priority,
+        message.max_attempts, message.retry_backoff, message.timeout, message.dedup_key,
+        run_at, delay_micros, run_at, delay_micros,
+    ]
+
+
+def _insert_one(alias: str, message: NewMessage) -> int:
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {_INSERT_ROW}",
+            _row_params(message),
+        )
+        return int(cursor.lastrowid)
+
+
+def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
+    connection = _connection(alias)
+    if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        # MySQL has no INSERT … RETURNING: insert one by one to learn every id.
+        return [_insert_one(alias, message) for message in messages]
+    ids: list[int] = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(messages), INSERT_CHUNK):
+            chunk = messages[start:start + INSERT_CHUNK]
+            params: list[Any] = []
+            for message in chunk:
+                params.extend(_row_params(message))
+            values = ", ".join([_INSERT_ROW] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {values} RETURNING id",
+                params,
+            )
+            ids.extend(int(row[0]) for row in cursor.fetchall())
+    return ids
+
+
+def _insert_deduplicated(alias: str, message: NewMessage) -> int:
+    """Insert, or return the id of the unfinished message that already has this dedup key."""
+    try:
+        with transaction.atomic(using=alias):
+            return _insert_one(alias, message)
+    except IntegrityError:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s", [message.dedup_key]
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise
+        return int(row[0])
+
+
+def enqueue(messages: Sequence[NewMessage]) -> list[int]:
+    """Insert messages in the caller's transaction (if any); return their ids in order.
+
+    Times are taken from the database clock. A message whose ``run_at`` lies in the
+    future is stored as scheduled and promoted to ready when it is due.
+    """
+    if not messages:
+        return []
+    alias = _alias()
+    if len(messages) == 1:
+        message = messages[0]
+        if message.dedup_key is not None:
+            ids = [_insert_deduplicated(alias, message)]
+        else:
+            ids = [_insert_one(alias, message)]
+    else:
+        ids = _insert_many(alias, messages)
+
+    task_name = messages[0].task_name
+
+    def announce() -> None:
+        message_enqueued.send(sender=task_name, message_ids=ids)
+
+    transaction.on_commit(announce, using=alias)
+    return ids
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
+          alias: str | None = None) -> list[ClaimedMessage]:
+    """Claim up to ``limit`` ready messages, taking the queues in the order given."""
+    alias = alias or _alias()
+    _require_autocommit(alias, "claim()")
+    _, server_start = connection_identity(alias)
+    claimed: list[ClaimedMessage] = []
+    for queue in queues:
+        wanted = limit - len(claimed)
+        if wanted <= 0:
+            break
+        token = uuid.uuid4().hex
+
+        def run(queue: str = queue, wanted: int = wanted, token: str = token) -> int:
+            with _connection(alias).cursor() as cursor:
+                cursor.execute(CLAIM_SQL, [token, server_start, worker_id,
+                                           _micros(lease_seconds), queue, wanted])
+                return int(cursor.rowcount)
+
+        if _with_lock_retry(alias, run) == 0:
+            continue
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(READ_CLAIMED_SQL, [token])
+            rows = cursor.fetchall()
+        for row in rows:
+            enqueued_at = row[9]
+            if timezone.is_naive(enqueued_at):
+                enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
+            claimed.append(ClaimedMessage(
+                id=int(row[0]), queue=row[1], task_name=row[2], payload=row[3],
+                priority=int(row[4]), attempt=int(row[5]), max_attempts=int(row[6]),
+                retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
+                enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
+            ))
+    return claimed
+
+
+# --------------------------------------------------------------------------- finish
+
+
+def _result_json(message: ClaimedMessage, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        logger.warning("Result of %s #%s is not JSON (%s); history keeps no result.",
+                       message.task_name, message.id, exc)
+        return None
+
+
+def _attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,
+                    result: AttemptResult, keep_payload: bool) -> list[Any]:
+    return [
+        message.id, message.queue, message.task_name, message.attempt, outcome,
+        message.priority, _naive_utc(message.enqueued_at), _naive_utc(result.started_at),
+        runner.worker_id, runner.host[:255], runner.pid, message.connection_id,
+        runner.thread[:100], result.error_class[:255], result.error_message, result.traceback,
+        _result_json(message, result.result) if outcome == Outcome.SUCCEEDED else None,
+        message.payload if keep_payload else "",
+    ]
+
+
+def _in_transaction(alias: str, body: Callable[[Any], T]) -> T:
+    def run() -> T:
+        with transaction.atomic(using=alias), _connection(alias).cursor() as cursor:
+            return body(cursor)
+
+    return _with_lock_retry(alias, run)
+
+
+def ack(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
+    """Delete a finished message and record its success, in one transaction.
+
+    Returns False when the claim had been lost (a peer recovered the message while it
+    ran): the history row is still written, and the message stays queued for its re-run.
+    """
+    alias = _alias()
+
+    def body(cursor: Any) -> bool:
+        cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
+        owned = bool(cursor.rowcount)
+        cursor.execute(INSERT_ATTEMPT_SQL,
+                       _attempt_params(message, Outcome.SUCCEEDED, runner, result, True))
+        return owned
+
+    owned = _in_transaction(alias, body)
+    if not owned:
+        logger.warning("%s #%s finished after its claim was recovered by a peer; it will run "
+                       "again (at-least-once).", message.task_name, message.id)
+    return owned
+
+
+def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
+    """Ack inside the caller's open transaction (for work that commits with its ack)."""
+    alias = _alias()
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
+        owned = bool(cursor.rowcount)
+        cursor.execute(INSERT_ATTEMPT_SQL,
+                       _attempt_params(message, Outcome.SUCCEEDED, runner, result, True))
+    return owned
+
+
+def retry_delay(message: ClaimedMessage) -> float:
+    """Exponential backoff with jitter: base × 2^(attempt-1), ±25 %, capped."""
+    base = message.retry_backoff
+    if base <= 0:
+        return 0.0
+    delay = min(get_settings().RETRY_BACKOFF_MAX, base * 2 ** (message.attempt - 1))
+    return delay * random.uniform(0.75, 1.25)
+
+
+def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
+         *, retry: bool = True) -> str:
+    """Record a failed attempt; schedule a retry or, out of attempts, make it dead.
+
+    Returns the outcome written (``retried`` or ``failed``).
+    """
+    alias = _alias()
+    will_retry = retry and message.attempt < message.max_attempts
+    outcome = Outcome.RETRIED if will_retry else Outcome.FAILED
+    summary = f"{result.error_class}: {result.error_message}".strip(": ")
+    delay = retry_delay(message) if will_retry else 0.0
+
+    def body(cursor: Any) -> None:
+        if will_retry:
+            cursor.execute(RETRY_SQL, [delay, _micros(delay), summary, message.id,
+                                       message.claim_token])
+        else:
+            cursor.execute(DEAD_SQL, [summary, message.id, message.claim_token])
+        cursor.execute(INSERT_ATTEMPT_SQL,
+                       _attempt_params(message, outcome, runner, result, not will_retry))
+
+    _in_transaction(alias, body)
+    return str(outcome)
+
+
+def release(messages: Sequence[ClaimedMessage]) -> int:
+    """Give claimed-but-unstarted messages back to the queue, as if never claimed."""
+    alias = _alias()
+    released = 0
+    for message in messages:
+        def run(message: ClaimedMessage = message) -> int:
+            with _connection(alias).cursor() as cursor:
+                cursor.execute(RELEASE_SQL, [message.id, message.claim_token])
+                return int(cursor.rowcount)
+
+        released += _with_lock_retry(alias, run)
+    return released
+
+
+# --------------------------------------------------------------------------- upkeep
+
+
+def promote_due(limit: int = 1000, alias: str | None = None) -> int:
+    """Turn scheduled messages whose time has come into ready ones; return how many."""
+    alias = alias or _alias()
+
+    def run() -> int:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(PROMOTE_SQL, [limit])
+            return int(cursor.rowcount)
+
+    return _with_lock_retry(alias, run)
+
+
+def renew_leases(worker_id: str, lease_seconds: float, alias: str | None = None) -> int:
+    """Extend this worker's claims and re-stamp them with its current connection id.
+
+    Re-stamping matters after a reconnect: the claims then belong to the new connection,
+    so peers don't mistake a live worker for a dead one.
+    """
+    alias = alias or _alias()
+    _, server_start = connection_identity(alias)
+
+    def run() -> int:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(RENEW_SQL, [_micros(lease_seconds), server_start, worker_id])
+            return int(cursor.rowcount)
+
+    return _with_lock_retry(alias, run)
+
+
+def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[int, str, str]]:
+    """``(id, token, reason)`` of claims whose owner is gone or whose lease ran out."""
+    # Read the claims before the process list: a claim visible now was made by a
+    # connection that exists now or died; one made later can't be judged wrongly.
+    cursor.execute(CLAIMED_ROWS_SQL)
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    live: set[int] = set()
+    if liveness == "connection":
+        cursor.execute(LIVE_CONNECTIONS_SQL)
+        live = {int(row[0]) for row in cursor.fetchall()}
+    lost = []
+    for message_id, token, owner, owner_start, expired in rows:
+        if expired:
+            reason = "lease expired without a heartbeat"
+        elif liveness != "connection":
+            continue
+        elif owner_start is not None and owner_start < server_start - SERVER_START_SLACK:
+            reason = "claimed before the database server restarted"
+        elif owner is not None and int(owner) not in live:
+            reason = f"owner connection {owner} is gone"
+        else:
+            continue
+        lost.append((int(message_id), str(token), reason))
+    return lost
+
+
+def recover(liveness: str | None = None, alias: str | None = None) -> list[int]:
+    """Give the claims of vanished workers back to the queue; return the recovered ids.
+
+    Only one sweeper runs at a time (``GET_LOCK``); others return at once. Each lost
+    attempt gets a ``lost`` history row, or ``failed`` when it was the message's last
+    attempt (a message that keeps killing its workers ends up dead, not in a loop).
+    """
+    alias = alias or _alias()
+    conf = get_settings()
+    liveness = liveness or conf.LIVENESS
+    _require_autocommit(alias, "recover()")
+    _, server_start = connection_identity(alias)
+    connection = _connection(alias)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [RECOVERY_LOCK])
+        if cursor.fetchone()[0] != 1:
+            return []
+        try:
+            lost = _lost_claims(cursor, liveness, server_start)
+            recovered = [m for m in lost if _recover_one(alias, *m)]
+            cursor.execute(MARK_STALE_WORKERS_SQL, [_micros(conf.LEASE_SECONDS)])
+        finally:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [RECOVERY_LOCK])
+            cursor.fetchone()
+    ids = [message_id for message_id, _, _ in recovered]
+    if ids:
+        logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
+                       "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
+        messages_recovered.send(sender=None, message_ids=ids)
+    return ids
+
+
+def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
+    error = f"WorkerLost: {reason}"
+
+    def body(cursor: Any) -> bool:
+        cursor.execute(
+            f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
+            "WHERE id = %s AND claim_token = %s FOR UPDATE",
+            [message_id, token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return False  # acked or released meanwhile
+        outcome = Outcome.FAILED if row[0] else Outcome.LOST
+        cursor.execute(_HISTORY_FROM_MESSAGE,
+                       [outcome, "WorkerLost", reason, outcome == Outcome.FAILED, message_id])
+        cursor.execute(RECOVER_SQL, [error, message_id, token])
+        return True
+
+    return _in_transaction(alias, body)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
+                    concurrency: int) -> None:
+    with _connection().cursor() as cursor:
+        cursor.execute(REGISTER_WORKER_SQL,
+                       [worker_id, host[:255], pid, ",".join(queues)[:1000], concurrency])
+
+
+def heartbeat_worker(worker_id: str, processed: int, failed: int) -> None:
+    with _connection().cursor() as cursor:
+        cursor.execute(HEARTBEAT_WORKER_SQL, [processed, failed, worker_id])
+
+
+def deregister_worker(worker_id: str, processed: int, failed: int) -> None:
+    with _connection().cursor() as cursor:
+        cursor.execute(STOP_WORKER_SQL, [processed, failed, worker_id])
+
+
+def queue_counts(queues: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+    """``{queue: {status: count}}`` of unfinished messages."""
+    sql = f"SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE}"
+    params: list[Any] = []
+    if queues:
+        sql += " WHERE queue IN (" + ", ".join(["%s"] * len(queues)) + ")"
+        params = list(queues)
+    sql += " GROUP BY queue, status"
+    counts: dict[str, dict[str, int]] = {}
+    with _connection().cursor() as cursor:
+        cursor.execute(sql, params)
+        for queue, status, count in cursor.fetchall():
+            counts.setdefault(queue, {})[status] = int(count)
+    return counts
+
+
+def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
+    """Whether these queues hold ready or claimed messages, or scheduled ones due soon.
+
+    ``--burst`` workers stop when this turns false; retries due within
+    ``scheduled_within`` seconds still count as work to wait for.
+    """
+    placeholders = ", ".join(["%s"] * len(queues))
+    with _connection().cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({placeholders}) AND "
+            "(status IN (%s, %s) OR (status = %s AND "
+            "run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)) LIMIT 1",
+            [*queues, MessageStatus.READY, MessageStatus.CLAIMED, MessageStatus.SCHEDULED,
+             _micros(scheduled_within)],
+        )
+        return cursor.fetchone() is not None
+
+
+def close_if_broken(alias: str | None = None) -> None:
+    """Drop this thread's connection if it is unusable, so the next query reconnects."""
+    try:
+        _connection(alias).close_if_unusable_or_obsolete()
+    except DatabaseError:
+        _connection(alias).close()

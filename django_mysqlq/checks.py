@@ -1,0 +1,68 @@
+"""System checks: settings (E001-E004) and the live server (W001)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
+
+from .conf import SettingsError, load_settings
+
+
+@register()
+def check_settings(app_configs: Sequence[AppConfig] | None = None,
+                   **kwargs: Any) -> list[CheckMessage]:
+    try:
+        conf = load_settings()
+    except SettingsError as exc:
+        return [
+            Error(problem, hint="Fix the MYSQLQ setting; docs/settings.md lists every key.",
+                  id="django_mysqlq.E001")
+            for problem in exc.problems
+        ]
+    errors: list[CheckMessage] = []
+    if conf.DATABASE not in settings.DATABASES:
+        errors.append(Error(
+            f"MYSQLQ['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES.",
+            hint=f"Use one of: {', '.join(settings.DATABASES)}.", id="django_mysqlq.E002"))
+    else:
+        engine = settings.DATABASES[conf.DATABASE].get("ENGINE", "")
+        if engine != "django.db.backends.mysql":
+            errors.append(Error(
+                f"The queue database {conf.DATABASE!r} uses {engine!r}.",
+                hint="django-mysqlq needs MySQL or MariaDB (ENGINE "
+                     "'django.db.backends.mysql').", id="django_mysqlq.E003"))
+    if not settings.USE_TZ:
+        errors.append(Error(
+            "USE_TZ is False.",
+            hint="django-mysqlq keeps every time in UTC on the database clock; set USE_TZ = True.",
+            id="django_mysqlq.E004"))
+    return errors
+
+
+@register(Tags.database)
+def check_binlog_format(app_configs: Sequence[AppConfig] | None = None,
+                        databases: Sequence[str] | None = None,
+                        **kwargs: Any) -> list[CheckMessage]:
+    """``UPDATE … LIMIT`` is unsafe for statement-based replication."""
+    try:
+        alias = load_settings().DATABASE
+    except SettingsError:
+        return []
+    if not databases or alias not in databases or alias not in settings.DATABASES:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT @@GLOBAL.binlog_format")
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []
+    if row and str(row[0]).upper() == "STATEMENT":
+        return [Warning(
+            "binlog_format is STATEMENT: the queue's UPDATE … LIMIT claims replicate unsafely.",
+            hint="Set binlog_format to ROW or MIXED on the server.", id="django_mysqlq.W001")]
+    return []

@@ -1,0 +1,73 @@
+"""``manage.py runqueueworker``: parse the arguments, then hand over to the worker."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from argparse import ArgumentParser, ArgumentTypeError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_mysqlq.worker import Worker, WorkerOptions
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _queue_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ArgumentTypeError(f"expected comma-separated queue names, got {text!r}")
+    return names
+
+
+class Command(BaseCommand):
+    help = "Run a worker that claims and runs queued tasks until SIGTERM/SIGINT."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--queues", type=_queue_list, default=None,
+                            help="Comma-separated queues, claimed in this order "
+                                 "(default: MYSQLQ['DEFAULT_QUEUE']).")
+        parser.add_argument("--concurrency", type=_positive_int, default=1,
+                            help="Threads running tasks in this process (default 1).")
+        parser.add_argument("--batch", type=_positive_int, default=None,
+                            help="Messages claimed per statement (default MYSQLQ['BATCH_SIZE']).")
+        parser.add_argument("--burst", action="store_true",
+                            help="Drain the queues, then exit 0.")
+        parser.add_argument("--burst-wait", type=float, default=5.0,
+                            help="With --burst, wait for retries due within this many seconds "
+                                 "(default 5).")
+        parser.add_argument("--max-tasks", type=_positive_int, default=None,
+                            help="Exit after claiming this many messages.")
+        parser.add_argument("--json-summary", action="store_true",
+                            help="Print the final summary as JSON on stdout.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["verbosity"] >= 1 and not logging.getLogger("django_mysqlq").handlers:
+            logging.basicConfig(level=logging.INFO if options["verbosity"] == 1 else logging.DEBUG,
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            worker_options = WorkerOptions.build(
+                options["queues"], concurrency=options["concurrency"], batch=options["batch"],
+                burst=options["burst"], max_tasks=options["max_tasks"],
+                burst_wait=options["burst_wait"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        worker = Worker(worker_options)
+        status = worker.run()
+        if options["json_summary"]:
+            self.stdout.write(json.dumps(worker.stats.as_dict()))
+        else:
+            self.stdout.write(f"Summary: {worker.stats.summary()}")
+        if status:
+            sys.exit(status)

@@ -1,0 +1,206 @@
+"""The queue's schema: the single source of truth for its three tables.
+
+* :class:`Message` is the hot table. It holds only unfinished messages; a
+  finished one is deleted in the same transaction that writes its history row,
+  so the claim index stays small whatever the volume processed.
+* :class:`Attempt` is the history: one row per attempt (and per operator
+  action), the trace the admin shows and the input of analytics.
+* :class:`Worker` is one row per live worker process, renewed by heartbeats.
+
+Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
+are for reading.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import models
+
+#: Name of the index the claim statement is pinned to (``FORCE INDEX``).
+CLAIM_INDEX = "mysqlq_msg_claim"
+
+
+class MessageStatus(models.TextChoices):
+    READY = "ready", "Ready"
+    SCHEDULED = "scheduled", "Scheduled"
+    CLAIMED = "claimed", "Claimed (running)"
+    #: Reserved for ordering-key messages waiting behind an earlier one.
+    BLOCKED = "blocked", "Blocked"
+    DEAD = "dead", "Dead"
+
+
+class Outcome(models.TextChoices):
+    SUCCEEDED = "succeeded", "Succeeded"
+    #: The attempt failed and the message was scheduled for another one.
+    RETRIED = "retried", "Failed, retried"
+    #: The attempt failed and the message is out of attempts (now dead).
+    FAILED = "failed", "Failed, dead"
+    #: The worker running it vanished; the message went back to the queue.
+    LOST = "lost", "Lost (worker died)"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class MessageQuerySet(models.QuerySet["Message"]):
+    def ready(self) -> MessageQuerySet:
+        return self.filter(status=MessageStatus.READY)
+
+    def scheduled(self) -> MessageQuerySet:
+        return self.filter(status=MessageStatus.SCHEDULED)
+
+    def claimed(self) -> MessageQuerySet:
+        return self.filter(status=MessageStatus.CLAIMED)
+
+    def dead(self) -> MessageQuerySet:
+        return self.filter(status=MessageStatus.DEAD)
+
+    def in_queue(self, queue: str) -> MessageQuerySet:
+        return self.filter(queue=queue)
+
+
+class Message(models.Model):
+    """One unfinished message: ready, scheduled, claimed, blocked or dead."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=64)
+    task_name = models.CharField(max_length=255)
+    #: ``{"args": [...], "kwargs": {...}}`` as JSON text. Text, not a JSON column, so a
+    #: corrupt payload can be stored and is then failed by the worker, not by the driver.
+    payload = models.TextField()
+    status = models.CharField(max_length=10, choices=MessageStatus.choices)
+    #: -100..100, higher runs first.
+    priority = models.SmallIntegerField(default=0)
+    enqueued_at = models.DateTimeField()
+    #: When a scheduled message becomes ready (also set for ready ones).
+    run_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    #: Base delay of the exponential retry backoff, in seconds.
+    retry_backoff = models.FloatField()
+    #: Seconds after which a running attempt is reported as overrunning (null: never).
+    timeout = models.FloatField(null=True, blank=True)
+    #: At most one unfinished message per key (NULLs don't collide).
+    dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: Reserved for strictly ordered messages (``blocked`` status).
+    ordering_key = models.CharField(max_length=255, null=True, blank=True)
+
+    # The claim: who holds the message and until when.
+    claim_token = models.CharField(max_length=32, null=True, blank=True)
+    owner_connection = models.PositiveBigIntegerField(null=True, blank=True)
+    #: Epoch seconds when the owner's server started: connection ids restart after a reboot.
+    owner_server_start = models.BigIntegerField(null=True, blank=True)
+    worker_id = models.CharField(max_length=200, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    last_error = models.TextField(blank=True, default="")
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        db_table = "mysqlq_message"
+        indexes = [
+            # Equality prefix then exactly the claim's ORDER BY, directions included.
+            models.Index(fields=["queue", "status", "-priority", "id"], name=CLAIM_INDEX),
+            models.Index(fields=["status", "run_at"], name="mysqlq_msg_due"),
+            models.Index(fields=["claim_token"], name="mysqlq_msg_token"),
+            models.Index(fields=["status", "lease_expires_at"], name="mysqlq_msg_lease"),
+            models.Index(fields=["worker_id"], name="mysqlq_msg_worker"),
+        ]
+        permissions = [("requeue_message", "Can requeue a message")]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} #{self.pk} ({self.status})"
+
+    def decoded_payload(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.payload)
+        return value
+
+
+class AttemptQuerySet(models.QuerySet["Attempt"]):
+    def succeeded(self) -> AttemptQuerySet:
+        return self.filter(outcome=Outcome.SUCCEEDED)
+
+    def failed(self) -> AttemptQuerySet:
+        return self.filter(outcome__in=[Outcome.FAILED, Outcome.RETRIED])
+
+    def lost(self) -> AttemptQuerySet:
+        return self.filter(outcome=Outcome.LOST)
+
+    def for_message(self, message_id: int) -> AttemptQuerySet:
+        return self.filter(message_id=message_id).order_by("id")
+
+
+class Attempt(models.Model):
+    """One attempt at a message (or one operator action on it): the history."""
+
+    id = models.BigAutoField(primary_key=True)
+    #: Not a foreign key: the message row is gone once it finished.
+    message_id = models.BigIntegerField()
+    queue = models.CharField(max_length=64)
+    task_name = models.CharField(max_length=255)
+    attempt = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    priority = models.SmallIntegerField(default=0)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    # Who ran it.
+    worker_id = models.CharField(max_length=200, blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    connection_id = models.PositiveBigIntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=100, blank=True, default="")
+    # What happened.
+    error_class = models.CharField(max_length=255, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    #: The message's payload, kept on final rows so a finished message can be replayed.
+    payload = models.TextField(blank=True, default="")
+
+    objects = AttemptQuerySet.as_manager()
+
+    class Meta:
+        db_table = "mysqlq_attempt"
+        indexes = [
+            models.Index(fields=["message_id", "id"], name="mysqlq_att_message"),
+            models.Index(fields=["finished_at"], name="mysqlq_att_finished"),
+            models.Index(fields=["outcome", "finished_at"], name="mysqlq_att_outcome"),
+            models.Index(fields=["task_name", "finished_at"], name="mysqlq_att_task"),
+            models.Index(fields=["queue", "finished_at"], name="mysqlq_att_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} #{self.message_id} attempt {self.attempt}: {self.outcome}"
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def running(self) -> WorkerQuerySet:
+        return self.filter(stopped_at__isnull=True)
+
+
+class Worker(models.Model):
+    """A worker process, as it registered itself; ``last_heartbeat`` says it is alive."""
+
+    id = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.CharField(max_length=1000)
+    concurrency = models.PositiveIntegerField()
+    connection_id = models.PositiveBigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    processed = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        db_table = "mysqlq_worker"
+        indexes = [models.Index(fields=["last_heartbeat"], name="mysqlq_wrk_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.id

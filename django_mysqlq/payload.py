@@ -1,0 +1,60 @@
+"""Encoding of task arguments: JSON only, checked one argument at a time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .exceptions import ArgumentEncodingError, PayloadDecodeError, PayloadTooLarge
+
+
+def _check_argument(task_name: str, label: str, value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentEncodingError(
+            f"{label} of task {task_name!r} can't be encoded as JSON ({exc}). "
+            "Task arguments must be JSON values (str, int, float, bool, None, list, dict "
+            "with str keys): pass a primary key or a plain dict instead of the object."
+        ) from exc
+
+
+def encode(
+    task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], max_bytes: int
+) -> str:
+    """Return the payload text, or raise naming the first argument that can't be encoded."""
+    try:
+        text = json.dumps({"args": list(args), "kwargs": dict(kwargs)}, allow_nan=False,
+                          separators=(",", ":"))
+    except (TypeError, ValueError):
+        for index, value in enumerate(args):
+            _check_argument(task_name, f"Positional argument {index}", value)
+        for key, value in kwargs.items():
+            _check_argument(task_name, f"Argument {key!r}", value)
+        raise
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"The arguments of task {task_name!r} encode to {size} bytes, over "
+            f"MYSQLQ['MAX_PAYLOAD_BYTES'] ({max_bytes}). Store large data in a table or file "
+            "and pass its key, or raise the setting."
+        )
+    return text
+
+
+def decode(text: str) -> tuple[list[Any], dict[str, Any]]:
+    """Parse a stored payload back into ``(args, kwargs)``."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise PayloadDecodeError(f"payload is not valid JSON: {exc}") from exc
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("args", []), list)
+        or not isinstance(data.get("kwargs", {}), dict)
+    ):
+        raise PayloadDecodeError(
+            'payload must be a JSON object {"args": [...], "kwargs": {...}}'
+        )
+    return list(data.get("args", [])), dict(data.get("kwargs", {}))

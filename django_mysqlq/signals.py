@@ -1,0 +1,22 @@
+"""Signals, named in the past tense like Django's own.
+
+They are sent by the process where the event happened: ``message_enqueued`` by
+the producer (after the enqueuing transaction commits), the others by the worker.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: sender: the task; kwargs: ``message_ids``.
+message_enqueued = Signal()
+#: sender: the task; kwargs: ``message_id``, ``attempt``.
+task_started = Signal()
+#: sender: the task; kwargs: ``message_id``, ``attempt``, ``outcome``, ``error`` (or None).
+task_finished = Signal()
+#: sender: None; kwargs: ``message_ids`` (claims of vanished workers given back).
+messages_recovered = Signal()
+#: sender: the worker; kwargs: none.
+worker_started = Signal()
+#: sender: the worker; kwargs: none.
+worker_stopped = Signal()

@@ -1,0 +1,327 @@
+"""``@queue_task``, the task objects it makes, and the registry workers run from."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import importlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from . import payload
+from .conf import get_settings
+from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
+from .handles import MessageHandle
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+QUEUE_NAME_MAX = 64
+DEDUP_KEY_MAX = 255
+
+
+@dataclasses.dataclass(frozen=True)
+class EnqueueOptions:
+    """Per-call options; ``None`` means 'the task's default'."""
+
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | None = None
+    run_at: dt.datetime | None = None
+    dedup_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NewMessage:
+    """Everything the broker needs to insert one message."""
+
+    task_name: str
+    queue: str
+    priority: int
+    payload: str
+    #: Absolute time to run at, or None for now + ``delay`` on the database clock.
+    run_at: dt.datetime | None
+    delay: float
+    max_attempts: int
+    retry_backoff: float
+    timeout: float | None
+    dedup_key: str | None
+
+
+def _validate_queue(queue: object) -> str:
+    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_NAME_MAX:
+        raise InvalidTaskOptions(
+            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters, "
+            f"not {queue!r}."
+        )
+    return queue
+
+
+def _validate_priority(priority: object) -> int:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise InvalidTaskOptions(
+            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher runs first), not {priority!r}."
+        )
+    return priority
+
+
+def _validate_delay(delay: object) -> float:
+    if isinstance(delay, dt.timedelta):
+        delay = delay.total_seconds()
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        raise InvalidTaskOptions(
+            f"delay must be a number of seconds >= 0 or a timedelta, not {delay!r}."
+        )
+    return float(delay)
+
+
+def _validate_run_at(run_at: object) -> dt.datetime:
+    if not isinstance(run_at, dt.datetime) or timezone.is_naive(run_at):
+        raise InvalidTaskOptions(
+            f"run_at must be a timezone-aware datetime (use django.utils.timezone.now() + ...), "
+            f"not {run_at!r}."
+        )
+    return run_at
+
+
+def _validate_dedup_key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX:
+        raise InvalidTaskOptions(
+            f"dedup_key must be a non-empty string of at most {DEDUP_KEY_MAX} characters, "
+            f"not {key!r}."
+        )
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueTask(Generic[P, R]):
+    """A registered task. Call it to run inline; ``.enqueue()`` it to run on a worker."""
+
+    func: Callable[P, R]
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int
+    retry_backoff: float
+    timeout: float | None
+    options: EnqueueOptions = EnqueueOptions()
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        dedup_key: str | None = None,
+    ) -> QueueTask[P, R]:
+        """A copy of this task with per-call options for the next enqueue."""
+        if delay is not None and run_at is not None:
+            raise InvalidTaskOptions("Give either delay or run_at, not both.")
+        current = self.options
+        options = EnqueueOptions(
+            queue=_validate_queue(queue) if queue is not None else current.queue,
+            priority=_validate_priority(priority) if priority is not None else current.priority,
+            delay=_validate_delay(delay) if delay is not None else (
+                None if run_at is not None else current.delay),
+            run_at=_validate_run_at(run_at) if run_at is not None else (
+                None if delay is not None else current.run_at),
+            dedup_key=_validate_dedup_key(dedup_key) if dedup_key is not None
+            else current.dedup_key,
+        )
+        return dataclasses.replace(self, options=options)
+
+    def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewMessage:
+        opts = self.options
+        return NewMessage(
+            task_name=self.name,
+            queue=opts.queue or self.queue,
+            priority=self.priority if opts.priority is None else opts.priority,
+            payload=payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES),
+            run_at=opts.run_at,
+            delay=opts.delay or 0.0,
+            max_attempts=self.max_attempts,
+            retry_backoff=self.retry_backoff,
+            timeout=self.timeout,
+            dedup_key=opts.dedup_key,
+        )
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
+        """Write one message in the caller's transaction and return its handle.
+
+        The message exists exactly when that transaction commits. Arguments must be
+        JSON values; one that isn't raises :class:`ArgumentEncodingError` and nothing
+        is written.
+        """
+        from . import broker
+
+        [message_id] = broker.enqueue([self._new_message(args, kwargs)])
+        return MessageHandle(message_id, self.name)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]]
+    ) -> list[MessageHandle]:
+        """Enqueue many calls with multi-row inserts; each item is ``args`` or ``(args, kwargs)``.
+
+        All messages are encoded before anything is written, so one bad argument writes
+        none of them. A ``dedup_key`` set with ``.using()`` can't apply to many messages.
+        """
+        from . import broker
+
+        if self.options.dedup_key is not None:
+            raise InvalidTaskOptions(
+                "enqueue_many() can't share one dedup_key between messages; "
+                "enqueue them one by one with .using(dedup_key=...)."
+            )
+        messages = []
+        for call in calls:
+            if (
+                isinstance(call, tuple)
+                and len(call) == 2
+                and isinstance(call[0], list | tuple)
+                and isinstance(call[1], Mapping)
+            ):
+                args, kwargs = call
+            else:
+                args, kwargs = call, {}
+            messages.append(self._new_message(list(args), kwargs))
+        ids = broker.enqueue(messages)
+        return [MessageHandle(message_id, self.name) for message_id in ids]
+
+    async def aenqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]]
+    ) -> list[MessageHandle]:
+        return await sync_to_async(self.enqueue_many)(calls)
+
+
+class TaskRegistry:
+    """Task name -> task. A worker runs only what is registered here."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, QueueTask[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, task: QueueTask[Any, Any]) -> None:
+        with self._lock:
+            existing = self._tasks.get(task.name)
+            if existing is not None and _qualified(existing.func) != _qualified(task.func):
+                raise TaskAlreadyRegistered(
+                    f"Task name {task.name!r} is already used by "
+                    f"{_qualified(existing.func)}; pass name=... to @queue_task to tell "
+                    "them apart."
+                )
+            self._tasks[task.name] = task
+
+    def get(self, name: str) -> QueueTask[Any, Any]:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTask(
+                f"No task named {name!r} is registered in this worker. Check that its "
+                "module is an installed app's tasks.py or listed in MYSQLQ['TASK_MODULES']."
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+registry = TaskRegistry()
+
+
+def import_task_modules() -> None:
+    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks")
+    for module in get_settings().TASK_MODULES:
+        importlib.import_module(module)
+
+
+@overload
+def queue_task(func: Callable[P, R], /) -> QueueTask[P, R]: ...
+
+
+@overload
+def queue_task(
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    retry_backoff: float | None = None,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
+
+
+def queue_task(
+    func: Callable[P, R] | None = None,
+    /,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    retry_backoff: float | None = None,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
+    """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
+
+    Options left out take their defaults from ``MYSQLQ`` when the decorator runs.
+    """
+
+    def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
+        conf = get_settings()
+        attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise InvalidTaskOptions(f"max_attempts must be an integer >= 1, not {attempts!r}.")
+        backoff = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
+            raise InvalidTaskOptions(
+                f"retry_backoff must be a number of seconds >= 0, not {backoff!r}."
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise InvalidTaskOptions(
+                f"timeout must be a number of seconds > 0 or None, not {timeout!r}."
+            )
+        task_name = name if name is not None else _qualified(function)
+        if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
+            raise InvalidTaskOptions(
+                f"name must be a non-empty string of at most 255 characters, not {task_name!r}."
+            )
+        task: QueueTask[P, R] = QueueTask(
+            func=function,
+            name=task_name,
+            queue=_validate_queue(conf.DEFAULT_QUEUE if queue is None else queue),
+            priority=_validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
+            max_attempts=attempts,
+            retry_backoff=float(backoff),
+            timeout=None if timeout is None else float(timeout),
+        )
+        registry.register(task)
+        return task
+
+    if func is not None:
+        return decorate(func)
+    return decorate

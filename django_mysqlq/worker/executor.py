@@ -1,0 +1,113 @@
+"""Runs one claimed message and settles it through the broker (ack, retry or dead)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+from django.dispatch import Signal
+from django.utils import timezone
+
+from .. import broker, payload
+from ..broker import AttemptResult, ClaimedMessage, Runner
+from ..exceptions import PayloadDecodeError, UnknownTask
+from ..models import Outcome
+from ..signals import task_finished, task_started
+from ..tasks import registry
+
+logger = logging.getLogger("django_mysqlq")
+
+#: How long settling one message keeps retrying through database outages.
+SETTLE_PATIENCE_SECONDS = 120.0
+
+
+def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
+    return AttemptResult(
+        started_at=started_at,
+        error_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        error_message=str(exc)[:10_000],
+        traceback="".join(traceback.format_exception(exc))[-60_000:],
+    )
+
+
+def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(func):
+        return asyncio.run(func(*args, **kwargs))
+    return func(*args, **kwargs)
+
+
+def settle(operation: Callable[[], Any], message: ClaimedMessage, give_up: threading.Event) -> Any:
+    """Run a broker write, riding out connection loss until it lands or patience runs out.
+
+    If it never lands the claim stays behind and a peer recovers it (the task runs
+    again: at-least-once).
+    """
+    deadline = time.monotonic() + SETTLE_PATIENCE_SECONDS
+    delay = 0.1
+    while True:
+        try:
+            return operation()
+        except (OperationalError, InterfaceError) as exc:
+            broker.close_if_broken()
+            if time.monotonic() > deadline or give_up.is_set():
+                logger.error("Could not record the end of %s #%s (%s); a peer will recover "
+                             "and re-run it.", message.task_name, message.id, exc)
+                return None
+            logger.warning("Database unavailable while settling %s #%s (%s); retrying in "
+                           "%.1fs.", message.task_name, message.id, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -> str:
+    """Run one message to its end; return the outcome recorded in history."""
+    started_at = timezone.now()
+    try:
+        task = registry.get(message.task_name)
+        args, kwargs = payload.decode(message.payload)
+    except (UnknownTask, PayloadDecodeError) as exc:
+        # Not the task's fault and no retry can fix it: straight to dead, with the reason.
+        logger.error("%s #%s can't run: %s", message.task_name, message.id, exc)
+        result = _describe(exc, started_at)
+        settle(lambda: broker.fail(message, runner, result, retry=False), message, give_up)
+        return str(Outcome.FAILED)
+
+    _notify(task_started, task, message_id=message.id, attempt=message.attempt)
+    error: BaseException | None = None
+    value: Any = None
+    try:
+        value = _call(task.func, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
+        error = exc
+    broker.close_if_broken()  # the task may have broken or closed the connection
+
+    if error is None:
+        result = AttemptResult(started_at=started_at, result=value)
+        settle(lambda: broker.ack(message, runner, result), message, give_up)
+        outcome = str(Outcome.SUCCEEDED)
+    else:
+        result = _describe(error, started_at)
+        logger.warning("%s #%s attempt %d/%d failed: %s", message.task_name, message.id,
+                       message.attempt, message.max_attempts, result.error_class,
+                       exc_info=error)
+        written = settle(lambda: broker.fail(message, runner, result), message, give_up)
+        outcome = written if written is not None else str(Outcome.LOST)
+    _notify(task_finished, task, message_id=message.id, attempt=message.attempt,
+            outcome=outcome, error=error)
+    return outcome
+
+
+def _notify(signal: Signal, task: Any, **kwargs: Any) -> None:
+    """Send a signal; a failing receiver is logged and never stops the worker."""
+    for receiver, response in signal.send_robust(sender=task, **kwargs):
+        if isinstance(response, BaseException):
+            logger.error("Receiver %r of a django_mysqlq signal failed", receiver,
+                         exc_info=response)

@@ -1,0 +1,275 @@
+"""The worker process: one control thread that claims, N threads that run tasks.
+
+The control thread (the main thread) owns the claiming connection: it claims batches,
+renews leases and the worker's heartbeat, promotes due scheduled messages and, when the
+recovery lock is free, sweeps the claims of vanished peers. Task threads run messages
+and settle them on their own connections. The loop holds no SQL: it calls the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+
+from django.db import DatabaseError, connections
+
+from .. import broker
+from ..broker import ClaimedMessage, Runner
+from ..conf import get_settings
+from ..models import Outcome
+from ..signals import worker_started, worker_stopped
+from ..tasks import import_task_modules
+from .executor import execute
+from .options import WorkerOptions
+from .stats import WorkerStats
+from .stopping import StopRequest
+
+logger = logging.getLogger("django_mysqlq")
+
+#: Shortest and longest pause after a failed loop step (database down).
+ERROR_BACKOFF = (0.2, 5.0)
+#: First pause after an empty claim; doubles up to ``MYSQLQ['POLL_SECONDS']``.
+IDLE_BACKOFF_START = 0.02
+
+
+class Worker:
+    """Runs tasks from the given queues until stopped (or drained, in burst mode)."""
+
+    def __init__(self, options: WorkerOptions) -> None:
+        self.options = options
+        self.settings = get_settings()
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.id = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
+        self.stats = WorkerStats()
+        self._wakeup = threading.Event()
+        self.stop_request = StopRequest(self._wakeup)
+        self._give_up = threading.Event()
+        self._inbox: queue.Queue[ClaimedMessage | None] = queue.Queue()
+        self._in_flight = 0
+        self._running: dict[int, tuple[ClaimedMessage, float, bool]] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._claimed_total = 0
+
+    # ------------------------------------------------------------------ task threads
+
+    def _task_thread(self) -> None:
+        thread = threading.current_thread().name
+        runner = Runner(worker_id=self.id, host=self.host, pid=self.pid, thread=thread)
+        try:
+            while True:
+                message = self._inbox.get()
+                if message is None:
+                    return
+                with self._lock:
+                    self._running[message.id] = (message, time.monotonic(), False)
+                try:
+                    outcome = execute(message, runner, self._give_up)
+                except Exception:
+                    # execute() records every task failure itself; this is a bug or an
+                    # outage it could not ride out. The claim stays; a peer recovers it.
+                    logger.exception("Unexpected error while running %s #%s",
+                                     message.task_name, message.id)
+                    outcome = ""
+                self._count(outcome)
+                with self._lock:
+                    self._running.pop(message.id, None)
+                    self._in_flight -= 1
+                self._wakeup.set()
+        finally:
+            connections.close_all()
+
+    def _count(self, outcome: str) -> None:
+        if outcome == Outcome.SUCCEEDED:
+            self.stats.add(succeeded=1)
+        elif outcome == Outcome.RETRIED:
+            self.stats.add(retried=1)
+        elif outcome == Outcome.FAILED:
+            self.stats.add(dead=1)
+
+    # ------------------------------------------------------------------ control loop
+
+    def run(self) -> int:
+        """Work until stopped; return the process exit status."""
+        self.stop_request.install()
+        import_task_modules()
+        self._start()
+        try:
+            self._loop()
+        finally:
+            status = self._drain()
+        return status
+
+    def _start(self) -> None:
+        self._call_until_up(lambda: broker.register_worker(
+            self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        for index in range(self.options.concurrency):
+            thread = threading.Thread(target=self._task_thread, name=f"mysqlq-task-{index}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
+                    self.id, ",".join(self.options.queues), self.options.concurrency,
+                    self.options.claim_batch, self.settings.LIVENESS,
+                    " (burst)" if self.options.burst else "")
+        worker_started.send(sender=self)
+
+    def _call_until_up(self, operation: object) -> None:
+        delay = ERROR_BACKOFF[0]
+        while not self.stop_request.is_set():
+            try:
+                operation()  # type: ignore[operator]
+                return
+            except DatabaseError as exc:
+                self._database_trouble(exc, delay)
+                delay = min(delay * 2, ERROR_BACKOFF[1])
+
+    def _database_trouble(self, exc: DatabaseError, delay: float) -> None:
+        self.stats.add(db_errors=1)
+        logger.warning("Database error in the worker loop (%s); retrying in %.1fs.", exc, delay)
+        broker.close_if_broken()
+        self._wakeup.wait(delay)
+        self._wakeup.clear()
+
+    def _loop(self) -> None:
+        conf = self.settings
+        now = time.monotonic()
+        next_beat = now + conf.HEARTBEAT_SECONDS
+        next_recovery = now  # sweep once at start: a restarted worker frees its old claims
+        next_promote = now
+        next_summary = now + conf.SUMMARY_SECONDS if conf.SUMMARY_SECONDS else float("inf")
+        idle = IDLE_BACKOFF_START
+        error_delay = ERROR_BACKOFF[0]
+        while not self.stop_request.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._heartbeat()
+                    next_beat = now + conf.HEARTBEAT_SECONDS
+                if now >= next_recovery:
+                    self.stats.add(recovered=len(broker.recover()))
+                    next_recovery = now + conf.RECOVERY_SECONDS
+                if now >= next_promote:
+                    broker.promote_due()
+                    next_promote = now + min(conf.POLL_SECONDS, 0.5)
+                self._report_overruns()
+                if now >= next_summary:
+                    logger.info("Worker %s: %s", self.id, self.stats.summary())
+                    next_summary = now + conf.SUMMARY_SECONDS
+                claimed = self._claim()
+                if self._finished(claimed):
+                    return
+                error_delay = ERROR_BACKOFF[0]
+            except DatabaseError as exc:
+                self._database_trouble(exc, error_delay)
+                error_delay = min(error_delay * 2, ERROR_BACKOFF[1])
+                continue
+            if claimed:
+                idle = IDLE_BACKOFF_START
+                continue
+            self._wakeup.wait(idle)
+            self._wakeup.clear()
+            idle = min(idle * 2, conf.POLL_SECONDS)
+
+    def _claim(self) -> int:
+        """Claim as many messages as there is room for; hand them to the task threads."""
+        options = self.options
+        with self._lock:
+            in_flight = self._in_flight
+        if in_flight >= options.concurrency:
+            return 0
+        room = max(options.concurrency, options.claim_batch) - in_flight
+        wanted = min(options.claim_batch, room)
+        if options.max_tasks is not None:
+            wanted = min(wanted, options.max_tasks - self._claimed_total)
+        if wanted <= 0:
+            return 0
+        messages = broker.claim(options.queues, wanted, self.id, self.settings.LEASE_SECONDS)
+        if messages:
+            with self._lock:
+                self._in_flight += len(messages)
+            self._claimed_total += len(messages)
+            for message in messages:
+                self._inbox.put(message)
+        return len(messages)
+
+    def _finished(self, claimed: int) -> bool:
+        """Whether a burst or max-tasks worker has nothing left to do."""
+        with self._lock:
+            busy = self._in_flight > 0
+        if busy or claimed:
+            return False
+        if self.options.max_tasks is not None and self._claimed_total >= self.options.max_tasks:
+            logger.info("Worker %s reached --max-tasks %d.", self.id, self.options.max_tasks)
+            return True
+        if self.options.burst:
+            return not broker.has_pending(self.options.queues, self.options.burst_wait)
+        return False
+
+    def _heartbeat(self) -> None:
+        broker.renew_leases(self.id, self.settings.LEASE_SECONDS)
+        broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed)
+
+    def _report_overruns(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._running.items())
+        for message_id, (message, started, reported) in items:
+            if reported or message.timeout is None or now - started <= message.timeout:
+                continue
+            logger.warning("%s #%s has run %.0fs, past its timeout of %.0fs.",
+                           message.task_name, message_id, now - started, message.timeout)
+            with self._lock:
+                if message_id in self._running:
+                    self._running[message_id] = (message, started, True)
+
+    # ------------------------------------------------------------------ stopping
+
+    def _drain(self) -> int:
+        """Release unstarted claims, wait for running tasks, deregister."""
+        unstarted: list[ClaimedMessage] = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                unstarted.append(item)
+        if unstarted:
+            with self._lock:
+                self._in_flight -= len(unstarted)
+            try:
+                count = broker.release(unstarted)
+                logger.info("Released %d claimed but unstarted message(s).", count)
+            except DatabaseError as exc:
+                logger.warning("Could not release %d unstarted message(s) (%s); peers will "
+                               "recover them.", len(unstarted), exc)
+        for _ in self._threads:
+            self._inbox.put(None)
+        deadline = time.monotonic() + self.settings.GRACE_SECONDS
+        with self._lock:
+            running = len(self._running)
+        if running:
+            logger.info("Waiting up to %.0fs for %d running task(s).",
+                        self.settings.GRACE_SECONDS, running)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        abandoned = sum(thread.is_alive() for thread in self._threads)
+        self._give_up.set()
+        if abandoned:
+            logger.error("%d task(s) still running after the %.0fs grace period; exiting "
+                         "anyway, peers will recover them.", abandoned,
+                         self.settings.GRACE_SECONDS)
+        try:
+            broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
+        except DatabaseError as exc:
+            logger.warning("Could not deregister worker %s (%s).", self.id, exc)
+        logger.info("Worker %s stopped: %s", self.id, self.stats.summary())
+        worker_stopped.send(sender=self)
+        return 1 if abandoned else 0

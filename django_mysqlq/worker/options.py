@@ -1,0 +1,50 @@
+"""What one worker process is asked to do, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from ..conf import get_settings
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    #: Queues in claim order: the first that has ready messages is served first.
+    queues: tuple[str, ...]
+    #: Threads running tasks in this process.
+    concurrency: int = 1
+    #: Messages claimed by one statement (None: ``MYSQLQ['BATCH_SIZE']``).
+    batch: int | None = None
+    #: Drain the queues, then exit 0.
+    burst: bool = False
+    #: Stop after claiming this many messages (None: no limit).
+    max_tasks: int | None = None
+    #: With ``burst``: scheduled messages due within this many seconds are waited for.
+    burst_wait: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            raise ValueError("Give at least one queue to work on.")
+        for name in self.queues:
+            if not name or len(name) > 64:
+                raise ValueError(f"Queue names are 1 to 64 characters long: {name!r}.")
+        if len(set(self.queues)) != len(self.queues):
+            raise ValueError(f"A queue is listed twice: {', '.join(self.queues)}.")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {self.concurrency}.")
+        if self.batch is not None and self.batch < 1:
+            raise ValueError(f"batch must be at least 1, not {self.batch}.")
+        if self.max_tasks is not None and self.max_tasks < 1:
+            raise ValueError(f"max_tasks must be at least 1, not {self.max_tasks}.")
+        if self.burst_wait < 0:
+            raise ValueError(f"burst_wait must be >= 0, not {self.burst_wait}.")
+
+    @classmethod
+    def build(cls, queues: Sequence[str] | None = None, **kwargs: object) -> WorkerOptions:
+        names = tuple(queues) if queues else (get_settings().DEFAULT_QUEUE,)
+        return cls(queues=names, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def claim_batch(self) -> int:
+        return self.batch if self.batch is not None else get_settings().BATCH_SIZE

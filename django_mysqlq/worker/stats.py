@@ -1,0 +1,63 @@
+"""Counters of one worker process and the one-line summary it logs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .. import broker
+
+
+class WorkerStats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.claimed = 0
+        self.succeeded = 0
+        self.retried = 0
+        self.dead = 0
+        self.recovered = 0
+        self.db_errors = 0
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts: retried ones plus the last one of each dead message."""
+        return self.retried + self.dead
+
+    @property
+    def processed(self) -> int:
+        """Attempts finished by this worker, whatever their outcome."""
+        return self.succeeded + self.failed
+
+    def rate(self) -> float:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return self.processed / elapsed
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "processed": self.processed,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "retried": self.retried,
+            "dead": self.dead,
+            "recovered": self.recovered,
+            "deadlocks_retried": broker.stats.deadlocks,
+            "lock_waits_retried": broker.stats.lock_waits,
+            "db_errors": self.db_errors,
+            "seconds": round(time.monotonic() - self.started, 3),
+            "rate": round(self.rate(), 1),
+        }
+
+    def summary(self) -> str:
+        d = self.as_dict()
+        return (
+            f"processed={d['processed']} succeeded={d['succeeded']} failed={d['failed']} "
+            f"retried={d['retried']} dead={d['dead']} recovered={d['recovered']} "
+            f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
+            f"db_errors={d['db_errors']} rate={d['rate']}/s in {d['seconds']}s"
+        )

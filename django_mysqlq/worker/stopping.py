@@ -1,0 +1,48 @@
+"""SIGTERM/SIGINT handling: the first asks for a graceful stop, the second exits at once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+logger = logging.getLogger("django_mysqlq")
+
+#: Exit status after a second signal: claims are left for peers to recover.
+FORCED_EXIT_STATUS = 1
+
+
+class StopRequest:
+    """Set by the first signal; the worker loop polls ``is_set`` and wakes on ``wakeup``."""
+
+    def __init__(self, wakeup: threading.Event) -> None:
+        self._event = threading.Event()
+        self._wakeup = wakeup
+        self.signal_name = ""
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, reason: str) -> None:
+        self.signal_name = reason
+        self._event.set()
+        self._wakeup.set()
+
+    def install(self) -> None:
+        """Install handlers (main thread only: Python delivers signals there)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._event.is_set():
+            logger.warning("Second %s: exiting now; peers will recover the claims held.", name)
+            logging.shutdown()
+            os._exit(FORCED_EXIT_STATUS)
+        logger.info("%s received: no new claims; finishing in-flight tasks "
+                    "(send it again to exit at once).", name)
+        self.set(name)

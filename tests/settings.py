@@ -1,0 +1,42 @@
+"""Settings for the test suite and for the worker subprocesses the tests start."""
+
+import os
+
+SECRET_KEY = "tests-only"
+USE_TZ = True
+DEBUG = False
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_mysqlq",
+    "tests.testapp",
+]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": os.environ.get("MYSQLQ_TEST_HOST", "127.0.0.1"),
+        "PORT": int(os.environ.get("MYSQLQ_TEST_PORT", "3306")),
+        "USER": os.environ.get("MYSQLQ_TEST_USER", "root"),
+        "PASSWORD": os.environ.get("MYSQLQ_TEST_PASSWORD", ""),
+        # Worker subprocesses get the test database's name through this variable.
+        "NAME": os.environ.get("MYSQLQ_TEST_DB", "mysqlq"),
+        "OPTIONS": {"charset": "utf8mb4"},
+        "TEST": {"NAME": "test_mysqlq", "CHARSET": "utf8mb4"},
+    }
+}
+MYSQLQ = {
+    "HEARTBEAT_SECONDS": float(os.environ.get("MYSQLQ_TEST_HEARTBEAT", "1")),
+    "LEASE_SECONDS": float(os.environ.get("MYSQLQ_TEST_LEASE", "10")),
+    "RECOVERY_SECONDS": 0.5,
+    "POLL_SECONDS": 0.2,
+    "RETRY_BACKOFF": 0.1,
+    "GRACE_SECONDS": float(os.environ.get("MYSQLQ_TEST_GRACE", "10")),
+    "SUMMARY_SECONDS": 0,
+    "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_mysqlq": {"handlers": ["stderr"], "level": "INFO"}},
+}
