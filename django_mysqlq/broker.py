@@ -303,26 +303,25 @@ def _require_autocommit(alias: str, what: str) -> None:
 
 # --------------------------------------------------------------------------- identity
 
-_identity_cache: dict[int, tuple[int, int]] = {}
-_identity_lock = threading.Lock()
+_IDENTITY_ATTRIBUTE = "_django_mysqlq_identity"
 
 
 def connection_identity(alias: str | None = None) -> tuple[int, int]:
-    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection, cached per link."""
+    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection.
+
+    Cached on the driver's connection object, so a reconnect (a new object) asks again.
+    """
     connection = _connection(alias)
     connection.ensure_connection()
-    key = id(connection.connection)
-    cached = _identity_cache.get(key)
+    raw = connection.connection
+    cached: tuple[int, int] | None = getattr(raw, _IDENTITY_ATTRIBUTE, None)
     if cached is not None:
         return cached
     with connection.cursor() as cursor:
         cursor.execute(IDENTITY_SQL)
         row = cursor.fetchone()
     identity = (int(row[0]), int(row[1]))
-    with _identity_lock:
-        if len(_identity_cache) > 1000:
-            _identity_cache.clear()
-        _identity_cache[key] = identity
+    setattr(raw, _IDENTITY_ATTRIBUTE, identity)
     return identity
 
 

@@ -1,0 +1,89 @@
+"""Fixtures shared by the suite: real MariaDB, real worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTPUT = ROOT / "test-output"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
+             message: str = "condition") -> object:
+    """Poll until ``predicate()`` is truthy; fail the test with ``message`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """A real ``runqueueworker`` subprocess with its output captured to a file."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment for subprocesses: same settings, pointed at the test database."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["MYSQLQ_TEST_DB"] = connection.settings_dict["NAME"]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
+                 transactional_db: None) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``runqueueworker`` subprocesses; any still running at teardown are killed."""
+    started: list[WorkerProcess] = []
+    OUTPUT.mkdir(exist_ok=True)
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        name = f"{request.node.name}-{len(started)}".replace("/", "_")[:150]
+        log_path = OUTPUT / f"worker-{name}.log"
+        with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "django", "runqueueworker", *args],
+                cwd=ROOT, env={**worker_env, **(env or {})}, stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        process = WorkerProcess(popen, log_path)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.popen.poll() is None:
+            process.popen.send_signal(signal.SIGKILL)
+            process.popen.wait(timeout=10)

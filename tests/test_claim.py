@@ -1,0 +1,152 @@
+"""The claim statement: its plan, its order, and what it stamps on a message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection, transaction
+
+from django_mysqlq import broker
+from django_mysqlq.models import CLAIM_INDEX, Message
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "test-worker"
+
+
+def claim(queues=("default",), limit=10):
+    return broker.claim(list(queues), limit, WORKER, lease_seconds=30)
+
+
+def explain(sql: str, params: list) -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN FORMAT=JSON " + sql, params)
+        return json.loads(cursor.fetchone()[0])
+
+
+def plan_problems(plan: dict) -> list[str]:
+    """What is wrong with a claim plan: another index, a full scan, a filesort."""
+    text = json.dumps(plan)
+    problems = []
+    if "filesort" in text:
+        problems.append("filesort")
+    table = plan["query_block"].get("buffer", plan["query_block"]).get("table", {})
+    if table.get("key") != CLAIM_INDEX:
+        problems.append(f"index {table.get('key')!r}")
+    if table.get("access_type") != "range":
+        problems.append(f"access {table.get('access_type')!r}")
+    return problems
+
+
+@pytest.fixture
+def backlog():
+    """3,000 ready messages over three priorities and two queues, statistics fresh."""
+    tasks.record.enqueue_many([[f"m{i}"] for i in range(1000)])
+    tasks.record.using(priority=10).enqueue_many([[f"h{i}"] for i in range(1000)])
+    tasks.record.using(queue="other", priority=-5).enqueue_many([[f"o{i}"] for i in range(1000)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE mysqlq_message")
+        cursor.fetchall()
+
+
+def claim_params(limit=10):
+    return ["token", 1, WORKER, 30_000_000, "default", limit]
+
+
+def test_claim_walks_the_claim_index_without_a_filesort(backlog):
+    assert plan_problems(explain(broker.CLAIM_SQL, claim_params())) == []
+
+
+def test_the_plan_check_catches_a_claim_that_sorts(backlog):
+    # Same statement with the priority direction flipped against the index: must be caught.
+    flipped = broker.CLAIM_SQL.replace("priority DESC, id", "priority ASC, id")
+    assert "filesort" in plan_problems(explain(flipped, claim_params()))
+    unpinned = broker.CLAIM_SQL.replace(f"FORCE INDEX ({CLAIM_INDEX})", "")
+    assert plan_problems(explain(unpinned, claim_params())) != []
+
+
+def test_promotion_walks_the_due_index(backlog):
+    text = json.dumps(explain(broker.PROMOTE_SQL, [100]))
+    assert "mysqlq_msg_due" in text
+    assert "filesort" not in text
+
+
+def test_claim_takes_higher_priority_first_then_fifo():
+    low = tasks.record.using(priority=-10).enqueue("low")
+    first = tasks.record.enqueue("first")
+    second = tasks.record.enqueue("second")
+    high = tasks.record.using(priority=100).enqueue("high")
+    order = [m.id for m in claim(limit=10)]
+    assert order == [high.id, first.id, second.id, low.id]
+
+
+def test_claim_respects_the_limit_and_the_queue_order():
+    others = tasks.on_other_queue.enqueue_many([["o1"], ["o2"]])
+    defaults = tasks.record.enqueue_many([["d1"], ["d2"]])
+    got = claim(queues=("other", "default"), limit=3)
+    assert [m.id for m in got] == [others[0].id, others[1].id, defaults[0].id]
+    assert Message.objects.ready().count() == 1
+
+
+def test_claim_stamps_owner_token_lease_and_attempt():
+    handle = tasks.record.enqueue("x")
+    [message] = claim()
+    row = Message.objects.get(pk=handle.id)
+    connection_id, server_start = broker.connection_identity()
+    assert row.status == "claimed"
+    assert row.owner_connection == connection_id == message.connection_id
+    assert row.owner_server_start == server_start
+    assert row.claim_token == message.claim_token and len(message.claim_token) == 32
+    assert row.worker_id == WORKER
+    assert row.attempts == message.attempt == 1
+    assert row.lease_expires_at > row.claimed_at
+
+
+def test_two_claims_by_one_connection_read_back_only_their_own_batch():
+    tasks.record.enqueue_many([[f"m{i}"] for i in range(4)])
+    first = claim(limit=2)
+    second = claim(limit=2)
+    assert len(first) == len(second) == 2
+    assert {m.id for m in first}.isdisjoint({m.id for m in second})
+    assert first[0].claim_token != second[0].claim_token
+
+
+def test_scheduled_messages_are_not_claimed_until_promoted():
+    tasks.record.using(delay=3600).enqueue("later")
+    due = tasks.record.using(delay=0.05).enqueue("soon")
+    assert claim() == []
+    import time
+
+    time.sleep(0.1)
+    assert broker.promote_due() == 1
+    assert [m.id for m in claim()] == [due.id]
+
+
+def test_claim_refuses_to_run_inside_a_transaction():
+    tasks.record.enqueue("x")
+    with transaction.atomic(), pytest.raises(RuntimeError, match="autocommit"):
+        claim()
+    assert Message.objects.ready().count() == 1
+
+
+def test_release_gives_a_claim_back_as_if_never_claimed():
+    tasks.record.enqueue("x")
+    [message] = claim()
+    assert broker.release([message]) == 1
+    row = Message.objects.get(pk=message.id)
+    assert (row.status, row.attempts, row.claim_token, row.owner_connection) == (
+        "ready", 0, None, None)
+
+
+def test_renewing_leases_extends_only_this_workers_claims():
+    tasks.record.enqueue_many([["a"], ["b"]])
+    [mine] = claim(limit=1)
+    broker.claim(["default"], 1, "someone-else", lease_seconds=30)
+    before = {m.pk: m.lease_expires_at for m in Message.objects.claimed()}
+    assert broker.renew_leases(WORKER, lease_seconds=300) == 1
+    after = {m.pk: m.lease_expires_at for m in Message.objects.claimed()}
+    assert after[mine.id] > before[mine.id]
+    other = next(pk for pk in before if pk != mine.id)
+    assert after[other] == before[other]
