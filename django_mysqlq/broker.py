@@ -262,7 +262,7 @@ def _naive_utc(value: dt.datetime) -> dt.datetime:
 
 
 def _micros(seconds: float) -> int:
-    return int(round(seconds * 1_000_000))
+    return round(seconds * 1_000_000)
 
 
 def _error_code(exc: BaseException) -> int | None:
@@ -519,12 +519,12 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
 
 
 def retry_delay(message: ClaimedMessage) -> float:
-    """Exponential backoff with jitter: base × 2^(attempt-1), ±25 %, capped."""
+    """Exponential backoff with jitter: base * 2^(attempt-1), +/-25 %, capped."""
     base = message.retry_backoff
     if base <= 0:
         return 0.0
-    delay = min(get_settings().RETRY_BACKOFF_MAX, base * 2 ** (message.attempt - 1))
-    return delay * random.uniform(0.75, 1.25)
+    delay = min(get_settings().RETRY_BACKOFF_MAX, base * 2.0 ** (message.attempt - 1))
+    return float(delay * random.uniform(0.75, 1.25))
 
 
 def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,

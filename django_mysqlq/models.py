@@ -80,17 +80,17 @@ class Message(models.Model):
     retry_backoff = models.FloatField()
     #: Seconds after which a running attempt is reported as overrunning (null: never).
     timeout = models.FloatField(null=True, blank=True)
-    #: At most one unfinished message per key (NULLs don't collide).
+    #: At most one unfinished message per key; NULL (no key) never collides, '' would.
     dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
     #: Reserved for strictly ordered messages (``blocked`` status).
-    ordering_key = models.CharField(max_length=255, null=True, blank=True)
+    ordering_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     # The claim: who holds the message and until when.
-    claim_token = models.CharField(max_length=32, null=True, blank=True)
+    claim_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
     owner_connection = models.PositiveBigIntegerField(null=True, blank=True)
     #: Epoch seconds when the owner's server started: connection ids restart after a reboot.
     owner_server_start = models.BigIntegerField(null=True, blank=True)
-    worker_id = models.CharField(max_length=200, null=True, blank=True)
+    worker_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     claimed_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 

@@ -8,3 +8,6 @@ class Ledger(models.Model):
     value = models.IntegerField(null=True)
     pid = models.IntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.label
