@@ -147,6 +147,8 @@ class Worker:
         idle = IDLE_BACKOFF_START
         error_delay = ERROR_BACKOFF[0]
         while not self.stop_request.is_set():
+            # Cleared before looking, so a task finishing meanwhile wakes the next wait.
+            self._wakeup.clear()
             try:
                 now = time.monotonic()
                 if now >= next_beat:
@@ -174,7 +176,6 @@ class Worker:
                 idle = IDLE_BACKOFF_START
                 continue
             self._wakeup.wait(idle)
-            self._wakeup.clear()
             idle = min(idle * 2, conf.POLL_SECONDS)
 
     def _claim(self) -> int:
