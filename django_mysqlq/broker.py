@@ -99,7 +99,7 @@ UPDATE {MESSAGE_TABLE}
 
 DEAD_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'dead', last_error = %s, {_CLEAR_CLAIM}
+   SET status = 'dead', last_error = %s, dedup_key = NULL, {_CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
 
@@ -134,6 +134,7 @@ SELECT id, claim_token, owner_connection, owner_server_start,
 RECOVER_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET status = IF(attempts >= max_attempts, 'dead', 'ready'),
+       dedup_key = IF(attempts >= max_attempts, NULL, dedup_key),
        last_error = %s, {_CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
@@ -160,7 +161,7 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), %s, %s, %s, %s, %s, %s
 """
 
 IDENTITY_SQL = (
-    "SELECT CONNECTION_ID(), UNIX_TIMESTAMP() - VARIABLE_VALUE "
+    "SELECT CONNECTION_ID(), UNIX_TIMESTAMP() - VARIABLE_VALUE, UNIX_TIMESTAMP(NOW(6)) "
     "FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
 )
 LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
@@ -317,12 +318,25 @@ def connection_identity(alias: str | None = None) -> tuple[int, int]:
     cached: tuple[int, int] | None = getattr(raw, _IDENTITY_ATTRIBUTE, None)
     if cached is not None:
         return cached
+    sent = time.time()
     with connection.cursor() as cursor:
         cursor.execute(IDENTITY_SQL)
         row = cursor.fetchone()
+    received = time.time()
     identity = (int(row[0]), int(row[1]))
     setattr(raw, _IDENTITY_ATTRIBUTE, identity)
+    global _clock_offset
+    _clock_offset = float(row[2]) - (sent + received) / 2
     return identity
+
+
+#: Database clock minus this host's clock, in seconds, measured with each new connection.
+_clock_offset = 0.0
+
+
+def database_now() -> dt.datetime:
+    """Now on the database clock (estimated), so history times agree with ``enqueued_at``."""
+    return timezone.now() + dt.timedelta(seconds=_clock_offset)
 
 
 # --------------------------------------------------------------------------- enqueue
@@ -369,19 +383,26 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
 
 
 def _insert_deduplicated(alias: str, message: NewMessage) -> int:
-    """Insert, or return the id of the unfinished message that already has this dedup key."""
-    try:
-        with transaction.atomic(using=alias):
-            return _insert_one(alias, message)
-    except IntegrityError:
-        with _connection(alias).cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s", [message.dedup_key]
-            )
-            row = cursor.fetchone()
-        if row is None:
-            raise
-        return int(row[0])
+    """Insert, or return the id of the pending message that already has this dedup key.
+
+    A dead message gives its key up, so only ready, scheduled or running ones block.
+    """
+    for attempt in range(3):
+        try:
+            with transaction.atomic(using=alias):
+                return _insert_one(alias, message)
+        except IntegrityError:
+            with _connection(alias).cursor() as cursor:
+                cursor.execute(
+                    f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s", [message.dedup_key]
+                )
+                row = cursor.fetchone()
+            if row is not None:
+                return int(row[0])
+            if attempt == 2:
+                raise
+            # The holder finished between our insert and our look-up: insert again.
+    raise AssertionError("unreachable")
 
 
 def enqueue(messages: Sequence[NewMessage]) -> list[int]:

@@ -227,3 +227,17 @@ def test_async_enqueue_twins():
     assert state.status == "ready"
     assert len(handles) == 2
     assert Message.objects.count() == 3
+
+
+def test_a_dead_message_gives_its_dedup_key_up():
+    from django_mysqlq import broker
+    from django_mysqlq.broker import AttemptResult, Runner
+
+    first = tasks.record.using(dedup_key="job-1").enqueue("a")
+    [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
+    broker.fail(claimed, Runner("w", "h", 1, "t"),
+                AttemptResult(started_at=timezone.now(), error_class="E"), retry=False)
+    assert Message.objects.get(pk=first.id).status == "dead"
+    second = tasks.record.using(dedup_key="job-1").enqueue("b")
+    assert second.id != first.id
+    assert Message.objects.get(pk=second.id).status == "ready"

@@ -14,7 +14,6 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from django.dispatch import Signal
-from django.utils import timezone
 
 from .. import broker, payload
 from ..broker import AttemptResult, ClaimedMessage, Runner
@@ -69,7 +68,7 @@ def settle(operation: Callable[[], Any], message: ClaimedMessage, give_up: threa
 
 def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -> str:
     """Run one message to its end; return the outcome recorded in history."""
-    started_at = timezone.now()
+    started_at = broker.database_now()
     try:
         task = registry.get(message.task_name)
         args, kwargs = payload.decode(message.payload)
@@ -95,10 +94,16 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
         outcome = str(Outcome.SUCCEEDED)
     else:
         result = _describe(error, started_at)
-        logger.warning("%s #%s attempt %d/%d failed: %s", message.task_name, message.id,
-                       message.attempt, message.max_attempts, result.error_class,
-                       exc_info=error)
         written = settle(lambda: broker.fail(message, runner, result), message, give_up)
+        if written == Outcome.RETRIED:
+            # The traceback is in history; the log line stays one line per retry.
+            logger.warning("%s #%s attempt %d/%d failed, will retry: %s: %s",
+                           message.task_name, message.id, message.attempt,
+                           message.max_attempts, result.error_class, result.error_message)
+        else:
+            logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
+                         message.task_name, message.id, message.attempt,
+                         message.max_attempts, exc_info=error)
         outcome = written if written is not None else str(Outcome.LOST)
     _notify(task_finished, task, message_id=message.id, attempt=message.attempt,
             outcome=outcome, error=error)

@@ -159,7 +159,7 @@ class Worker:
                     next_recovery = now + conf.RECOVERY_SECONDS
                 if now >= next_promote:
                     broker.promote_due()
-                    next_promote = now + min(conf.POLL_SECONDS, 0.5)
+                    next_promote = now + conf.POLL_SECONDS
                 self._report_overruns()
                 if now >= next_summary:
                     logger.info("Worker %s: %s", self.id, self.stats.summary())
