@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -114,6 +115,8 @@ class QueueTask(Generic[P, R]):
     max_attempts: int
     retry_backoff: float
     timeout: float | None
+    #: Run the body and its ack in one transaction on the queue's database.
+    atomic: bool = False
     options: EnqueueOptions = EnqueueOptions()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -270,6 +273,7 @@ def queue_task(
     retry_backoff: float | None = None,
     timeout: float | None = None,
     name: str | None = None,
+    atomic: bool = False,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -283,10 +287,13 @@ def queue_task(
     retry_backoff: float | None = None,
     timeout: float | None = None,
     name: str | None = None,
+    atomic: bool = False,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
     Options left out take their defaults from ``MYSQLQ`` when the decorator runs.
+    ``atomic=True`` runs the body and its ack in one transaction on the queue's database:
+    the task's writes there commit exactly when the message is marked done (exactly once).
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -305,6 +312,11 @@ def queue_task(
             raise InvalidTaskOptions(
                 f"timeout must be a number of seconds > 0 or None, not {timeout!r}."
             )
+        if atomic and inspect.iscoroutinefunction(function):
+            raise InvalidTaskOptions(
+                f"{_qualified(function)} is async: atomic=True needs a plain function, whose "
+                "queries run on the worker thread's connection inside the ack's transaction."
+            )
         task_name = name if name is not None else _qualified(function)
         if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
             raise InvalidTaskOptions(
@@ -318,6 +330,7 @@ def queue_task(
             max_attempts=attempts,
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
+            atomic=bool(atomic),
         )
         registry.register(task)
         return task

@@ -12,11 +12,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from django.dispatch import Signal
 
 from .. import broker, payload
 from ..broker import AttemptResult, ClaimedMessage, Runner
+from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, UnknownTask
 from ..models import Outcome
 from ..signals import task_finished, task_started
@@ -41,6 +42,20 @@ def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> 
     if inspect.iscoroutinefunction(func):
         return asyncio.run(func(*args, **kwargs))
     return func(*args, **kwargs)
+
+
+class ClaimLost(Exception):
+    """An atomic task's claim was recovered by a peer while it ran: roll its work back."""
+
+
+def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
+                    message: ClaimedMessage, runner: Runner, started_at: dt.datetime) -> Any:
+    """Run the body and the ack in one transaction: both commit, or neither does."""
+    with transaction.atomic(using=get_settings().DATABASE):
+        value = func(*args, **kwargs)
+        if not broker.ack_within(message, runner, AttemptResult(started_at, result=value)):
+            raise ClaimLost
+    return value
 
 
 def settle(operation: Callable[[], Any], message: ClaimedMessage, give_up: threading.Event) -> Any:
@@ -82,15 +97,27 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
     _notify(task_started, task, message_id=message.id, attempt=message.attempt)
     error: BaseException | None = None
     value: Any = None
+    acked = False
     try:
-        value = _call(task.func, args, kwargs)
+        if task.atomic:
+            value = _run_atomically(task.func, args, kwargs, message, runner, started_at)
+            acked = True
+        else:
+            value = _call(task.func, args, kwargs)
+    except ClaimLost:
+        logger.warning("%s #%s was recovered by a peer while it ran; its transaction was "
+                       "rolled back and it will run again.", message.task_name, message.id)
+        _notify(task_finished, task, message_id=message.id, attempt=message.attempt,
+                outcome=str(Outcome.LOST), error=None)
+        return str(Outcome.LOST)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
         error = exc
     broker.close_if_broken()  # the task may have broken or closed the connection
 
     if error is None:
-        result = AttemptResult(started_at=started_at, result=value)
-        settle(lambda: broker.ack(message, runner, result), message, give_up)
+        if not acked:
+            result = AttemptResult(started_at=started_at, result=value)
+            settle(lambda: broker.ack(message, runner, result), message, give_up)
         outcome = str(Outcome.SUCCEEDED)
     else:
         result = _describe(error, started_at)

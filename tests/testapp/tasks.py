@@ -60,3 +60,15 @@ async def async_record(label: str) -> str:
 def overruns(label: str) -> None:
     time.sleep(0.8)
     Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@queue_task(atomic=True)
+def atomic_record(label: str) -> str:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    return label
+
+
+@queue_task(atomic=True, max_attempts=2, retry_backoff=0)
+def atomic_fails_after_write(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise RuntimeError("after the write")
