@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.dispatch import Signal
 from django.utils import timezone
 
 from .conf import get_settings
@@ -40,7 +41,9 @@ T = TypeVar("T")
 MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
-RECOVERY_LOCK = "django_mysqlq:recover"
+#: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
+RECOVERY_LOCK_SQL = "SELECT GET_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()), 0)"
+RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))"
 
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
 LOCK_ERRORS = frozenset({1213, 1205})
@@ -160,10 +163,9 @@ INSERT INTO {ATTEMPT_TABLE}
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
-IDENTITY_SQL = (
-    "SELECT CONNECTION_ID(), UNIX_TIMESTAMP() - VARIABLE_VALUE, UNIX_TIMESTAMP(NOW(6)) "
-    "FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
-)
+IDENTITY_SQL = "SELECT CONNECTION_ID(), UNIX_TIMESTAMP(NOW(6))"
+#: Works on MariaDB and MySQL 8 alike (MySQL 8 dropped information_schema.GLOBAL_STATUS).
+UPTIME_SQL = "SHOW GLOBAL STATUS LIKE 'Uptime'"
 LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
 
 REGISTER_WORKER_SQL = f"""
@@ -318,15 +320,17 @@ def connection_identity(alias: str | None = None) -> tuple[int, int]:
     cached: tuple[int, int] | None = getattr(raw, _IDENTITY_ATTRIBUTE, None)
     if cached is not None:
         return cached
-    sent = time.time()
     with connection.cursor() as cursor:
+        cursor.execute(UPTIME_SQL)
+        uptime = int(cursor.fetchone()[1])
+        sent = time.time()
         cursor.execute(IDENTITY_SQL)
-        row = cursor.fetchone()
-    received = time.time()
-    identity = (int(row[0]), int(row[1]))
+        connection_id, server_now = cursor.fetchone()
+        received = time.time()
+    identity = (int(connection_id), int(float(server_now)) - uptime)
     setattr(raw, _IDENTITY_ATTRIBUTE, identity)
     global _clock_offset
-    _clock_offset = float(row[2]) - (sent + received) / 2
+    _clock_offset = float(server_now) - (sent + received) / 2
     return identity
 
 
@@ -382,7 +386,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     return ids
 
 
-def _insert_deduplicated(alias: str, message: NewMessage) -> int:
+def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
     """Insert, or return the id of the pending message that already has this dedup key.
 
     A dead message gives its key up, so only ready, scheduled or running ones block.
@@ -390,7 +394,7 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> int:
     for attempt in range(3):
         try:
             with transaction.atomic(using=alias):
-                return _insert_one(alias, message)
+                return _insert_one(alias, message), True
         except IntegrityError:
             with _connection(alias).cursor() as cursor:
                 cursor.execute(
@@ -398,7 +402,7 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> int:
                 )
                 row = cursor.fetchone()
             if row is not None:
-                return int(row[0])
+                return int(row[0]), False
             if attempt == 2:
                 raise
             # The holder finished between our insert and our look-up: insert again.
@@ -414,22 +418,28 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     if not messages:
         return []
     alias = _alias()
-    if len(messages) == 1:
-        message = messages[0]
-        if message.dedup_key is not None:
-            ids = [_insert_deduplicated(alias, message)]
-        else:
-            ids = [_insert_one(alias, message)]
+    if len(messages) == 1 and messages[0].dedup_key is not None:
+        message_id, inserted = _insert_deduplicated(alias, messages[0])
+        ids = [message_id]
+        new_ids = ids if inserted else []
+    elif len(messages) == 1:
+        ids = new_ids = [_insert_one(alias, messages[0])]
     else:
-        ids = _insert_many(alias, messages)
+        ids = new_ids = _insert_many(alias, messages)
 
     task_name = messages[0].task_name
-
-    def announce() -> None:
-        message_enqueued.send(sender=task_name, message_ids=ids)
-
-    transaction.on_commit(announce, using=alias)
+    if new_ids:
+        transaction.on_commit(
+            lambda: send_robust(message_enqueued, task_name, message_ids=new_ids), using=alias)
     return ids
+
+
+def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send a signal; a failing receiver is logged and never breaks the queue's work."""
+    for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error("Receiver %r of a django_mysqlq signal failed", receiver,
+                         exc_info=response)
 
 
 # --------------------------------------------------------------------------- claim
@@ -540,19 +550,21 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
 
 
 def retry_delay(message: ClaimedMessage) -> float:
-    """Exponential backoff with jitter: base * 2^(attempt-1), +/-25 %, capped."""
+    """Exponential backoff with jitter: base * 2^(attempt-1), +/-25 %, then capped."""
     base = message.retry_backoff
     if base <= 0:
         return 0.0
-    delay = min(get_settings().RETRY_BACKOFF_MAX, base * 2.0 ** (message.attempt - 1))
-    return float(delay * random.uniform(0.75, 1.25))
+    delay = base * 2.0 ** (message.attempt - 1) * random.uniform(0.75, 1.25)
+    return float(min(get_settings().RETRY_BACKOFF_MAX, delay))
 
 
 def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
          *, retry: bool = True) -> str:
     """Record a failed attempt; schedule a retry or, out of attempts, make it dead.
 
-    Returns the outcome written (``retried`` or ``failed``).
+    Returns the outcome written (``retried`` or ``failed``), or ``lost`` when a peer had
+    recovered the message meanwhile: then nothing is written (the recovery already
+    recorded this attempt as lost) and the message is left to its new owner.
     """
     alias = _alias()
     will_retry = retry and message.attempt < message.max_attempts
@@ -560,16 +572,22 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     summary = f"{result.error_class}: {result.error_message}".strip(": ")
     delay = retry_delay(message) if will_retry else 0.0
 
-    def body(cursor: Any) -> None:
+    def body(cursor: Any) -> bool:
         if will_retry:
             cursor.execute(RETRY_SQL, [delay, _micros(delay), summary, message.id,
                                        message.claim_token])
         else:
             cursor.execute(DEAD_SQL, [summary, message.id, message.claim_token])
+        if not cursor.rowcount:
+            return False
         cursor.execute(INSERT_ATTEMPT_SQL,
                        _attempt_params(message, outcome, runner, result, not will_retry))
+        return True
 
-    _in_transaction(alias, body)
+    if not _in_transaction(alias, body):
+        logger.warning("%s #%s failed after its claim was recovered by a peer; its new "
+                       "owner decides what happens next.", message.task_name, message.id)
+        return str(Outcome.LOST)
     return str(outcome)
 
 
@@ -661,7 +679,7 @@ def recover(liveness: str | None = None, alias: str | None = None) -> list[int]:
     _, server_start = connection_identity(alias)
     connection = _connection(alias)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT GET_LOCK(%s, 0)", [RECOVERY_LOCK])
+        cursor.execute(RECOVERY_LOCK_SQL)
         if cursor.fetchone()[0] != 1:
             return []
         try:
@@ -669,13 +687,13 @@ def recover(liveness: str | None = None, alias: str | None = None) -> list[int]:
             recovered = [m for m in lost if _recover_one(alias, *m)]
             cursor.execute(MARK_STALE_WORKERS_SQL, [_micros(conf.LEASE_SECONDS)])
         finally:
-            cursor.execute("SELECT RELEASE_LOCK(%s)", [RECOVERY_LOCK])
+            cursor.execute(RECOVERY_UNLOCK_SQL)
             cursor.fetchone()
     ids = [message_id for message_id, _, _ in recovered]
     if ids:
         logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
                        "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
-        messages_recovered.send(sender=None, message_ids=ids)
+        send_robust(messages_recovered, None, message_ids=ids)
     return ids
 
 
@@ -752,6 +770,17 @@ def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
              _micros(scheduled_within)],
         )
         return cursor.fetchone() is not None
+
+
+def ensure_usable(alias: str | None = None) -> None:
+    """Ping this thread's connection and drop it if the server has gone away meanwhile.
+
+    Django only notices a dead idle connection when a query fails; a task must not pay
+    for an outage with one of its attempts.
+    """
+    connection = _connection(alias)
+    if connection.connection is not None and not connection.is_usable():
+        connection.close()
 
 
 def close_if_broken(alias: str | None = None) -> None:

@@ -119,10 +119,10 @@ def test_only_one_sweeper_at_a_time():
 
     def hold_lock():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, 0)", [broker.RECOVERY_LOCK])
+            cursor.execute(broker.RECOVERY_LOCK_SQL)
             holder_ready.set()
             release.wait(10)
-            cursor.execute("SELECT RELEASE_LOCK(%s)", [broker.RECOVERY_LOCK])
+            cursor.execute(broker.RECOVERY_UNLOCK_SQL)
         connections.close_all()
 
     holder = threading.Thread(target=hold_lock)

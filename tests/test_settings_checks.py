@@ -15,8 +15,8 @@ def ids(messages):
     return [m.id for m in messages]
 
 
-def test_defaults_when_the_setting_is_absent(settings):
-    del settings.MYSQLQ
+def test_defaults_when_the_setting_is_empty(settings):
+    settings.MYSQLQ = {}
     assert get_settings() == QueueSettings()
     assert check_settings() == []
 

@@ -261,6 +261,23 @@ def test_a_task_outliving_the_grace_period_is_abandoned_and_recovered(start_work
 # --------------------------------------------------------------------------- --burst, --max-tasks
 
 
+def test_a_draining_worker_keeps_its_leases_so_no_peer_runs_its_task_twice(start_worker):
+    short_lease = {"MYSQLQ_TEST_LEASE": "2", "MYSQLQ_TEST_HEARTBEAT": "0.5",
+                   "MYSQLQ_TEST_GRACE": "15"}
+    stopping = start_worker("--concurrency", "1", env=short_lease)
+    handle = tasks.slow.enqueue("drain", 5)
+    wait_for(lambda: started(["drain"]), PATIENCE, message="the task to start")
+    peer = start_worker("--concurrency", "1", env=short_lease)
+    wait_for(lambda: Worker.objects.filter(pid=peer.pid).exists(), PATIENCE,
+             message="the peer to register")
+    stopping.signal(signal.SIGTERM)
+    # The task outlives the lease 2 times over; heartbeats during the drain keep it owned.
+    assert wait_exit(stopping, 20) == 0, stopping.output()
+    assert outcomes(handle.id) == ["succeeded"]
+    assert len(rows("drain:start")) == 1
+    assert "Recovered" not in peer.output()
+
+
 def test_burst_waits_for_running_tasks_and_due_retries_then_exits_0(start_worker):
     tasks.record.enqueue_many([[f"r{i}"] for i in range(5)])
     slow = tasks.slow.enqueue("burst-slow", 1)
@@ -311,12 +328,6 @@ def kill_worker_connections() -> list[int]:
     return ids
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="BUG: a task thread's dead connection is only checked after a task "
-           "(executor.execute calls broker.close_if_broken() after the task body), so the "
-           "next task's first query fails with OperationalError 2013/2006 and spends an "
-           "attempt (retried; dead if it was the last one).")
 def test_a_lost_task_thread_connection_does_not_cost_an_attempt(start_worker):
     worker = start_worker("--concurrency", "1")
     warm = tasks.record.enqueue("warm")  # the one task thread now holds a connection

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, transaction
-from django.dispatch import Signal
 
 from .. import broker, payload
 from ..broker import AttemptResult, ClaimedMessage, Runner
@@ -94,7 +93,7 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
         settle(lambda: broker.fail(message, runner, result, retry=False), message, give_up)
         return str(Outcome.FAILED)
 
-    _notify(task_started, task, message_id=message.id, attempt=message.attempt)
+    broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
     error: BaseException | None = None
     value: Any = None
     acked = False
@@ -107,9 +106,7 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
     except ClaimLost:
         logger.warning("%s #%s was recovered by a peer while it ran; its transaction was "
                        "rolled back and it will run again.", message.task_name, message.id)
-        _notify(task_finished, task, message_id=message.id, attempt=message.attempt,
-                outcome=str(Outcome.LOST), error=None)
-        return str(Outcome.LOST)
+        return _finished(task, message, str(Outcome.LOST), None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
         error = exc
     broker.close_if_broken()  # the task may have broken or closed the connection
@@ -117,29 +114,27 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
     if error is None:
         if not acked:
             result = AttemptResult(started_at=started_at, result=value)
-            settle(lambda: broker.ack(message, runner, result), message, give_up)
-        outcome = str(Outcome.SUCCEEDED)
-    else:
-        result = _describe(error, started_at)
-        written = settle(lambda: broker.fail(message, runner, result), message, give_up)
-        if written == Outcome.RETRIED:
-            # The traceback is in history; the log line stays one line per retry.
-            logger.warning("%s #%s attempt %d/%d failed, will retry: %s: %s",
-                           message.task_name, message.id, message.attempt,
-                           message.max_attempts, result.error_class, result.error_message)
-        else:
-            logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
-                         message.task_name, message.id, message.attempt,
-                         message.max_attempts, exc_info=error)
-        outcome = written if written is not None else str(Outcome.LOST)
-    _notify(task_finished, task, message_id=message.id, attempt=message.attempt,
-            outcome=outcome, error=error)
+            acked = bool(settle(lambda: broker.ack(message, runner, result), message, give_up))
+        # Not acked: the message stays queued and runs again, so say so.
+        return _finished(task, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST), None)
+
+    result = _describe(error, started_at)
+    written = settle(lambda: broker.fail(message, runner, result), message, give_up)
+    if written == Outcome.RETRIED:
+        # The traceback is in history; the log line stays one line per retry.
+        logger.warning("%s #%s attempt %d/%d failed, will retry: %s: %s",
+                       message.task_name, message.id, message.attempt,
+                       message.max_attempts, result.error_class, result.error_message)
+    elif written == Outcome.FAILED:
+        logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
+                     message.task_name, message.id, message.attempt,
+                     message.max_attempts, exc_info=error)
+    return _finished(task, message, written if written is not None else str(Outcome.LOST),
+                     error)
+
+
+def _finished(task: Any, message: ClaimedMessage, outcome: str,
+              error: BaseException | None) -> str:
+    broker.send_robust(task_finished, task, message_id=message.id, attempt=message.attempt,
+                       outcome=outcome, error=error)
     return outcome
-
-
-def _notify(signal: Signal, task: Any, **kwargs: Any) -> None:
-    """Send a signal; a failing receiver is logged and never stops the worker."""
-    for receiver, response in signal.send_robust(sender=task, **kwargs):
-        if isinstance(response, BaseException):
-            logger.error("Receiver %r of a django_mysqlq signal failed", receiver,
-                         exc_info=response)

@@ -56,17 +56,29 @@ class Worker:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._claimed_total = 0
+        #: Counts database outages seen by the control loop; task threads recheck on change.
+        self._outages = 0
 
     # ------------------------------------------------------------------ task threads
 
     def _task_thread(self) -> None:
         thread = threading.current_thread().name
         runner = Runner(worker_id=self.id, host=self.host, pid=self.pid, thread=thread)
+        last_used = time.monotonic()
+        outages_seen = self._outages
         try:
             while True:
                 message = self._inbox.get()
                 if message is None:
                     return
+                if outages_seen != self._outages or time.monotonic() - last_used > 1.0:
+                    # An idle connection may have died with the server: check it first,
+                    # so the task's first query doesn't fail on it and spend an attempt.
+                    outages_seen = self._outages
+                    try:
+                        broker.ensure_usable()
+                    except DatabaseError:
+                        broker.close_if_broken()
                 with self._lock:
                     self._running[message.id] = (message, time.monotonic(), False)
                 try:
@@ -82,6 +94,7 @@ class Worker:
                     self._running.pop(message.id, None)
                     self._in_flight -= 1
                 self._wakeup.set()
+                last_used = time.monotonic()
         finally:
             connections.close_all()
 
@@ -118,7 +131,7 @@ class Worker:
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
                     " (burst)" if self.options.burst else "")
-        worker_started.send(sender=self)
+        broker.send_robust(worker_started, self)
 
     def _call_until_up(self, operation: object) -> None:
         delay = ERROR_BACKOFF[0]
@@ -132,6 +145,7 @@ class Worker:
 
     def _database_trouble(self, exc: DatabaseError, delay: float) -> None:
         self.stats.add(db_errors=1)
+        self._outages += 1
         logger.warning("Database error in the worker loop (%s); retrying in %.1fs.", exc, delay)
         broker.close_if_broken()
         self._wakeup.wait(delay)
@@ -175,7 +189,8 @@ class Worker:
             if claimed:
                 idle = IDLE_BACKOFF_START
                 continue
-            self._wakeup.wait(idle)
+            # Never sleep past the next heartbeat: leases must be renewed on time.
+            self._wakeup.wait(max(0.0, min(idle, next_beat - time.monotonic())))
             idle = min(idle * 2, conf.POLL_SECONDS)
 
     def _claim(self) -> int:
@@ -232,6 +247,24 @@ class Worker:
 
     # ------------------------------------------------------------------ stopping
 
+    def _wait_for_threads(self, deadline: float) -> None:
+        """Join the task threads by ``deadline``, renewing leases meanwhile.
+
+        A task finishing during the grace period keeps its claim: without heartbeats
+        its lease would run out and a peer would start it a second time.
+        """
+        next_beat = time.monotonic()
+        for thread in self._threads:
+            while thread.is_alive() and time.monotonic() < deadline:
+                if time.monotonic() >= next_beat:
+                    try:
+                        self._heartbeat()
+                    except DatabaseError as exc:
+                        logger.warning("Heartbeat failed while stopping (%s).", exc)
+                        broker.close_if_broken()
+                    next_beat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
+                thread.join(max(0.0, min(deadline, next_beat) - time.monotonic()))
+
     def _drain(self) -> int:
         """Release unstarted claims, wait for running tasks, deregister."""
         unstarted: list[ClaimedMessage] = []
@@ -259,8 +292,7 @@ class Worker:
         if running:
             logger.info("Waiting up to %.0fs for %d running task(s).",
                         self.settings.GRACE_SECONDS, running)
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._wait_for_threads(deadline)
         abandoned = sum(thread.is_alive() for thread in self._threads)
         self._give_up.set()
         if abandoned:
@@ -272,5 +304,5 @@ class Worker:
         except DatabaseError as exc:
             logger.warning("Could not deregister worker %s (%s).", self.id, exc)
         logger.info("Worker %s stopped: %s", self.id, self.stats.summary())
-        worker_stopped.send(sender=self)
+        broker.send_robust(worker_stopped, self)
         return 1 if abandoned else 0
