@@ -8,7 +8,9 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
+from django.db.utils import load_backend
 
 from .conf import SettingsError, load_settings
 
@@ -30,10 +32,14 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
             f"MYSQLQ['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES.",
             hint=f"Use one of: {', '.join(settings.DATABASES)}.", id="django_mysqlq.E002"))
     else:
-        engine = settings.DATABASES[conf.DATABASE].get("ENGINE", "")
-        if engine != "django.db.backends.mysql":
+        engine = str(settings.DATABASES[conf.DATABASE].get("ENGINE", ""))
+        try:  # by vendor, so MySQL wrappers and subclassed backends pass
+            vendor = load_backend(engine).DatabaseWrapper.vendor
+        except ImproperlyConfigured:
+            vendor = "unknown"
+        if vendor != "mysql":
             errors.append(Error(
-                f"The queue database {conf.DATABASE!r} uses {engine!r}.",
+                f"The queue database {conf.DATABASE!r} uses {engine!r} ({vendor}).",
                 hint="django-mysqlq needs MySQL or MariaDB (ENGINE "
                      "'django.db.backends.mysql').", id="django_mysqlq.E003"))
     if not settings.USE_TZ:

@@ -1,14 +1,14 @@
 """The one place that reads ``settings.MYSQLQ``.
 
 Every other module asks :func:`get_settings` and gets a validated, frozen
-:class:`QueueSettings`. Validation problems are reported by the system checks
-(``django_mysqlq.E001``) rather than raised at import time, so ``manage.py
-check`` can list all of them at once.
+:class:`QueueSettings`, or :class:`SettingsError` listing every problem. The
+system check ``django_mysqlq.E001`` reports the same problems, all at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -85,8 +85,8 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             return
         value = values[name]
         kind = int if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = "an integer" if integer else "a number of seconds"
+        if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+            expected = "an integer" if integer else "a finite number of seconds"
             problems.append(f"MYSQLQ[{name!r}] must be {expected}, not {value!r}.")
         elif value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
@@ -104,9 +104,12 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         problems.append(
             f"MYSQLQ['LIVENESS'] must be 'connection' or 'lease', not {values['LIVENESS']!r}."
         )
-    for name in ("DATABASE", "DEFAULT_QUEUE"):
-        if name in values and (not isinstance(values[name], str) or not values[name]):
-            problems.append(f"MYSQLQ[{name!r}] must be a non-empty string.")
+    for name, longest in (("DATABASE", 1000), ("DEFAULT_QUEUE", 64)):
+        value = values.get(name, "x")
+        if not isinstance(value, str) or not value or len(value) > longest:
+            problems.append(
+                f"MYSQLQ[{name!r}] must be a non-empty string of at most {longest} "
+                f"characters, not {value!r}.")
     if "DEFAULT_PRIORITY" in values:
         value = values["DEFAULT_PRIORITY"]
         if isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100:
@@ -115,7 +118,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             )
     if "TASK_MODULES" in values:
         modules = values["TASK_MODULES"]
-        if isinstance(modules, str) or not all(isinstance(m, str) for m in modules):
+        if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
             problems.append("MYSQLQ['TASK_MODULES'] must be a list of dotted module paths.")
         else:
             values["TASK_MODULES"] = tuple(modules)

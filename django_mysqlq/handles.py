@@ -32,7 +32,8 @@ class MessageState:
 
     @property
     def is_finished(self) -> bool:
-        return self.status in ("succeeded", "cancelled")
+        """True when nothing more will happen without an operator: succeeded, cancelled, dead."""
+        return self.status in ("succeeded", "cancelled", "dead")
 
 
 def read_state(message_id: int) -> MessageState:

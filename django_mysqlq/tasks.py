@@ -38,6 +38,14 @@ class EnqueueOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskCall:
+    """The arguments of one call, made by ``task.call(...)`` for ``enqueue_many()``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class NewMessage:
     """Everything the broker needs to insert one message."""
 
@@ -177,13 +185,17 @@ class QueueTask(Generic[P, R]):
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         return await sync_to_async(self.enqueue)(*args, **kwargs)
 
-    def enqueue_many(
-        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]]
-    ) -> list[MessageHandle]:
-        """Enqueue many calls with multi-row inserts; each item is ``args`` or ``(args, kwargs)``.
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
+        """One call's arguments, for :meth:`enqueue_many` (type-checked like a real call)."""
+        return TaskCall(tuple(args), dict(kwargs))
 
-        All messages are encoded before anything is written, so one bad argument writes
-        none of them. A ``dedup_key`` set with ``.using()`` can't apply to many messages.
+    def enqueue_many(self, calls: Iterable[TaskCall | Sequence[Any]]) -> list[MessageHandle]:
+        """Enqueue many calls with multi-row inserts; return their handles in order.
+
+        Each item is ``task.call(*args, **kwargs)``, or a list or tuple of positional
+        arguments. Every message is encoded before anything is written, so one bad
+        argument writes none of them. A ``dedup_key`` set with ``.using()`` can't apply
+        to many messages.
         """
         from . import broker
 
@@ -193,22 +205,22 @@ class QueueTask(Generic[P, R]):
                 "enqueue them one by one with .using(dedup_key=...)."
             )
         messages = []
-        for call in calls:
-            if (
-                isinstance(call, tuple)
-                and len(call) == 2
-                and isinstance(call[0], list | tuple)
-                and isinstance(call[1], Mapping)
-            ):
-                args, kwargs = call
+        for index, call in enumerate(calls):
+            if isinstance(call, TaskCall):
+                messages.append(self._new_message(call.args, call.kwargs))
+            elif isinstance(call, list | tuple):
+                messages.append(self._new_message(call, {}))
             else:
-                args, kwargs = call, {}
-            messages.append(self._new_message(list(args), kwargs))
+                raise InvalidTaskOptions(
+                    f"Item {index} of enqueue_many() is {call!r}: give "
+                    f"{self.name.rsplit('.', 1)[-1]}.call(*args, **kwargs) or a list/tuple of "
+                    "positional arguments, e.g. [(pk,) for pk in ids]."
+                )
         ids = broker.enqueue(messages)
         return [MessageHandle(message_id, self.name) for message_id in ids]
 
     async def aenqueue_many(
-        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]]
+        self, calls: Iterable[TaskCall | Sequence[Any]]
     ) -> list[MessageHandle]:
         return await sync_to_async(self.enqueue_many)(calls)
 

@@ -92,7 +92,7 @@ def test_payload_over_the_limit_is_refused(settings):
 
 
 def test_enqueue_many_uses_one_insert_and_keeps_order():
-    calls = [([f"m{i}"], {"value": i}) for i in range(2500)]
+    calls = [tasks.record.call(f"m{i}", value=i) for i in range(2500)]
     with connection.execute_wrapper(_count_inserts) as _:
         _INSERTS.clear()
         handles = tasks.record.enqueue_many(calls)
@@ -115,10 +115,24 @@ def _count_inserts(execute, sql, params, many, context):
     return execute(sql, params, many, context)
 
 
-def test_enqueue_many_accepts_plain_argument_lists():
-    handles = tasks.record.enqueue_many([["a"], ("b", 2)])
+def test_enqueue_many_accepts_argument_lists_and_calls():
+    handles = tasks.record.enqueue_many([["a"], ("b", 2), tasks.record.call("c", value=3),
+                                         (["x"], {"y": 1})])
     payloads = [Message.objects.get(pk=h.id).decoded_payload() for h in handles]
-    assert payloads == [{"args": ["a"], "kwargs": {}}, {"args": ["b", 2], "kwargs": {}}]
+    assert payloads == [
+        {"args": ["a"], "kwargs": {}},
+        {"args": ["b", 2], "kwargs": {}},
+        {"args": ["c"], "kwargs": {"value": 3}},
+        # A list then a dict are two positional arguments, never (args, kwargs).
+        {"args": [["x"], {"y": 1}], "kwargs": {}},
+    ]
+
+
+@pytest.mark.parametrize("item", [5, "ab", {"args": []}, None])
+def test_enqueue_many_refuses_items_that_are_not_calls(item):
+    with pytest.raises(InvalidTaskOptions, match=r"Item 1 of enqueue_many\(\).*\.call\("):
+        tasks.record.enqueue_many([["ok"], item])
+    assert not Message.objects.exists()
 
 
 def test_using_sets_per_call_options_without_changing_the_task():

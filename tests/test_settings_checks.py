@@ -38,6 +38,10 @@ def test_override_settings_is_seen_at_once(settings):
     ({"TASK_MODULES": "app.tasks"}, "list of dotted module paths"),
     ({"HEARTBEAT_SECONDS": 20, "LEASE_SECONDS": 30}, "at most half"),
     ({"DATABASE": ""}, "non-empty string"),
+    ({"DEFAULT_QUEUE": "q" * 65}, "at most 64"),
+    ({"TASK_MODULES": 5}, "list of dotted module paths"),
+    ({"POLL_SECONDS": float("nan")}, "finite number"),
+    ({"BATCH_SIZE": float("inf")}, "must be an integer"),
 ])
 def test_bad_values_are_reported_as_E001(settings, value, fragment):
     settings.MYSQLQ = value

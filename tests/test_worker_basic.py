@@ -30,7 +30,8 @@ def summary(output: str) -> dict:
 
 
 def test_enqueued_tasks_are_processed_and_traced(start_worker):
-    handles = tasks.record.enqueue_many([([f"m{i}"], {"value": i}) for i in range(20)])
+    handles = tasks.record.enqueue_many(
+        [tasks.record.call(f"m{i}", value=i) for i in range(20)])
     output = run_burst(start_worker, "--concurrency", "3", "--batch", "5")
     assert summary(output)["succeeded"] == 20
     assert not Message.objects.exists()
