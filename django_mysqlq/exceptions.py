@@ -33,3 +33,7 @@ class PayloadDecodeError(QueueError, ValueError):
 
 class MessageDoesNotExist(QueueError, LookupError):
     """No message or history with this id exists."""
+
+
+class TaskTimeout(QueueError):
+    """A task ran past its ``timeout`` and its worker process was restarted (process mode)."""

@@ -14,6 +14,9 @@ message_enqueued = Signal()
 task_started = Signal()
 #: sender: the task; kwargs: ``message_id``, ``attempt``, ``outcome``, ``error`` (or None).
 task_finished = Signal()
+#: sender: the worker; kwargs: ``message_id``, ``attempt``, ``seconds`` (run so far).
+#: Sent once when a running task passes its ``timeout``.
+task_overran = Signal()
 #: sender: None; kwargs: ``message_ids`` (claims of vanished workers given back).
 messages_recovered = Signal()
 #: sender: the worker; kwargs: none.

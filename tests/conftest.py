@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,7 +77,7 @@ def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
             popen = subprocess.Popen(
                 [sys.executable, "-m", "django", "runqueueworker", *args],
                 cwd=ROOT, env={**worker_env, **(env or {})}, stdout=log,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )
         process = WorkerProcess(popen, log_path)
         started.append(process)
@@ -84,6 +85,8 @@ def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
 
     yield start
     for process in started:
+        # The whole process group: a supervisor's children must not outlive the test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         if process.popen.poll() is None:
-            process.popen.send_signal(signal.SIGKILL)
             process.popen.wait(timeout=10)

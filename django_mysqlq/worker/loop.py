@@ -8,6 +8,8 @@ and settle them on their own connections. The loop holds no SQL: it calls the br
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import os
 import queue
@@ -19,10 +21,11 @@ import uuid
 from django.db import DatabaseError, connections
 
 from .. import broker
-from ..broker import ClaimedMessage, Runner
+from ..broker import AttemptResult, ClaimedMessage, Runner
 from ..conf import get_settings
+from ..exceptions import TaskTimeout
 from ..models import Outcome
-from ..signals import worker_started, worker_stopped
+from ..signals import task_overran, worker_started, worker_stopped
 from ..tasks import import_task_modules
 from .executor import execute
 from .options import WorkerOptions
@@ -30,6 +33,31 @@ from .stats import WorkerStats
 from .stopping import StopRequest
 
 logger = logging.getLogger("django_mysqlq")
+
+#: Exit status of a worker process ended because a task ran past its timeout.
+EXIT_TIMEOUT = 75
+
+
+@dataclasses.dataclass
+class RunningTask:
+    message: ClaimedMessage
+    started: float  # monotonic
+    started_at: dt.datetime  # database clock, for history
+    reported: bool = False
+
+
+def _qualified_name(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def resident_memory_mb() -> float:
+    """This process's resident set size in MiB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 #: Shortest and longest pause after a failed loop step (database down).
 ERROR_BACKOFF = (0.2, 5.0)
@@ -52,7 +80,7 @@ class Worker:
         self._give_up = threading.Event()
         self._inbox: queue.Queue[ClaimedMessage | None] = queue.Queue()
         self._in_flight = 0
-        self._running: dict[int, tuple[ClaimedMessage, float, bool]] = {}
+        self._running: dict[int, RunningTask] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._claimed_total = 0
@@ -80,7 +108,8 @@ class Worker:
                     except DatabaseError:
                         broker.close_if_broken()
                 with self._lock:
-                    self._running[message.id] = (message, time.monotonic(), False)
+                    self._running[message.id] = RunningTask(message, time.monotonic(),
+                                                            broker.database_now())
                 try:
                     outcome = execute(message, runner, self._give_up)
                 except Exception:
@@ -198,7 +227,7 @@ class Worker:
         options = self.options
         with self._lock:
             in_flight = self._in_flight
-        if in_flight >= options.concurrency:
+        if in_flight >= options.concurrency or self._over_memory():
             return 0
         room = max(options.concurrency, options.claim_batch) - in_flight
         wanted = min(options.claim_batch, room)
@@ -233,17 +262,66 @@ class Worker:
         broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed)
 
     def _report_overruns(self) -> None:
+        """Log (once) and signal tasks past their timeout; in process mode, end them."""
         now = time.monotonic()
         with self._lock:
-            items = list(self._running.items())
-        for message_id, (message, started, reported) in items:
-            if reported or message.timeout is None or now - started <= message.timeout:
-                continue
+            overdue = [task for task in self._running.values()
+                       if not task.reported and task.message.timeout is not None
+                       and now - task.started > task.message.timeout]
+            for task in overdue:
+                task.reported = True
+        for task in overdue:
+            message, elapsed = task.message, now - task.started
             logger.warning("%s #%s has run %.0fs, past its timeout of %.0fs.",
-                           message.task_name, message_id, now - started, message.timeout)
-            with self._lock:
-                if message_id in self._running:
-                    self._running[message_id] = (message, started, True)
+                           message.task_name, message.id, elapsed, message.timeout)
+            broker.send_robust(task_overran, self, message_id=message.id,
+                               attempt=message.attempt, seconds=elapsed)
+            if self.options.kill_on_timeout:
+                self._abort_for_timeout(task, elapsed)
+
+    def _abort_for_timeout(self, task: RunningTask, elapsed: float) -> None:
+        """Fail the overdue message (so it is retried) and end this process at once.
+
+        A thread can't be stopped from outside, so the process goes: the supervisor
+        starts a fresh one. Other tasks running here are recovered by peers as lost.
+        """
+        message = task.message
+        logger.error("%s #%s ran %.0fs, past its timeout of %.0fs: failing the attempt and "
+                     "restarting this worker process.", message.task_name, message.id,
+                     elapsed, message.timeout)
+        runner = Runner(worker_id=self.id, host=self.host, pid=self.pid,
+                        thread=threading.current_thread().name)
+        error = TaskTimeout(f"ran {elapsed:.1f}s, past its timeout of {message.timeout}s; "
+                            "its worker process was restarted")
+        result = AttemptResult(started_at=task.started_at, error_class=_qualified_name(error),
+                               error_message=str(error))
+        try:
+            broker.fail(message, runner, result)
+            self._release_unstarted()
+            broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
+        except DatabaseError as exc:
+            logger.warning("Could not record the timeout (%s); peers will recover the claims.",
+                           exc)
+        logging.shutdown()
+        os._exit(EXIT_TIMEOUT)
+
+    def _over_memory(self) -> bool:
+        """Whether to stop claiming and drain, to be replaced: past ``--max-memory``.
+
+        Judged only after a finished task (counted before its slot frees up), so a
+        process that starts over the limit still runs one task per life.
+        """
+        limit = self.options.max_memory_mb
+        if limit is None or not self.stats.processed:
+            return False
+        used = resident_memory_mb()
+        if used <= limit:
+            return False
+        if not self.stop_request.is_set():
+            logger.info("Worker %s uses %.0f MiB, over --max-memory %d: stopping gracefully "
+                        "to be replaced.", self.id, used, limit)
+            self.stop_request.set("max-memory")
+        return True
 
     # ------------------------------------------------------------------ stopping
 
@@ -265,8 +343,8 @@ class Worker:
                     next_beat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
                 thread.join(max(0.0, min(deadline, next_beat) - time.monotonic()))
 
-    def _drain(self) -> int:
-        """Release unstarted claims, wait for running tasks, deregister."""
+    def _release_unstarted(self) -> None:
+        """Give back the claimed messages no task thread has taken yet."""
         unstarted: list[ClaimedMessage] = []
         while True:
             try:
@@ -275,15 +353,20 @@ class Worker:
                 break
             if item is not None:
                 unstarted.append(item)
-        if unstarted:
-            with self._lock:
-                self._in_flight -= len(unstarted)
-            try:
-                count = broker.release(unstarted)
-                logger.info("Released %d claimed but unstarted message(s).", count)
-            except DatabaseError as exc:
-                logger.warning("Could not release %d unstarted message(s) (%s); peers will "
-                               "recover them.", len(unstarted), exc)
+        if not unstarted:
+            return
+        with self._lock:
+            self._in_flight -= len(unstarted)
+        try:
+            count = broker.release(unstarted)
+            logger.info("Released %d claimed but unstarted message(s).", count)
+        except DatabaseError as exc:
+            logger.warning("Could not release %d unstarted message(s) (%s); peers will "
+                           "recover them.", len(unstarted), exc)
+
+    def _drain(self) -> int:
+        """Release unstarted claims, wait for running tasks, deregister."""
+        self._release_unstarted()
         for _ in self._threads:
             self._inbox.put(None)
         deadline = time.monotonic() + self.settings.GRACE_SECONDS

@@ -22,6 +22,10 @@ class WorkerOptions:
     max_tasks: int | None = None
     #: With ``burst``: scheduled messages due within this many seconds are waited for.
     burst_wait: float = 5.0
+    #: Stop gracefully (to be replaced) once resident memory passes this many MiB.
+    max_memory_mb: int | None = None
+    #: Process mode: a task past its timeout fails and this process exits to be replaced.
+    kill_on_timeout: bool = False
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -37,6 +41,8 @@ class WorkerOptions:
             raise ValueError(f"batch must be at least 1, not {self.batch}.")
         if self.max_tasks is not None and self.max_tasks < 1:
             raise ValueError(f"max_tasks must be at least 1, not {self.max_tasks}.")
+        if self.max_memory_mb is not None and self.max_memory_mb < 1:
+            raise ValueError(f"max_memory must be at least 1 MiB, not {self.max_memory_mb}.")
         if self.burst_wait < 0:
             raise ValueError(f"burst_wait must be >= 0, not {self.burst_wait}.")
 

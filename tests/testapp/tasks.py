@@ -72,3 +72,9 @@ def atomic_record(label: str) -> str:
 def atomic_fails_after_write(label: str) -> None:
     Ledger.objects.create(label=label, pid=os.getpid())
     raise RuntimeError("after the write")
+
+
+@queue_task(timeout=0.3, max_attempts=2, retry_backoff=0)
+def hangs(label: str) -> None:
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    time.sleep(60)

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_mysqlq.worker import Worker, WorkerOptions
+from django_mysqlq.worker.supervisor import Supervisor
 
 
 def _positive_int(text: str) -> int:
@@ -48,6 +49,12 @@ class Command(BaseCommand):
                                  "(default 5).")
         parser.add_argument("--max-tasks", type=_positive_int, default=None,
                             help="Exit after claiming this many messages.")
+        parser.add_argument("--processes", type=_positive_int, default=None,
+                            help="Fork this many worker processes under a supervisor that "
+                                 "restarts them (each with --concurrency threads).")
+        parser.add_argument("--max-memory", type=_positive_int, default=None, metavar="MIB",
+                            help="Replace a worker process once its resident memory passes "
+                                 "this many MiB (it drains first).")
         parser.add_argument("--json-summary", action="store_true",
                             help="Print the final summary as JSON on stdout.")
 
@@ -59,10 +66,17 @@ class Command(BaseCommand):
             worker_options = WorkerOptions.build(
                 options["queues"], concurrency=options["concurrency"], batch=options["batch"],
                 burst=options["burst"], max_tasks=options["max_tasks"],
-                burst_wait=options["burst_wait"],
+                burst_wait=options["burst_wait"], max_memory_mb=options["max_memory"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        if options["processes"] is not None:
+            if options["json_summary"]:
+                raise CommandError("--json-summary needs a single process (no --processes).")
+            status = Supervisor(worker_options, options["processes"]).run()
+            if status:
+                sys.exit(status)
+            return
         worker = Worker(worker_options)
         status = worker.run()
         if options["json_summary"]:

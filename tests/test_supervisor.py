@@ -1,0 +1,116 @@
+"""``runqueueworker --processes``: real forked children, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from django_mysqlq.models import Attempt, Message, Worker
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+PATIENCE = 20.0
+
+
+def live_children(supervisor) -> set[int]:
+    """Pids of registered, running workers other than the supervisor itself."""
+    return {pid for pid in Worker.objects.running().values_list("pid", flat=True)
+            if pid != supervisor.pid and _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_child_is_replaced_and_sigterm_drains_them_all(start_worker):
+    supervisor = start_worker("--processes", "2", "--concurrency", "2")
+    first = wait_for(lambda: (c := live_children(supervisor)) and len(c) == 2 and c,
+                     PATIENCE, message="two children to register")
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(live_children(supervisor) - first) == 1 and
+             len(live_children(supervisor)) == 2, PATIENCE, message="a replacement child")
+    handles = tasks.record.enqueue_many([[f"m{i}"] for i in range(10)])
+    wait_for(lambda: not Message.objects.filter(pk__in=[h.id for h in handles]).exists(),
+             PATIENCE, message="the children to process the messages")
+    assert "killed by SIGKILL; replacing it" in supervisor.output()
+    children = live_children(supervisor)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 0, supervisor.output()
+    assert not any(_alive(pid) for pid in children)
+    assert Worker.objects.running().filter(pid__in=children).count() == 0
+
+
+def test_children_are_recycled_after_max_tasks(start_worker):
+    supervisor = start_worker("--processes", "1", "--max-tasks", "3", "--batch", "1")
+    handles = tasks.record.enqueue_many([[f"m{i}"] for i in range(7)])
+    wait_for(lambda: Attempt.objects.succeeded().count() == 7, PATIENCE,
+             message="all seven messages")
+    pids = set(Ledger.objects.values_list("pid", flat=True))
+    assert len(pids) == 3  # 3 + 3 + 1
+    assert supervisor.pid not in pids
+    assert "was recycled" in supervisor.output()
+    assert all(h.status == "succeeded" for h in handles)
+
+
+def test_a_child_over_max_memory_is_replaced_after_its_task(start_worker):
+    supervisor = start_worker("--processes", "1", "--max-memory", "1", "--batch", "1")
+    tasks.record.enqueue_many([["a"], ["b"], ["c"]])
+    wait_for(lambda: Attempt.objects.succeeded().count() == 3, PATIENCE,
+             message="three messages")
+    assert len(set(Ledger.objects.values_list("pid", flat=True))) == 3
+    assert "over --max-memory 1" in supervisor.output()
+
+
+def test_a_task_past_its_timeout_kills_its_child_and_is_retried(start_worker):
+    supervisor = start_worker("--processes", "1")
+    handle = tasks.hangs.enqueue("h")
+    other = tasks.record.enqueue("still-runs")
+    wait_for(lambda: Message.objects.filter(pk=handle.id, status="dead").exists(), PATIENCE,
+             message="the hanging message to fail twice and go dead")
+    attempts = list(Attempt.objects.for_message(handle.id))
+    assert [a.outcome for a in attempts] == ["retried", "failed"]
+    assert all(a.error_class == "django_mysqlq.exceptions.TaskTimeout" for a in attempts)
+    assert "past its timeout" in attempts[0].error_message
+    starts = list(Ledger.objects.filter(label="h:start").values_list("pid", flat=True))
+    assert len(starts) == 2 and starts[0] != starts[1]  # each attempt in a fresh process
+    wait_for(lambda: other.state().status == "succeeded", PATIENCE,
+             message="the other message to run")
+    assert "ended after a task ran past its timeout" in supervisor.output()
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 0, supervisor.output()
+
+
+def test_a_second_signal_makes_children_exit_at_once(start_worker):
+    supervisor = start_worker("--processes", "2")
+    wait_for(lambda: len(live_children(supervisor)) == 2, PATIENCE, message="children")
+    handle = tasks.slow.enqueue("long", 30)
+    wait_for(lambda: Ledger.objects.filter(label="long:start").exists(), PATIENCE,
+             message="the slow task to start")
+    supervisor.signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in supervisor.output(), PATIENCE, message="the first signal")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 1
+    assert Message.objects.get(pk=handle.id).status == "claimed"  # for a peer to recover
+    assert not Ledger.objects.filter(label="long:end").exists()
+
+
+def test_children_drain_and_exit_when_the_supervisor_is_killed(start_worker):
+    supervisor = start_worker("--processes", "2")
+    children = wait_for(lambda: (c := live_children(supervisor)) and len(c) == 2 and c,
+                        PATIENCE, message="two children")
+    os.kill(supervisor.pid, signal.SIGKILL)
+    supervisor.wait(PATIENCE)
+    wait_for(lambda: not any(_alive(pid) for pid in children), PATIENCE,
+             message="the orphaned children to exit")
+    # They stopped gracefully (deregistered), not by being killed.
+    assert Worker.objects.filter(pid__in=children, stopped_at__isnull=False).count() == 2
