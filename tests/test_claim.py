@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from django_mysqlq import broker
 from django_mysqlq.models import CLAIM_INDEX, Message
@@ -150,3 +151,32 @@ def test_renewing_leases_extends_only_this_workers_claims():
     assert after[mine.id] > before[mine.id]
     other = next(pk for pk in before if pk != mine.id)
     assert after[other] == before[other]
+
+
+def test_a_lock_wait_timeout_on_claim_is_retried_inside_the_broker_and_counted():
+    handle = tasks.record.enqueue("locked")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_row_lock():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM mysqlq_message WHERE id = %s FOR UPDATE", [handle.id])
+            holding.set()
+            release.wait(10)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_row_lock)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        before = broker.stats.lock_waits
+        threading.Timer(1.5, release.set).start()  # let go after the first wait timed out
+        [message] = claim()
+    finally:
+        release.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    assert message.id == handle.id
+    assert broker.stats.lock_waits > before

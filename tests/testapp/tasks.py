@@ -78,3 +78,11 @@ def atomic_fails_after_write(label: str) -> None:
 def hangs(label: str) -> None:
     Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
     time.sleep(60)
+
+
+@queue_task(max_attempts=1)
+def stress_step(token: str, sleep_ms: int) -> None:
+    """Records its start and end, so overlapping executions of one message would show."""
+    Ledger.objects.create(label=f"{token}:start", pid=os.getpid())
+    time.sleep(sleep_ms / 1000)
+    Ledger.objects.create(label=f"{token}:end", pid=os.getpid())
