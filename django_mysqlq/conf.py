@@ -49,6 +49,11 @@ class QueueSettings:
     RETRY_BACKOFF_MAX: float = 3600.0
     #: Messages claimed by one statement (bounds what a crash can re-run).
     BATCH_SIZE: int = 10
+    #: Successes acked together in one transaction; 1 acks each at once. A crash re-runs
+    #: at most twice this many finished-but-unacked tasks.
+    ACK_BATCH_SIZE: int = 20
+    #: Longest a success waits for its batch to fill before it is acked anyway.
+    ACK_DELAY_SECONDS: float = 0.02
     #: Seconds a stopping worker waits for running tasks before it gives up on them.
     GRACE_SECONDS: float = 30.0
     #: Seconds between the worker's one-line summaries in the log (0 turns them off).
@@ -93,11 +98,11 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             problems.append(f"MYSQLQ[{name!r}] must be {bound}, not {value!r}.")
 
     for name in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "RECOVERY_SECONDS", "POLL_SECONDS",
-                 "GRACE_SECONDS", "RETRY_BACKOFF_MAX"):
+                 "GRACE_SECONDS", "RETRY_BACKOFF_MAX", "ACK_DELAY_SECONDS"):
         positive(name)
     positive("RETRY_BACKOFF", allow_zero=True)
     positive("SUMMARY_SECONDS", allow_zero=True)
-    for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES"):
+    for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES", "ACK_BATCH_SIZE"):
         positive(name, integer=True)
 
     if "LIVENESS" in values and values["LIVENESS"] not in ("connection", "lease"):

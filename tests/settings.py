@@ -33,6 +33,7 @@ MYSQLQ = {
     "GRACE_SECONDS": float(os.environ.get("MYSQLQ_TEST_GRACE", "10")),
     "SUMMARY_SECONDS": 0,
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
+    "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
 }
 LOGGING = {
     "version": 1,

@@ -170,3 +170,17 @@ def test_stale_workers_are_marked_stopped_by_the_sweep(settings):
     broker.recover()
     assert Worker.objects.get(pk="stale").stopped_at is not None
     assert Worker.objects.get(pk="fresh").stopped_at is None
+
+
+def test_ack_many_deletes_only_what_is_still_ours_and_traces_every_run():
+    handles = tasks.record.enqueue_many([["a"], ["b"], ["c"]])
+    mine = peer_claim(limit=2)
+    [lost] = in_thread(peer_claim)  # claimed by a connection that then closed
+    recover_until_found()
+    result = AttemptResult(started_at=timezone.now(), result=1)
+    owned = broker.ack_many([(m, RUNNER, result) for m in [*mine, lost]])
+    assert owned == {m.id for m in mine}
+    assert set(Message.objects.values_list("pk", flat=True)) == {lost.id}
+    assert Message.objects.get(pk=lost.id).status == "ready"
+    assert Attempt.objects.succeeded().count() == 3
+    assert {h.id for h in handles} == {*owned, lost.id}

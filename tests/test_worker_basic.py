@@ -181,3 +181,14 @@ def test_max_tasks_stops_after_that_many_claims(start_worker):
     assert worker.wait(timeout=60) == 0, worker.output()
     assert Attempt.objects.succeeded().count() == 4
     assert Message.objects.ready().count() == 2
+
+
+@pytest.mark.parametrize("ack_batch", ["1", "7"])
+def test_acks_one_by_one_or_in_batches_record_every_success(start_worker, worker_env, ack_batch):
+    handles = tasks.record.enqueue_many([[f"m{i}"] for i in range(30)])
+    worker = start_worker("--burst", "--concurrency", "4",
+                          env={"MYSQLQ_TEST_ACK_BATCH": ack_batch})
+    assert worker.wait(timeout=60) == 0, worker.output()
+    assert not Message.objects.exists()
+    assert set(Attempt.objects.succeeded().values_list("message_id", flat=True)) == {
+        h.id for h in handles}

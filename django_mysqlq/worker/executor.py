@@ -10,7 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import InterfaceError, OperationalError, transaction
 
@@ -57,7 +57,7 @@ def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str,
     return value
 
 
-def settle(operation: Callable[[], Any], message: ClaimedMessage, give_up: threading.Event) -> Any:
+def settle(operation: Callable[[], Any], what: str, give_up: threading.Event) -> Any:
     """Run a broker write, riding out connection loss until it lands or patience runs out.
 
     If it never lands the claim stays behind and a peer recovers it (the task runs
@@ -71,17 +71,30 @@ def settle(operation: Callable[[], Any], message: ClaimedMessage, give_up: threa
         except (OperationalError, InterfaceError) as exc:
             broker.close_if_broken()
             if time.monotonic() > deadline or give_up.is_set():
-                logger.error("Could not record the end of %s #%s (%s); a peer will recover "
-                             "and re-run it.", message.task_name, message.id, exc)
+                logger.error("Could not record the end of %s (%s); a peer will recover "
+                             "and re-run it.", what, exc)
                 return None
-            logger.warning("Database unavailable while settling %s #%s (%s); retrying in "
-                           "%.1fs.", message.task_name, message.id, exc, delay)
+            logger.warning("Database unavailable while settling %s (%s); retrying in "
+                           "%.1fs.", what, exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
-def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -> str:
-    """Run one message to its end; return the outcome recorded in history."""
+def _describe_message(message: ClaimedMessage) -> str:
+    return f"{message.task_name} #{message.id}"
+
+
+class AckSink(Protocol):
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None: ...
+
+
+def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
+            acks: AckSink | None = None) -> str:
+    """Run one message to its end; return the outcome recorded in history.
+
+    With ``acks``, a success is handed over to be acked in a batch; without, it is acked
+    here and now.
+    """
     started_at = broker.database_now()
     try:
         task = registry.get(message.task_name)
@@ -90,7 +103,8 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
         # Not the task's fault and no retry can fix it: straight to dead, with the reason.
         logger.error("%s #%s can't run: %s", message.task_name, message.id, exc)
         result = _describe(exc, started_at)
-        settle(lambda: broker.fail(message, runner, result, retry=False), message, give_up)
+        settle(lambda: broker.fail(message, runner, result, retry=False),
+               _describe_message(message), give_up)
         return str(Outcome.FAILED)
 
     broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
@@ -112,14 +126,19 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event) -
     broker.close_if_broken()  # the task may have broken or closed the connection
 
     if error is None:
-        if not acked:
+        if not acked and acks is not None:
+            acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
+            acked = True
+        elif not acked:
             result = AttemptResult(started_at=started_at, result=value)
-            acked = bool(settle(lambda: broker.ack(message, runner, result), message, give_up))
+            acked = bool(settle(lambda: broker.ack(message, runner, result),
+                                _describe_message(message), give_up))
         # Not acked: the message stays queued and runs again, so say so.
         return _finished(task, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST), None)
 
     result = _describe(error, started_at)
-    written = settle(lambda: broker.fail(message, runner, result), message, give_up)
+    written = settle(lambda: broker.fail(message, runner, result),
+                     _describe_message(message), give_up)
     if written == Outcome.RETRIED:
         # The traceback is in history; the log line stays one line per retry.
         logger.warning("%s #%s attempt %d/%d failed, will retry: %s: %s",

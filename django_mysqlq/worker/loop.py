@@ -27,6 +27,7 @@ from ..exceptions import TaskTimeout
 from ..models import Outcome
 from ..signals import task_overran, worker_started, worker_stopped
 from ..tasks import import_task_modules
+from .acker import Acker
 from .executor import execute
 from .options import WorkerOptions
 from .stats import WorkerStats
@@ -84,6 +85,9 @@ class Worker:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._claimed_total = 0
+        batch = self.settings.ACK_BATCH_SIZE
+        self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
+            if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self._outages = 0
 
@@ -111,7 +115,7 @@ class Worker:
                     self._running[message.id] = RunningTask(message, time.monotonic(),
                                                             broker.database_now())
                 try:
-                    outcome = execute(message, runner, self._give_up)
+                    outcome = execute(message, runner, self._give_up, self._acker)
                 except Exception:
                     # execute() records every task failure itself; this is a bug or an
                     # outage it could not ride out. The claim stays; a peer recovers it.
@@ -151,6 +155,8 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        if self._acker is not None:
+            self._acker.start()
         for index in range(self.options.concurrency):
             thread = threading.Thread(target=self._task_thread, name=f"mysqlq-task-{index}",
                                       daemon=True)
@@ -298,6 +304,8 @@ class Worker:
         try:
             broker.fail(message, runner, result)
             self._release_unstarted()
+            if self._acker is not None:
+                self._acker.stop()  # tasks that did finish are not run again
             broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
         except DatabaseError as exc:
             logger.warning("Could not record the timeout (%s); peers will recover the claims.",
@@ -376,6 +384,8 @@ class Worker:
             logger.info("Waiting up to %.0fs for %d running task(s).",
                         self.settings.GRACE_SECONDS, running)
         self._wait_for_threads(deadline)
+        if self._acker is not None:
+            self._acker.stop()  # ack what finished, before deregistering
         abandoned = sum(thread.is_alive() for thread in self._threads)
         self._give_up.set()
         if abandoned:

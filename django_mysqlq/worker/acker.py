@@ -1,0 +1,80 @@
+"""Batched acks: task threads hand over successes, one thread acks them together.
+
+A crash loses the acks not yet committed, so those tasks run again: at most two batches
+(the one being written and the one filling), which ``MYSQLQ['ACK_BATCH_SIZE']`` bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import connections
+
+from .. import broker
+from ..broker import AttemptResult, ClaimedMessage, Runner
+from .executor import settle
+
+logger = logging.getLogger("django_mysqlq")
+
+Finished = tuple[ClaimedMessage, Runner, AttemptResult]
+
+
+class Acker:
+    """Collects successful attempts and acks them in batches on its own connection."""
+
+    def __init__(self, batch_size: int, delay: float, give_up: threading.Event) -> None:
+        self.batch_size = batch_size
+        self.delay = delay
+        self._give_up = give_up
+        self._pending: list[Finished] = []
+        self._oldest = 0.0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mysqlq-acker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
+        """Queue one success; blocks while a full batch waits, which bounds the loss."""
+        with self._cond:
+            while len(self._pending) >= self.batch_size and not self._stopping:
+                self._cond.wait(0.1)
+            if not self._pending:
+                self._oldest = time.monotonic()
+            self._pending.append((message, runner, result))
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Ack what is pending and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _take(self) -> list[Finished] | None:
+        with self._cond:
+            while True:
+                if self._pending and (
+                    self._stopping
+                    or len(self._pending) >= self.batch_size
+                    or time.monotonic() - self._oldest >= self.delay
+                ):
+                    batch, self._pending = self._pending, []
+                    self._cond.notify_all()
+                    return batch
+                if self._stopping:
+                    return None
+                timeout = self.delay - (time.monotonic() - self._oldest) if self._pending \
+                    else None
+                self._cond.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                settle(lambda batch=batch: broker.ack_many(batch),  # type: ignore[misc]
+                       f"a batch of {len(batch)} acks", self._give_up)
+        finally:
+            connections.close_all()
