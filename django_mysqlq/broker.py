@@ -47,6 +47,8 @@ RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATA
 
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
 LOCK_ERRORS = frozenset({1213, 1205})
+#: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
+QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
 #: Seconds of tolerance when comparing server start times (Uptime has 1 s resolution).
 SERVER_START_SLACK = 2
@@ -176,18 +178,18 @@ INSERT INTO {WORKER_TABLE}
        (id, host, pid, queues, concurrency, connection_id, started_at, last_heartbeat,
         stopped_at, processed, failed)
 VALUES (%s, %s, %s, %s, %s, CONNECTION_ID(), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, 0)
-ON DUPLICATE KEY UPDATE last_heartbeat = UTC_TIMESTAMP(6), stopped_at = NULL,
+ON DUPLICATE KEY UPDATE last_heartbeat = UTC_TIMESTAMP(6), stopped_at = NULL, listening = 0,
        connection_id = CONNECTION_ID()
 """
 HEARTBEAT_WORKER_SQL = f"""
 UPDATE {WORKER_TABLE}
    SET last_heartbeat = UTC_TIMESTAMP(6), connection_id = CONNECTION_ID(),
-       processed = %s, failed = %s, stopped_at = NULL
+       processed = %s, failed = %s, stopped_at = NULL, listening = %s
  WHERE id = %s
 """
 STOP_WORKER_SQL = f"""
 UPDATE {WORKER_TABLE}
-   SET stopped_at = UTC_TIMESTAMP(6), processed = %s, failed = %s
+   SET stopped_at = UTC_TIMESTAMP(6), listening = 0, processed = %s, failed = %s
  WHERE id = %s
 """
 MARK_STALE_WORKERS_SQL = f"""
@@ -276,6 +278,11 @@ def _error_code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def was_interrupted(exc: BaseException) -> bool:
+    """Whether a statement was cut short by ``KILL QUERY`` (a wake-up that came late)."""
+    return isinstance(exc, OperationalError) and _error_code(exc) == QUERY_INTERRUPTED
+
+
 def _with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
     """Run ``operation``; retry it on deadlock/lock-wait errors with jittered backoff.
 
@@ -289,11 +296,13 @@ def _with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
         except OperationalError as exc:
             code = _error_code(exc)
             if (
-                code not in LOCK_ERRORS
+                code not in LOCK_ERRORS | {QUERY_INTERRUPTED}
                 or connection.in_atomic_block
                 or attempt == LOCK_RETRY_LIMIT - 1
             ):
                 raise
+            if code == QUERY_INTERRUPTED:
+                continue  # an autocommit statement killed by a late wake-up: harmless
             stats.count(code)
             time.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
     raise AssertionError("unreachable")
@@ -432,9 +441,17 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        transaction.on_commit(
-            lambda: send_robust(message_enqueued, task_name, message_ids=new_ids), using=alias)
+        queues = [message.queue for message in messages]
+        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
     return ids
+
+
+def _after_enqueue(task_name: str, ids: list[int], queues: list[str]) -> None:
+    try:
+        wake(queues)
+    except DatabaseError as exc:  # the messages are committed; workers will poll them
+        logger.warning("Could not wake idle workers after an enqueue (%s).", exc)
+    send_robust(message_enqueued, task_name, message_ids=ids)
 
 
 def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
@@ -697,12 +714,25 @@ def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[in
     return lost
 
 
-def recover(liveness: str | None = None, alias: str | None = None) -> list[int]:
+_LEADER_ATTRIBUTE = "_django_mysqlq_recovery_leader"
+
+
+def is_recovery_leader(alias: str | None = None) -> bool:
+    """Whether this thread's connection holds the recovery lock for good (see ``recover``)."""
+    raw = _connection(alias).connection
+    return raw is not None and bool(getattr(raw, _LEADER_ATTRIBUTE, False))
+
+
+def recover(liveness: str | None = None, alias: str | None = None, *,
+            keep_lock: bool = False) -> list[int]:
     """Give the claims of vanished workers back to the queue; return the recovered ids.
 
-    Only one sweeper runs at a time (``GET_LOCK``); others return at once. Each lost
-    attempt gets a ``lost`` history row, or ``failed`` when it was the message's last
-    attempt (a message that keeps killing its workers ends up dead, not in a loop).
+    Only one sweeper runs at a time (``GET_LOCK``); others return at once. With
+    ``keep_lock`` the lock stays held by this connection, which becomes the one
+    sweeper until it disconnects (workers do this: peers then only retry the lock
+    now and then, and an idle cluster stays quiet). Each lost attempt gets a ``lost``
+    history row, or ``failed`` when it was the message's last attempt (a message that
+    keeps killing its workers ends up dead, not in a loop).
     """
     alias = alias or _alias()
     conf = get_settings()
@@ -710,23 +740,34 @@ def recover(liveness: str | None = None, alias: str | None = None) -> list[int]:
     _require_autocommit(alias, "recover()")
     _, server_start = connection_identity(alias)
     connection = _connection(alias)
+    held = is_recovery_leader(alias)
     with connection.cursor() as cursor:
-        cursor.execute(RECOVERY_LOCK_SQL)
-        if cursor.fetchone()[0] != 1:
-            return []
+        if not held:
+            cursor.execute(RECOVERY_LOCK_SQL)
+            if cursor.fetchone()[0] != 1:
+                return []
+            if keep_lock:
+                setattr(connection.connection, _LEADER_ATTRIBUTE, True)
         try:
             lost = _lost_claims(cursor, liveness, server_start)
             recovered = [m for m in lost if _recover_one(alias, *m)]
-            cursor.execute(MARK_STALE_WORKERS_SQL, [_micros(conf.LEASE_SECONDS)])
         finally:
-            cursor.execute(RECOVERY_UNLOCK_SQL)
-            cursor.fetchone()
+            if not keep_lock and not held:
+                cursor.execute(RECOVERY_UNLOCK_SQL)
+                cursor.fetchone()
     ids = [message_id for message_id, _, _ in recovered]
     if ids:
         logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
                        "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
         send_robust(messages_recovered, None, message_ids=ids)
     return ids
+
+
+def mark_stale_workers(alias: str | None = None) -> int:
+    """Mark workers whose heartbeat is older than a lease as stopped; return how many."""
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(MARK_STALE_WORKERS_SQL, [_micros(get_settings().LEASE_SECONDS)])
+        return int(cursor.rowcount)
 
 
 def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
@@ -753,6 +794,111 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
 # --------------------------------------------------------------------------- workers
 
 
+LISTEN_SQL = f"""
+UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID() WHERE id = %s
+"""
+#: Parked workers of a queue. Only rows renewed within a lease and since the server
+#: started count: a dead worker's connection id may belong to someone else by now.
+LISTENERS_SQL = f"""
+SELECT connection_id FROM {WORKER_TABLE}
+ WHERE listening = 1 AND stopped_at IS NULL AND FIND_IN_SET(%s, queues)
+   AND last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND
+"""
+#: Parks an idle worker: returns at once if its queues have ready messages or a scheduled
+#: message is due, else sleeps (at most %s seconds, or until the next message is due)
+#: until a producer's KILL QUERY cuts the SLEEP short. The check and the sleep are one
+#: statement, so a wake-up can't fall between them.
+_IDLE_WAIT_SQL = f"""
+SELECT CASE
+         WHEN EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+                       WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
+         WHEN due.wait <= 0 THEN 'due'
+         WHEN SLEEP(LEAST(%s, due.wait)) = 1 THEN 'woken'
+         ELSE 'slept'
+       END
+  FROM (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at)) / 1000000,
+                        %s) AS wait
+          FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
+         WHERE status = 'scheduled') AS due
+"""
+
+
+def listen(worker_id: str, listening: bool) -> None:
+    """Say whether this worker is parked (and on which connection) for producers to wake."""
+    def run() -> None:
+        with _connection().cursor() as cursor:
+            cursor.execute(LISTEN_SQL, [listening, worker_id])
+
+    _with_lock_retry(_alias(), run)
+
+
+def idle_wait(queues: Sequence[str], seconds: float) -> str:
+    """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
+    or ``slept``."""
+    sql = _IDLE_WAIT_SQL.format(queues=", ".join(["%s"] * len(queues)))
+    try:
+        with _connection().cursor() as cursor:
+            cursor.execute(sql, [*queues, seconds, seconds])
+            return str(cursor.fetchone()[0])
+    except OperationalError as exc:
+        if _error_code(exc) == QUERY_INTERRUPTED:  # killed before SLEEP itself began
+            return "woken"
+        raise
+
+
+class _WakeState:
+    """Per producer process: when each queue was last seen without listeners."""
+
+    #: Seconds a 'nobody is listening' answer is trusted; parked workers' first sleeps
+    #: are shorter than this plus their recheck, so no message waits on a stale answer.
+    QUIET_SECONDS = 0.02
+
+    def __init__(self) -> None:
+        self.quiet_since: dict[tuple[str, str], float] = {}
+        self.disabled = False
+
+
+_wake_state = _WakeState()
+
+
+def wake(queues: Sequence[str], alias: str | None = None) -> int:
+    """Wake workers parked on these queues (after a commit); return how many were woken."""
+    alias = alias or _alias()
+    state = _wake_state
+    if state.disabled or not get_settings().WAKEUP:
+        return 0
+    woken = 0
+    now = time.monotonic()
+    _, server_start = connection_identity(alias)
+    recent = min(get_settings().LEASE_SECONDS, max(0.0, time.time() - server_start))
+    with _connection(alias).cursor() as cursor:
+        for queue in dict.fromkeys(queues):
+            key = (alias, queue)
+            if now - state.quiet_since.get(key, -1.0) < state.QUIET_SECONDS:
+                continue
+            cursor.execute(LISTENERS_SQL, [queue, _micros(recent)])
+            listeners = [int(row[0]) for row in cursor.fetchall() if row[0]]
+            if not listeners:
+                state.quiet_since[key] = now
+                continue
+            state.quiet_since.pop(key, None)
+            for connection_id in listeners:
+                try:
+                    cursor.execute("KILL QUERY %s", [connection_id])
+                    woken += 1
+                except OperationalError as exc:
+                    if _error_code(exc) == 1094:  # that worker is gone already
+                        continue
+                    state.disabled = True
+                    logger.warning(
+                        "Can't wake idle workers (%s): this database user may not KILL "
+                        "their queries. Workers fall back to polling; give the user the "
+                        "CONNECTION ADMIN privilege, run workers as the same user, or set "
+                        "MYSQLQ['WAKEUP'] = False.", exc)
+                    return woken
+    return woken
+
+
 def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
                     concurrency: int) -> None:
     with _connection().cursor() as cursor:
@@ -760,9 +906,13 @@ def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
                        [worker_id, host[:255], pid, ",".join(queues)[:1000], concurrency])
 
 
-def heartbeat_worker(worker_id: str, processed: int, failed: int) -> None:
-    with _connection().cursor() as cursor:
-        cursor.execute(HEARTBEAT_WORKER_SQL, [processed, failed, worker_id])
+def heartbeat_worker(worker_id: str, processed: int, failed: int,
+                     listening: bool = False) -> None:
+    def run() -> None:
+        with _connection().cursor() as cursor:
+            cursor.execute(HEARTBEAT_WORKER_SQL, [processed, failed, listening, worker_id])
+
+    _with_lock_retry(_alias(), run)
 
 
 def deregister_worker(worker_id: str, processed: int, failed: int) -> None:

@@ -35,8 +35,12 @@ class QueueSettings:
     LEASE_SECONDS: float = 30.0
     #: Seconds between a worker's heartbeats (renews its leases and its workers row).
     HEARTBEAT_SECONDS: float = 5.0
-    #: Seconds between recovery sweeps (one worker at a time sweeps, under GET_LOCK).
+    #: Seconds between recovery sweeps (one worker, the holder of a named lock, sweeps).
     RECOVERY_SECONDS: float = 2.0
+    #: Idle workers park in ``SELECT SLEEP()`` and producers wake them with ``KILL QUERY``
+    #: after commit. Needs direct connections (no proxy) and one database user, or the
+    #: CONNECTION ADMIN / SUPER privilege. False: idle workers poll every POLL_SECONDS.
+    WAKEUP: bool = True
     #: Longest sleep between two empty claims; idle workers back off up to this.
     POLL_SECONDS: float = 1.0
     #: Defaults for ``@queue_task`` options not given on the decorator.
@@ -105,6 +109,8 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES", "ACK_BATCH_SIZE"):
         positive(name, integer=True)
 
+    if "WAKEUP" in values and not isinstance(values["WAKEUP"], bool):
+        problems.append(f"MYSQLQ['WAKEUP'] must be True or False, not {values['WAKEUP']!r}.")
     if "LIVENESS" in values and values["LIVENESS"] not in ("connection", "lease"):
         problems.append(
             f"MYSQLQ['LIVENESS'] must be 'connection' or 'lease', not {values['LIVENESS']!r}."

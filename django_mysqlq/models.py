@@ -193,6 +193,8 @@ class Worker(models.Model):
     started_at = models.DateTimeField()
     last_heartbeat = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    #: Idle and parked in a SLEEP on ``connection_id``: producers wake it with KILL QUERY.
+    listening = models.BooleanField(default=False)
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 

@@ -63,10 +63,10 @@ class NewMessage:
 
 
 def _validate_queue(queue: object) -> str:
-    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_NAME_MAX:
+    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_NAME_MAX or "," in queue:
         raise InvalidTaskOptions(
-            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters, "
-            f"not {queue!r}."
+            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters "
+            f"without commas (workers take comma-separated lists), not {queue!r}."
         )
     return queue
 

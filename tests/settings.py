@@ -27,7 +27,8 @@ DATABASES = {
 MYSQLQ = {
     "HEARTBEAT_SECONDS": float(os.environ.get("MYSQLQ_TEST_HEARTBEAT", "1")),
     "LEASE_SECONDS": float(os.environ.get("MYSQLQ_TEST_LEASE", "10")),
-    "RECOVERY_SECONDS": 0.5,
+    "RECOVERY_SECONDS": float(os.environ.get("MYSQLQ_TEST_RECOVERY", "0.5")),
+    "WAKEUP": os.environ.get("MYSQLQ_TEST_WAKEUP", "1") == "1",
     "POLL_SECONDS": 0.2,
     "RETRY_BACKOFF": 0.1,
     "GRACE_SECONDS": float(os.environ.get("MYSQLQ_TEST_GRACE", "10")),

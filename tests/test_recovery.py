@@ -160,14 +160,14 @@ def test_a_late_failure_never_touches_a_reclaimed_message():
     assert (row.status, row.claim_token, row.worker_id) == ("claimed", new.claim_token, "second")
 
 
-def test_stale_workers_are_marked_stopped_by_the_sweep(settings):
+def test_stale_workers_are_marked_stopped(settings):
     broker.register_worker("stale", "h", 1, ["default"], 1)
     broker.register_worker("fresh", "h", 2, ["default"], 1)
     from django_mysqlq.models import Worker
 
     Worker.objects.filter(pk="stale").update(
         last_heartbeat=timezone.now() - dt.timedelta(minutes=5))
-    broker.recover()
+    assert broker.mark_stale_workers() == 1
     assert Worker.objects.get(pk="stale").stopped_at is not None
     assert Worker.objects.get(pk="fresh").stopped_at is None
 
@@ -184,3 +184,17 @@ def test_ack_many_deletes_only_what_is_still_ours_and_traces_every_run():
     assert Message.objects.get(pk=lost.id).status == "ready"
     assert Attempt.objects.succeeded().count() == 3
     assert {h.id for h in handles} == {*owned, lost.id}
+
+
+def test_a_worker_keeping_the_lock_is_the_one_sweeper_until_it_disconnects():
+    assert broker.recover(keep_lock=True) == []
+    assert broker.is_recovery_leader()
+    assert in_thread(broker.recover) == []  # a peer can't sweep meanwhile...
+    tasks.record.enqueue("a")
+    in_thread(peer_claim)
+    assert len(recover_until_found()) == 1  # ...while the leader sweeps without asking again
+    connection.close()  # the leader goes: its lock with it
+    tasks.record.enqueue("b")
+    assert len(in_thread(peer_claim)) == 2  # "a" again, and "b"
+    assert len(wait_for(lambda: in_thread(broker.recover), timeout=5,
+                        message="a new sweeper")) == 2

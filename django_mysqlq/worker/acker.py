@@ -37,6 +37,11 @@ class Acker:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def pending(self) -> int:
+        """Successes not acked yet (their claims must keep being renewed)."""
+        return len(self._pending)
+
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
         """Queue one success; blocks while a full batch waits, which bounds the loss."""
         with self._cond:

@@ -22,7 +22,7 @@ from django.db import DatabaseError, connections
 
 from .. import broker
 from ..broker import AttemptResult, ClaimedMessage, Runner
-from ..conf import get_settings
+from ..conf import QueueSettings, get_settings
 from ..exceptions import TaskTimeout
 from ..models import Outcome
 from ..signals import task_overran, worker_started, worker_stopped
@@ -64,6 +64,27 @@ def resident_memory_mb() -> float:
 ERROR_BACKOFF = (0.2, 5.0)
 #: First pause after an empty claim; doubles up to ``MYSQLQ['POLL_SECONDS']``.
 IDLE_BACKOFF_START = 0.02
+#: First park of an idle worker in SQL; doubles up to ``MYSQLQ['HEARTBEAT_SECONDS']``.
+PARK_START = 0.025
+
+
+@dataclasses.dataclass
+class Due:
+    """Monotonic times at which the control loop's periodic duties are next due."""
+
+    beat: float
+    recovery: float
+    stale_check: float
+    promote: float
+    summary: float
+
+    @classmethod
+    def starting_now(cls, settings: QueueSettings) -> Due:
+        now = time.monotonic()
+        summary = now + settings.SUMMARY_SECONDS if settings.SUMMARY_SECONDS else float("inf")
+        # Sweep at once: a restarted worker frees its previous life's claims.
+        return cls(beat=now + settings.HEARTBEAT_SECONDS, recovery=now, stale_check=now,
+                   promote=now, summary=summary)
 
 
 class Worker:
@@ -85,6 +106,11 @@ class Worker:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._claimed_total = 0
+        self._due = Due.starting_now(self.settings)
+        self._poll = IDLE_BACKOFF_START
+        self._park = PARK_START
+        self._listening = False
+        self._reconnected = False
         batch = self.settings.ACK_BATCH_SIZE
         self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
             if batch > 1 else None
@@ -187,46 +213,78 @@ class Worker:
         self._wakeup.clear()
 
     def _loop(self) -> None:
-        conf = self.settings
-        now = time.monotonic()
-        next_beat = now + conf.HEARTBEAT_SECONDS
-        next_recovery = now  # sweep once at start: a restarted worker frees its old claims
-        next_promote = now
-        next_summary = now + conf.SUMMARY_SECONDS if conf.SUMMARY_SECONDS else float("inf")
-        idle = IDLE_BACKOFF_START
         error_delay = ERROR_BACKOFF[0]
         while not self.stop_request.is_set():
             # Cleared before looking, so a task finishing meanwhile wakes the next wait.
             self._wakeup.clear()
             try:
-                now = time.monotonic()
-                if now >= next_beat:
-                    self._heartbeat()
-                    next_beat = now + conf.HEARTBEAT_SECONDS
-                if now >= next_recovery:
-                    self.stats.add(recovered=len(broker.recover()))
-                    next_recovery = now + conf.RECOVERY_SECONDS
-                if now >= next_promote:
-                    broker.promote_due()
-                    next_promote = now + conf.POLL_SECONDS
-                self._report_overruns()
-                if now >= next_summary:
-                    logger.info("Worker %s: %s", self.id, self.stats.summary())
-                    next_summary = now + conf.SUMMARY_SECONDS
+                self._upkeep()
                 claimed = self._claim()
                 if self._finished(claimed):
                     return
+                if claimed:
+                    self._poll = IDLE_BACKOFF_START
+                else:
+                    self._idle()
                 error_delay = ERROR_BACKOFF[0]
             except DatabaseError as exc:
+                if broker.was_interrupted(exc):
+                    continue  # a late wake-up cut a statement short: just go round again
+                self._listening = False
+                self._reconnected = True
                 self._database_trouble(exc, error_delay)
                 error_delay = min(error_delay * 2, ERROR_BACKOFF[1])
-                continue
-            if claimed:
-                idle = IDLE_BACKOFF_START
-                continue
-            # Never sleep past the next heartbeat: leases must be renewed on time.
-            self._wakeup.wait(max(0.0, min(idle, next_beat - time.monotonic())))
-            idle = min(idle * 2, conf.POLL_SECONDS)
+
+    def _upkeep(self) -> None:
+        """Whatever is due: heartbeat, recovery sweep, promotion, overruns, summary."""
+        conf, due, now = self.settings, self._due, time.monotonic()
+        if self._reconnected:
+            # Our row may still say 'listening' on a connection id that died with the
+            # outage: producers must not KILL whatever now has that id.
+            broker.listen(self.id, False)
+            self._reconnected = False
+        if now >= due.beat:
+            self._heartbeat()
+            due.beat = now + conf.HEARTBEAT_SECONDS
+        if now >= due.recovery:
+            self.stats.add(recovered=len(broker.recover(keep_lock=True)))
+            leader = broker.is_recovery_leader()
+            # The leader sweeps; the others only check now and then that it is still there.
+            due.recovery = now + conf.RECOVERY_SECONDS * (1 if leader else 2)
+            if leader and now >= due.stale_check:
+                broker.mark_stale_workers()
+                due.stale_check = now + conf.LEASE_SECONDS
+        if now >= due.promote:
+            broker.promote_due()
+            due.promote = now + conf.POLL_SECONDS
+        self._report_overruns()
+        if now >= due.summary:
+            logger.info("Worker %s: %s", self.id, self.stats.summary())
+            due.summary = now + conf.SUMMARY_SECONDS
+
+    def _idle(self) -> None:
+        """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
+        conf, due = self.settings, self._due
+        with self._lock:
+            busy = self._in_flight > 0
+        until_upkeep = max(0.0, min(due.beat, due.recovery) - time.monotonic())
+        if busy or not conf.WAKEUP:
+            # Tasks finishing set the event; otherwise poll with a growing pause.
+            self._wakeup.wait(min(self._poll, until_upkeep))
+            self._poll = min(self._poll * 2, conf.POLL_SECONDS)
+            return
+        if not self._listening:
+            broker.listen(self.id, True)
+            self._listening = True
+            self._park = PARK_START
+        result = broker.idle_wait(self.options.queues, min(self._park, until_upkeep))
+        # Short first parks: a producer may trust a 'nobody listens' answer briefly.
+        self._park = min(self._park * 2, conf.HEARTBEAT_SECONDS)
+        if result in ("ready", "woken", "due"):
+            if result == "due":
+                due.promote = 0.0
+            broker.listen(self.id, False)
+            self._listening = False
 
     def _claim(self) -> int:
         """Claim as many messages as there is room for; hand them to the task threads."""
@@ -264,8 +322,12 @@ class Worker:
         return False
 
     def _heartbeat(self) -> None:
-        broker.renew_leases(self.id, self.settings.LEASE_SECONDS)
-        broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed)
+        with self._lock:
+            holding = self._in_flight > 0
+        if holding or (self._acker is not None and self._acker.pending):
+            broker.renew_leases(self.id, self.settings.LEASE_SECONDS)
+        broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed,
+                                self._listening)
 
     def _report_overruns(self) -> None:
         """Log (once) and signal tasks past their timeout; in process mode, end them."""
