@@ -1,6 +1,11 @@
 """Settings for the test suite and for the worker subprocesses the tests start."""
 
+import hashlib
 import os
+from pathlib import Path
+
+_CHECKOUT = str(Path(__file__).resolve().parent.parent)
+_TEST_DB = "test_mysqlq_" + hashlib.sha1(_CHECKOUT.encode()).hexdigest()[:8]
 
 SECRET_KEY = "tests-only"
 USE_TZ = True
@@ -21,7 +26,8 @@ DATABASES = {
         # Worker subprocesses get the test database's name through this variable.
         "NAME": os.environ.get("MYSQLQ_TEST_DB", "mysqlq"),
         "OPTIONS": {"charset": "utf8mb4"},
-        "TEST": {"NAME": "test_mysqlq", "CHARSET": "utf8mb4"},
+        # One test database per checkout, so two clones can run the suite side by side.
+        "TEST": {"NAME": _TEST_DB, "CHARSET": "utf8mb4"},
     }
 }
 MYSQLQ = {
