@@ -31,6 +31,18 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: f
         time.sleep(interval)
 
 
+@pytest.fixture(autouse=True)
+def _usable_connection(request: pytest.FixtureRequest) -> None:
+    """Start each database test on a live connection, even after a server restart."""
+    if "django_db_setup" not in request.fixturenames:
+        return
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.is_usable():
+            conn.close()
+
+
 class WorkerProcess:
     """A real ``runqueueworker`` subprocess with its output captured to a file."""
 
