@@ -114,6 +114,19 @@ UPDATE {MESSAGE_TABLE}
  WHERE id = %s AND claim_token = %s
 """
 
+RELEASE_TOKEN_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {_CLEAR_CLAIM}
+ WHERE claim_token = %s AND status = 'claimed'
+"""
+
+#: Claims under a worker's id that it no longer knows about (see ``release_strays``).
+RELEASE_STRAYS_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {_CLEAR_CLAIM}
+ WHERE worker_id = %s AND status = 'claimed' {{keep}}
+"""
+
 PROMOTE_SQL = f"""
 UPDATE {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
    SET status = 'ready'
@@ -126,7 +139,7 @@ RENEW_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
        owner_connection = CONNECTION_ID(), owner_server_start = %s
- WHERE worker_id = %s AND status = 'claimed'
+ WHERE claim_token IN ({{tokens}}) AND status = 'claimed'
 """
 
 CLAIMED_ROWS_SQL = f"""
@@ -486,9 +499,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
         if _with_lock_retry(alias, run) == 0:
             continue
-        with _connection(alias).cursor() as cursor:
-            cursor.execute(READ_CLAIMED_SQL, [token])
-            rows = cursor.fetchall()
+        rows = _read_claimed(alias, token)
         for row in rows:
             enqueued_at = row[9]
             if timezone.is_naive(enqueued_at):
@@ -500,6 +511,35 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
                 enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
             ))
     return claimed
+
+
+def _read_claimed(alias: str, token: str) -> list[Any]:
+    """Read a committed claim back; if that fails, give the batch back before raising.
+
+    Without this a read-back cut short (a late wake-up, a dropped connection) would leave
+    rows claimed by a worker that never received them.
+    """
+    def read() -> list[Any]:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(READ_CLAIMED_SQL, [token])
+            return list(cursor.fetchall())
+
+    try:
+        return _with_lock_retry(alias, read)
+    except DatabaseError:
+        try:
+            close_if_broken(alias)
+            _with_lock_retry(alias, lambda: _release_token(alias, token))
+        except DatabaseError:
+            logger.warning("A claimed batch (token %s) could not be read back nor released; "
+                           "its lease will run out and a peer will recover it.", token)
+        raise
+
+
+def _release_token(alias: str, token: str) -> int:
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(RELEASE_TOKEN_SQL, [token])
+        return int(cursor.rowcount)
 
 
 # --------------------------------------------------------------------------- finish
@@ -669,18 +709,41 @@ def promote_due(limit: int = 1000, alias: str | None = None) -> int:
     return _with_lock_retry(alias, run)
 
 
-def renew_leases(worker_id: str, lease_seconds: float, alias: str | None = None) -> int:
-    """Extend this worker's claims and re-stamp them with its current connection id.
+def renew_leases(tokens: Sequence[str], lease_seconds: float,
+                 alias: str | None = None) -> int:
+    """Extend the claims this worker still holds (by token) and re-stamp their owner.
 
+    Only the tokens the worker knows: a claim it lost track of expires and is recovered.
     Re-stamping matters after a reconnect: the claims then belong to the new connection,
     so peers don't mistake a live worker for a dead one.
     """
+    if not tokens:
+        return 0
     alias = alias or _alias()
     _, server_start = connection_identity(alias)
+    sql = RENEW_SQL.format(tokens=", ".join(["%s"] * len(tokens)))
 
     def run() -> int:
         with _connection(alias).cursor() as cursor:
-            cursor.execute(RENEW_SQL, [_micros(lease_seconds), server_start, worker_id])
+            cursor.execute(sql, [_micros(lease_seconds), server_start, *tokens])
+            return int(cursor.rowcount)
+
+    return _with_lock_retry(alias, run)
+
+
+def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None = None) -> int:
+    """Give back claims under this worker's id except those with the ``keep`` tokens.
+
+    A stopping worker calls this last, so nothing it claimed but never ran stays behind.
+    """
+    alias = alias or _alias()
+    condition = ("AND claim_token NOT IN (" + ", ".join(["%s"] * len(keep)) + ")") if keep \
+        else ""
+    sql = RELEASE_STRAYS_SQL.format(keep=condition)
+
+    def run() -> int:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(sql, [worker_id, *keep])
             return int(cursor.rowcount)
 
     return _with_lock_retry(alias, run)

@@ -29,6 +29,8 @@ class Acker:
         self.delay = delay
         self._give_up = give_up
         self._pending: list[Finished] = []
+        #: The batch being written: its claims are still ours until it commits.
+        self._writing: list[Finished] = []
         self._oldest = 0.0
         self._cond = threading.Condition()
         self._stopping = False
@@ -41,6 +43,11 @@ class Acker:
     def pending(self) -> int:
         """Successes not acked yet (their claims must keep being renewed)."""
         return len(self._pending)
+
+    def held_tokens(self) -> list[str]:
+        """Claim tokens of successes not acked yet (being written or waiting)."""
+        with self._cond:
+            return [m.claim_token for m, _, _ in [*self._writing, *self._pending]]
 
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
         """Queue one success; blocks while a full batch waits, which bounds the loss."""
@@ -68,6 +75,7 @@ class Acker:
                     or time.monotonic() - self._oldest >= self.delay
                 ):
                     batch, self._pending = self._pending, []
+                    self._writing = batch
                     self._cond.notify_all()
                     return batch
                 if self._stopping:
@@ -81,5 +89,7 @@ class Acker:
             while (batch := self._take()) is not None:
                 settle(lambda batch=batch: broker.ack_many(batch),  # type: ignore[misc]
                        f"a batch of {len(batch)} acks", self._give_up)
+                with self._cond:
+                    self._writing = []
         finally:
             connections.close_all()

@@ -321,11 +321,17 @@ class Worker:
             return not broker.has_pending(self.options.queues, self.options.burst_wait)
         return False
 
-    def _heartbeat(self) -> None:
+    def _held_tokens(self) -> list[str]:
+        """Claim tokens of every message this worker holds: queued, running or unacked."""
+        with self._inbox.mutex:
+            queued = [m.claim_token for m in self._inbox.queue if m is not None]
         with self._lock:
-            holding = self._in_flight > 0
-        if holding or (self._acker is not None and self._acker.pending):
-            broker.renew_leases(self.id, self.settings.LEASE_SECONDS)
+            running = [task.message.claim_token for task in self._running.values()]
+        unacked = self._acker.held_tokens() if self._acker is not None else []
+        return sorted({*queued, *running, *unacked})
+
+    def _heartbeat(self) -> None:
+        broker.renew_leases(self._held_tokens(), self.settings.LEASE_SECONDS)
         broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed,
                                 self._listening)
 
@@ -449,6 +455,15 @@ class Worker:
         if self._acker is not None:
             self._acker.stop()  # ack what finished, before deregistering
         abandoned = sum(thread.is_alive() for thread in self._threads)
+        try:
+            # Anything still claimed under our id that we don't hold (say, a claim whose
+            # read-back failed) goes back now instead of waiting for its lease.
+            strays = broker.release_strays(self.id, keep=self._held_tokens())
+            if strays:
+                logger.warning("Released %d claim(s) this worker had lost track of.", strays)
+        except DatabaseError as exc:
+            logger.warning("Could not release stray claims (%s); their leases will run out.",
+                           exc)
         self._give_up.set()
         if abandoned:
             logger.error("%d task(s) still running after the %.0fs grace period; exiting "
