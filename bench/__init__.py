@@ -1,0 +1,1 @@
+"""Benchmarks of django-mysqlq (``python -m bench.perf``) and its chaos test."""

@@ -1,0 +1,178 @@
+"""Plain ``MySQLdb`` connections for the harness: set-up, the process list, KILL, restart.
+
+Each call opens its own short-lived connection, so a restarted server never leaves the
+harness holding a dead one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import MySQLdb
+from django.conf import settings
+
+SERVER = "/usr/sbin/mariadbd"
+TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "chaos_enqueued",
+          "chaos_execution", "chaos_effect")
+
+
+class HarnessError(RuntimeError):
+    """The harness itself could not do its job (not a finding about the queue)."""
+
+
+def _conf() -> dict[str, Any]:
+    return dict(settings.DATABASES["default"])
+
+
+def database_name() -> str:
+    return str(_conf()["NAME"])
+
+
+@contextlib.contextmanager
+def connect(database: bool = True) -> Iterator[Any]:
+    conf = _conf()
+    args: dict[str, Any] = {
+        "host": conf["HOST"], "port": int(conf["PORT"]), "user": conf["USER"],
+        "password": conf["PASSWORD"], "charset": "utf8mb4", "autocommit": True,
+        "connect_timeout": 5, "read_timeout": 30, "write_timeout": 30,
+    }
+    if database:
+        args["database"] = conf["NAME"]
+    try:
+        conn = MySQLdb.connect(**args)
+    except MySQLdb.OperationalError as exc:
+        raise HarnessError(
+            f"Can't connect to MariaDB at {conf['HOST']}:{conf['PORT']} as {conf['USER']} "
+            f"({exc}). Start the server or set MYSQLQ_CHAOS_HOST/PORT/USER/PASSWORD.") from exc
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(MySQLdb.Error):
+            conn.close()
+
+
+def create_database() -> None:
+    with connect(database=False) as conn:
+        conn.cursor().execute(
+            f"CREATE DATABASE IF NOT EXISTS `{database_name()}` CHARACTER SET utf8mb4")
+
+
+def foreign_connections() -> list[tuple[int, str]]:
+    """``(id, host)`` of other connections to the chaos database (a run already going?)."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT ID, HOST FROM information_schema.PROCESSLIST "
+                       "WHERE DB = %s AND ID <> CONNECTION_ID()", [database_name()])
+        return [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+
+
+def empty_tables() -> None:
+    with connect() as conn:
+        cursor = conn.cursor()
+        for table in TABLES:
+            cursor.execute(f"TRUNCATE TABLE {table}")
+
+
+def connections_by_port() -> dict[int, int]:
+    """Client TCP port -> connection id, for connections to the chaos database."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT ID, HOST FROM information_schema.PROCESSLIST "
+                       "WHERE DB = %s AND ID <> CONNECTION_ID()", [database_name()])
+        found: dict[int, int] = {}
+        for connection_id, host in cursor.fetchall():
+            _, _, port = str(host).rpartition(":")
+            if port.isdigit():
+                found[int(port)] = int(connection_id)
+        return found
+
+
+def kill_connections(ids: list[int]) -> list[int]:
+    """``KILL CONNECTION`` each id; return those the server still knew."""
+    killed = []
+    with connect() as conn:
+        cursor = conn.cursor()
+        for connection_id in ids:
+            try:
+                cursor.execute("KILL CONNECTION %s", [connection_id])
+                killed.append(connection_id)
+            except MySQLdb.OperationalError as exc:
+                if exc.args[0] != 1094:  # unknown thread id: it ended by itself
+                    raise
+    return killed
+
+
+def queue_backlog() -> dict[str, int]:
+    """Unfinished messages by status."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT status, COUNT(*) FROM mysqlq_message GROUP BY status")
+        return {str(status): int(count) for status, count in cursor.fetchall()}
+
+
+def claims_by_worker() -> dict[str, int]:
+    """Claimed messages per worker id."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT worker_id, COUNT(*) FROM mysqlq_message "
+                       "WHERE status = 'claimed' GROUP BY worker_id")
+        return {str(worker): int(count) for worker, count in cursor.fetchall()}
+
+
+# --------------------------------------------------------------------------- server restart
+
+
+def _admin() -> list[str]:
+    conf = _conf()
+    command = ["mariadb-admin", f"--host={conf['HOST']}", f"--port={conf['PORT']}",
+               f"--user={conf['USER']}", "--connect-timeout=2"]
+    if conf["PASSWORD"]:
+        command.append(f"--password={conf['PASSWORD']}")
+    return command
+
+
+def server_answers() -> bool:
+    result = subprocess.run([*_admin(), "ping"], capture_output=True, timeout=30)
+    return result.returncode == 0
+
+
+def _server_process_exists() -> bool:
+    result = subprocess.run(["start-stop-daemon", "--status", "--exec", SERVER],
+                            capture_output=True, timeout=30)
+    return result.returncode == 0
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise HarnessError(f"Timed out after {timeout:.0f}s waiting for {what}.")
+        time.sleep(0.2)
+
+
+def restart_server(timeout: float = 60.0) -> tuple[float, float]:
+    """Shut MariaDB down cleanly and start it again; return (shutdown sent, answering)."""
+    down_at = time.time()
+    result = subprocess.run([*_admin(), "shutdown"], capture_output=True, timeout=60)
+    if result.returncode != 0:
+        raise HarnessError(f"mariadb-admin shutdown failed: {result.stderr.decode().strip()}")
+    try:
+        _wait(lambda: not server_answers(), timeout, "MariaDB to stop answering")
+        _wait(lambda: not _server_process_exists(), timeout, "the old MariaDB process to exit")
+    finally:
+        ensure_server_running(timeout)
+    return down_at, time.time()
+
+
+def ensure_server_running(timeout: float = 60.0) -> None:
+    """Start MariaDB if it doesn't answer (after its old process is gone)."""
+    if server_answers():
+        return
+    _wait(lambda: not _server_process_exists(), timeout, "the old MariaDB process to exit")
+    subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
+                    SERVER], check=True, capture_output=True, timeout=30)
+    _wait(server_answers, timeout, "MariaDB to answer after its restart")

@@ -1,0 +1,127 @@
+"""The verdict: every count and check of a run, from the facts and the events."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from . import claims
+from . import events as ev
+from .duplicates import cause_of, describe
+from .events import Event
+from .facts import Facts, MessageFacts
+from .recovery import recovery
+
+CHECKS = (
+    ("lost", "messages gone from the queue without a success"),
+    ("unexplained_duplicates", "messages run twice with no kill, KILL or restart to explain it"),
+    ("atomic_violations", "atomic messages whose business rows are not exactly one per "
+                          "success (zero otherwise)"),
+    ("stray_effects", "business rows of no committed atomic message"),
+    ("acked_without_run", "messages acked whose task never ran to its end"),
+    ("phantom_runs", "runs of messages no committed transaction enqueued"),
+    ("still_queued", "messages still queued after the drain (stuck?)"),
+    ("unexplained_claim_losses", "claims taken back from a live, connected worker, or left "
+                                 "behind by a graceful stop"),
+    ("stalled_claims", "claims a worker held, never started, for longer than a lease"),
+    ("dead", "messages dead although no task ever raises by itself"),
+    ("crashes", "workers that exited without being told to"),
+    ("unclean_stops", "SIGTERMed workers that did not stop cleanly"),
+)
+
+
+def _shape(message: str) -> str:
+    return re.sub(r"\d+", "N", message)
+
+
+def _ids(messages: list[MessageFacts], status: str) -> list[int]:
+    return [m.id for m in messages if m.status == status]
+
+
+def _resume_after_restarts(messages: list[MessageFacts], events: list[Event]) -> list[float]:
+    """Seconds from each restart's end to the first success after it."""
+    resume = []
+    for restart in (e for e in events if e.kind == ev.RESTART):
+        back = restart.until or restart.at
+        after = [t.finished for m in messages for t in m.tries
+                 if t.outcome == "succeeded" and t.finished > back]
+        if after:
+            resume.append(round(min(after) - back, 3))
+    return resume
+
+
+def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: float,
+            lease: float) -> dict[str, Any]:
+    messages = list(facts.messages.values())
+    duplicates = [m for m in messages if len(m.runs) > 1]
+    causes = Counter(cause_of(m, events) or "unexplained" for m in duplicates)
+    unexplained = [describe(m, events) for m in duplicates if cause_of(m, events) is None]
+    atomic_bad = [m.id for m in messages if m.kind == "atomic"
+                  and m.effects != (1 if m.status == "succeeded" else 0)]
+    acked_unrun = [m.id for m in messages if m.status == "succeeded" and not m.executed]
+    rec = recovery(facts, events).as_dict()
+    taken = claims.judge(facts, events, lease)
+    kinds = Counter(event.kind for event in events)
+    tries = [t for m in messages for t in m.tries]
+    metrics = {
+        "enqueued": len(messages),
+        "executed": sum(m.executed for m in messages),
+        "succeeded": len(_ids(messages, "succeeded")),
+        "duplicates": len(duplicates),
+        "unexplained_duplicates": len(unexplained),
+        "lost": len(_ids(messages, "lost")),
+        "dead": len(_ids(messages, "dead")),
+        "still_queued": len(_ids(messages, "queued")),
+        "atomic_messages": sum(m.kind == "atomic" for m in messages),
+        "atomic_violations": len(atomic_bad),
+        "stray_effects": facts.stray_effects,
+        "acked_without_run": len(acked_unrun),
+        "phantom_runs": sum(len(runs) for runs in facts.phantoms.values()),
+        "rolled_back_that_ran": len(rolled_back & set(facts.phantoms)),
+        "late_ack_rows": sum(sum(t.outcome == "succeeded" for t in m.tries) > 1
+                             for m in messages),
+        "unexplained_claim_losses": len(taken["unexplained"]),
+        "stalled_claims": len(taken["stalled"]),
+        "longest_stall_seconds": taken["longest_stall"],
+        "kills": kinds[ev.KILL],
+        "sigterms": kinds[ev.SIGTERM],
+        "connection_kills": kinds[ev.CONNECTION_KILL],
+        "restarts": kinds[ev.RESTART],
+        "crashes": kinds[ev.CRASH],
+        "unclean_stops": kinds[ev.STOP_OVERRUN] + kinds[ev.STOP_STATUS],
+        "recovery_median_seconds": rec["reclaim_seconds"]["median"],
+        "recovery_max_seconds": rec["reclaim_seconds"]["max"],
+    }
+    failures = _failures(metrics, limit)
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "metrics": metrics,
+        "duplicate_causes": dict(causes),
+        "unexplained": unexplained[:50],
+        "unexplained_claim_losses": taken["unexplained"][:50],
+        "stalled_claims": taken["stalled"][:50],
+        "recovery": rec,
+        "restart_resume_seconds": _resume_after_restarts(messages, events),
+        "history_outcomes": facts.outcomes,
+        "lost_reasons": dict(Counter(_shape(t.error_message) for t in tries
+                                     if t.error_class == "WorkerLost").most_common()),
+        "retried_errors": dict(Counter(t.error_class for t in tries
+                                       if t.outcome == "retried").most_common()),
+        "lost_ids": _ids(messages, "lost")[:100],
+        "still_queued_ids": _ids(messages, "queued")[:100],
+        "dead_ids": _ids(messages, "dead")[:100],
+        "atomic_violation_ids": atomic_bad[:100],
+        "acked_without_run_ids": acked_unrun[:100],
+        "phantom_tokens": sorted(facts.phantoms)[:100],
+    }
+
+
+def _failures(metrics: dict[str, Any], limit: float) -> list[str]:
+    failures = [f"{key} = {metrics[key]}: {what}" for key, what in CHECKS if metrics[key]]
+    median = metrics["recovery_median_seconds"]
+    if median is not None and median > limit:
+        failures.append(f"recovery_median_seconds = {median} > {limit}: kill -9 orphans wait "
+                        "too long to be claimed again")
+    return failures

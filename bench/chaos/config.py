@@ -1,0 +1,45 @@
+"""The shape of a chaos run: how long, how many workers and producers, how hard."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosConfig:
+    #: Seconds of load and chaos (the drain and the analysis come after).
+    seconds: float
+    workers: int = 3
+    concurrency: int = 4
+    batch: int = 5
+    producers: int = 2
+    #: Messages per second, all producers together.
+    rate: float = 30.0
+    #: Messages per producer transaction: 1 to this many.
+    max_batch: int = 3
+    atomic_share: float = 0.3
+    delayed_share: float = 0.15
+    #: Longest delay of a delayed message, in seconds.
+    max_delay: float = 1.0
+    #: Each task sleeps 0 to this many milliseconds (drawn per message by the producer).
+    max_sleep_ms: int = 300
+    #: Producer transactions rolled back on purpose.
+    rollback_share: float = 0.05
+    #: Mean seconds between two chaos actions (kill -9, SIGTERM, KILL CONNECTION).
+    mean_interval: float = 4.0
+    #: No chaos in the first and last seconds of the run.
+    warmup: float = 3.0
+    cooldown: float = 3.0
+    restart: bool = True
+    #: Longest wait for the queue to empty once the producers stopped.
+    drain_timeout: float = 45.0
+    seed: int = 0
+    #: Fail the run when the median kill-to-reclaim time exceeds this.
+    recovery_limit: float = 5.0
+
+    def worker_args(self) -> list[str]:
+        return ["--concurrency", str(self.concurrency), "--batch", str(self.batch)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,52 @@
+"""What the harness did to the system, and when (host epoch seconds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+#: Event kinds the harness inflicts, and the ones it only observes.
+KILL = "kill9"
+SIGTERM = "sigterm"
+CONNECTION_KILL = "connection_kill"
+RESTART = "restart"
+CRASH = "crash"  # a worker that exited without being told to
+STOP_OVERRUN = "stop_overrun"  # a SIGTERMed worker that had to be killed
+STOP_STATUS = "stop_status"  # a SIGTERMed worker that exited with a non-zero status
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    kind: str
+    at: float
+    pid: int | None = None
+    #: End of the event for ones that last (a restart: when the server answered again).
+    until: float | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class EventLog:
+    """Thread-safe, append-only."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, pid: int | None = None, *, at: float | None = None,
+            until: float | None = None, detail: str = "") -> Event:
+        event = Event(kind, time.time() if at is None else at, pid, until, detail)
+        with self._lock:
+            self._events.append(event)
+        return event
+
+    def all(self) -> list[Event]:
+        with self._lock:
+            return sorted(self._events, key=lambda event: event.at)
+
+    def of(self, kind: str) -> list[Event]:
+        return [event for event in self.all() if event.kind == kind]

@@ -1,0 +1,42 @@
+"""The chaos run's two tasks; workers import them by autodiscovery.
+
+The queue doesn't tell a task its message id, so the ``task_started`` signal (sent on
+the task's thread just before it runs) leaves it in a thread-local for the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django.dispatch import receiver
+
+from django_mysqlq import queue_task
+from django_mysqlq.signals import task_started
+
+from . import record
+from .models import Effect, Kind
+
+
+@receiver(task_started, dispatch_uid="bench.chaos.ledger.remember")
+def _remember(sender: Any, *, message_id: int, attempt: int, **kwargs: Any) -> None:
+    record.remember(message_id, attempt)
+
+
+@queue_task(name="chaos.plain")
+def plain(token: str, sleep_ms: int) -> None:
+    """Record the start, sleep, record the end."""
+    run = record.start(token, Kind.PLAIN)
+    time.sleep(sleep_ms / 1000)
+    record.end(run)
+
+
+@queue_task(name="chaos.atomic", atomic=True)
+def atomic(token: str, sleep_ms: int) -> None:
+    """Write one business row; it must commit exactly once, with the ack."""
+    run = record.start(token, Kind.ATOMIC)
+    Effect.objects.create(token=token, message_id=run.message_id, pid=os.getpid(),
+                          at=time.time())
+    time.sleep(sleep_ms / 1000)
+    record.end(run)

@@ -1,0 +1,118 @@
+"""The chaos schedule, and the actions: kill -9, SIGTERM, KILL CONNECTION, restart.
+
+The plan is drawn up front from the seed: actions at random intervals in the middle of
+the run, the first three one of each kind (so even a short run sees them all), and one
+server restart somewhere between 35 % and 60 % of the run. Actions run one at a time on
+the harness's main thread; a replacement worker is started right after every kill and
+every SIGTERM, so the pool keeps its size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+
+from . import admin, procnet
+from . import events as ev
+from .config import ChaosConfig
+from .events import EventLog
+from .workers import Worker, WorkerPool
+
+logger = logging.getLogger("bench.chaos")
+
+ACTIONS = (ev.KILL, ev.SIGTERM, ev.CONNECTION_KILL)
+WEIGHTS = (0.45, 0.2, 0.35)
+#: A restart waits until every worker has been up this long (past its start-up checks).
+SETTLED_SECONDS = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    offset: float  # seconds after the start of the run
+    action: str
+
+
+def plan(config: ChaosConfig, rng: random.Random) -> list[Planned]:
+    first, last = config.warmup, config.seconds - config.cooldown
+    planned: list[Planned] = []
+    kinds = list(ACTIONS)
+    rng.shuffle(kinds)
+    at = first
+    while True:
+        at += min(rng.expovariate(1 / config.mean_interval), 2 * config.mean_interval) + 0.5
+        if at > last:
+            break
+        action = kinds.pop(0) if kinds else rng.choices(ACTIONS, WEIGHTS)[0]
+        planned.append(Planned(at, action))
+    if config.restart and last > first:
+        planned.append(Planned(rng.uniform(0.35, 0.6) * config.seconds, ev.RESTART))
+    return sorted(planned, key=lambda item: item.offset)
+
+
+class Monkey:
+    def __init__(self, config: ChaosConfig, pool: WorkerPool, events: EventLog,
+                 rng: random.Random) -> None:
+        self.pool = pool
+        self.events = events
+        self.rng = rng
+        self.pending = plan(config, rng)
+        self.done: list[str] = []
+
+    def step(self, elapsed: float) -> None:
+        """Carry out the next planned action if it is due."""
+        if not self.pending or self.pending[0].offset > elapsed:
+            return
+        action = self.pending[0].action
+        if action == ev.RESTART and self.pool.youngest_age() < SETTLED_SECONDS:
+            return  # a worker is still starting: its system checks need the server
+        self.pending.pop(0)
+        if action == ev.RESTART:
+            self._restart()
+        elif action == ev.CONNECTION_KILL:
+            self._kill_connections()
+        else:
+            target = self._target()
+            if action == ev.KILL:
+                self.pool.kill(target, detail=f"worker {target.index}")
+            else:
+                self.pool.terminate(target)
+            self.pool.start()
+        self.done.append(action)
+
+    def _target(self) -> Worker:
+        """A random running worker, preferring the ones that hold claims."""
+        running = self.pool.running()
+        try:
+            claims = admin.claims_by_worker()
+        except admin.HarnessError:
+            claims = {}
+        busy = [w for w in running
+                if any(f":{w.pid}:" in worker_id for worker_id in claims)]
+        return self.rng.choice(busy or running)
+
+    def _kill_connections(self) -> None:
+        """KILL CONNECTION every connection of one worker (control, tasks, acker, ledger)."""
+        candidates = self.pool.running()
+        self.rng.shuffle(candidates)
+        by_port = admin.connections_by_port()
+        for worker in candidates:
+            ids = sorted(by_port[port] for port in procnet.client_ports(worker.pid)
+                         if port in by_port)
+            if not ids:
+                continue
+            at = time.time()
+            killed = admin.kill_connections(ids)
+            self.events.add(ev.CONNECTION_KILL, worker.pid, at=at,
+                            detail=f"worker {worker.index}: killed connections "
+                                   f"{', '.join(map(str, killed))}")
+            return
+        logger.warning("No worker connection found to kill; skipping this action.")
+
+    def _restart(self) -> None:
+        logger.info("Restarting MariaDB...")
+        down_at, up_at = admin.restart_server()
+        self.events.add(ev.RESTART, None, at=down_at, until=up_at,
+                        detail=f"server down for {up_at - down_at:.1f}s")
+        logger.info("MariaDB answers again after %.1fs.", up_at - down_at)

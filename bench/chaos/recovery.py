@@ -1,0 +1,59 @@
+"""Recovery after kill -9: from the kill to the sweep, and to the orphan's next claim.
+
+An orphan is a claim of the killed process that the queue took back (a ``WorkerLost``
+history row of that pid written after the kill). Its next claim is when attempt + 1
+began: the history row's ``started_at`` (the claim time on ``lost`` rows, the start of
+the run on the others) or the ledger's start of that attempt, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from . import events as ev
+from .events import Event
+from .facts import Facts
+
+
+@dataclasses.dataclass
+class Recovery:
+    """Times from each kill -9 to the sweep and to the next claim of each orphan."""
+
+    sweep: list[float] = dataclasses.field(default_factory=list)
+    reclaim: list[float] = dataclasses.field(default_factory=list)
+    unreclaimed: list[int] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        def stats(values: list[float]) -> dict[str, float | None]:
+            if not values:
+                return {"median": None, "max": None}
+            return {"median": round(statistics.median(values), 3),
+                    "max": round(max(values), 3)}
+
+        return {"orphans": len(self.reclaim) + len(self.unreclaimed),
+                "sweep_seconds": stats(self.sweep), "reclaim_seconds": stats(self.reclaim),
+                "unreclaimed": self.unreclaimed}
+
+
+def recovery(facts: Facts, events: list[Event]) -> Recovery:
+    result = Recovery()
+    kills = {event.pid: event for event in events if event.kind == ev.KILL}
+    for message in facts.messages.values():
+        for attempt in message.tries:
+            kill = kills.get(attempt.pid) if attempt.pid is not None else None
+            if (kill is None or attempt.error_class != "WorkerLost"
+                    or attempt.finished < kill.at):
+                continue
+            if attempt.started is not None and attempt.started > kill.at:
+                continue  # claimed after the kill: not this process's claim
+            result.sweep.append(attempt.finished - kill.at)
+            later = [t.started for t in message.tries
+                     if t.attempt == attempt.attempt + 1 and t.started is not None]
+            later += [run.start for run in message.runs if run.attempt == attempt.attempt + 1]
+            if later:
+                result.reclaim.append(min(later) - kill.at)
+            else:
+                result.unreclaimed.append(message.id)
+    return result

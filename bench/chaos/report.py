@@ -1,0 +1,88 @@
+"""The run's verdict as a markdown table, and as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROWS = (
+    ("enqueued", "messages committed by producers"),
+    ("executed", "distinct messages whose task body ran to its end"),
+    ("succeeded", "acked (gone from the queue with a succeeded history row)"),
+    ("duplicates", "messages whose body started more than once"),
+    ("unexplained_duplicates", "... with no kill -9, KILL CONNECTION or restart to explain"),
+    ("lost", "gone from the queue without a success"),
+    ("dead", "dead (out of attempts)"),
+    ("still_queued", "still ready/scheduled/claimed after the drain"),
+    ("atomic_messages", "atomic messages"),
+    ("atomic_violations", "atomic messages without exactly one business row per success"),
+    ("stray_effects", "business rows of no committed atomic message"),
+    ("acked_without_run", "acked without a finished run"),
+    ("phantom_runs", "runs of messages no committed transaction enqueued"),
+    ("rolled_back_that_ran", "messages of rolled-back transactions that ran"),
+    ("late_ack_rows", "messages with a second succeeded history row (late ack)"),
+    ("unexplained_claim_losses", "claims taken back with no kill, KILL or restart on the holder"),
+    ("stalled_claims", "claims held unstarted for longer than a lease, then taken back"),
+    ("longest_stall_seconds", "longest such hold"),
+    ("kills", "kill -9 of a worker"),
+    ("sigterms", "SIGTERM of a worker (graceful stop)"),
+    ("connection_kills", "KILL CONNECTION of all of a worker's connections"),
+    ("restarts", "MariaDB restarts"),
+    ("crashes", "workers that exited by themselves"),
+    ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
+    ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
+    ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
+)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    metrics = result["metrics"]
+    lines = ["| metric | value | meaning |", "| --- | ---: | --- |"]
+    for key, meaning in ROWS:
+        value = metrics.get(key)
+        lines.append(f"| {key} | {'-' if value is None else value} | {meaning} |")
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(result["duplicate_causes"].items()))
+    recovery = result["recovery"]
+    timing = result.get("timing", {})
+    lines += [
+        "",
+        f"Duplicates by cause: {causes or 'none'}.",
+        f"Kill -9 orphans: {recovery['orphans']}; sweep after the kill median "
+        f"{recovery['sweep_seconds']['median']} s, max {recovery['sweep_seconds']['max']} s.",
+        f"First success after each restart: {result['restart_resume_seconds']} s.",
+        f"History outcomes: {result['history_outcomes']}.",
+        f"Lost-claim reasons: {result['lost_reasons']}.",
+    ]
+    if result["retried_errors"]:
+        lines.append(f"Retried attempts by error: {result['retried_errors']}.")
+    if result.get("log_errors"):
+        lines.append(f"ERROR lines in worker logs: {result['log_errors']}.")
+    if timing:
+        lines.append("Timing: " + ", ".join(f"{k} {v} s" for k, v in timing.items()) + ".")
+    lines += _examples(result)
+    lines.append("")
+    if result["failures"]:
+        lines.append("**FAILED**:")
+        lines += [f"- {failure}" for failure in result["failures"]]
+    else:
+        lines.append("**OK**: nothing lost, every duplicate explained, atomic work exactly once.")
+    return "\n".join(lines)
+
+
+def _examples(result: dict[str, Any]) -> list[str]:
+    """A few pieces of evidence per failed check (all of it is in the JSON)."""
+    lines = []
+    for key, title in (("unexplained", "Unexplained duplicates"),
+                       ("unexplained_claim_losses", "Unexplained claim losses"),
+                       ("stalled_claims", "Stalled claims")):
+        items = result.get(key) or []
+        if items:
+            lines.append(f"{title} (first {min(3, len(items))} of {len(items)}):")
+            lines += [f"- `{json.dumps(item, default=str)}`" for item in items[:3]]
+    return lines
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,156 @@
+"""``runqueueworker`` subprocesses: start, kill, stop, replace, and notice crashes.
+
+Every worker is started from the harness's main thread with ``PR_SET_PDEATHSIG``, so a
+harness that dies (even by SIGKILL) takes its workers with it; each runs in its own
+session, so a Ctrl-C in the terminal reaches the harness only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import events as ev
+from .events import EventLog
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = "bench.chaos.settings"
+PR_SET_PDEATHSIG = 1
+#: Longest a SIGTERMed worker may take (GRACE_SECONDS is 10) before it is killed.
+STOP_PATIENCE = 25.0
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclasses.dataclass
+class Worker:
+    index: int
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float
+    #: running, stopping (SIGTERM sent), killed, exited
+    state: str = "running"
+    signalled_at: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class WorkerPool:
+    def __init__(self, log_dir: Path, events: EventLog, args: list[str]) -> None:
+        self.log_dir = log_dir
+        self.events = events
+        self.args = args
+        self.workers: list[Worker] = []
+        self.exit_statuses: dict[int, int] = {}
+
+    def start(self) -> Worker:
+        index = len(self.workers)
+        log_path = self.log_dir / f"worker-{index:02d}.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "django", "runqueueworker", *self.args],
+                cwd=ROOT, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        worker = Worker(index, popen, log_path, time.time())
+        self.workers.append(worker)
+        return worker
+
+    def running(self) -> list[Worker]:
+        return [worker for worker in self.workers if worker.state == "running"]
+
+    def youngest_age(self) -> float:
+        running = self.running()
+        return min((time.time() - w.started_at for w in running), default=float("inf"))
+
+    def kill(self, worker: Worker, detail: str = "") -> None:
+        """SIGKILL, recorded the moment before it is sent."""
+        self.events.add(ev.KILL, worker.pid, detail=detail)
+        worker.state = "killed"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+        self._wait(worker, 10)
+
+    def terminate(self, worker: Worker) -> None:
+        """SIGTERM: a graceful stop, reaped later by :meth:`reap`."""
+        self.events.add(ev.SIGTERM, worker.pid)
+        worker.state = "stopping"
+        worker.signalled_at = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGTERM)
+
+    def _wait(self, worker: Worker, timeout: float) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            status = worker.popen.wait(timeout)
+            self.exit_statuses[worker.pid] = status
+            return status
+        return None
+
+    def reap(self) -> int:
+        """Notice exits: crashes of running workers, ends of stopping ones.
+
+        Returns how many running workers crashed (the caller replaces them).
+        """
+        crashed = 0
+        for worker in self.workers:
+            status = worker.popen.poll()
+            if worker.state == "running" and status is not None:
+                worker.state = "exited"
+                self.exit_statuses[worker.pid] = status
+                self.events.add(ev.CRASH, worker.pid, detail=f"exit status {status}")
+                crashed += 1
+            elif worker.state == "stopping" and status is not None:
+                worker.state = "exited"
+                self.exit_statuses[worker.pid] = status
+                if status != 0:
+                    self.events.add(ev.STOP_STATUS, worker.pid,
+                                    detail=f"exit status {status} after SIGTERM")
+            elif worker.state == "stopping" and time.time() - worker.signalled_at > STOP_PATIENCE:
+                self.events.add(ev.STOP_OVERRUN, worker.pid,
+                                detail=f"still running {STOP_PATIENCE:.0f}s after SIGTERM")
+                worker.state = "killed"
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+                self._wait(worker, 10)
+        return crashed
+
+    def stop_all(self) -> None:
+        """SIGTERM every worker still alive and wait for all of them (bounded)."""
+        for worker in self.running():
+            worker.state = "stopping"
+            worker.signalled_at = time.time()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGTERM)
+        while any(worker.state == "stopping" for worker in self.workers):
+            self.reap()
+            time.sleep(0.1)
+
+    def kill_all(self) -> None:
+        """Last resort (harness error or Ctrl-C): nothing may outlive the run."""
+        for worker in self.workers:
+            if worker.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.pid, signal.SIGKILL)
+                self._wait(worker, 10)
