@@ -86,3 +86,143 @@ def stress_step(token: str, sleep_ms: int) -> None:
     Ledger.objects.create(label=f"{token}:start", pid=os.getpid())
     time.sleep(sleep_ms / 1000)
     Ledger.objects.create(label=f"{token}:end", pid=os.getpid())
+
+
+# --------------------------------------------------------------------------- hostile tasks
+# Used by tests/test_hostile_input.py: tasks that return odd values, raise BaseException
+# subclasses, exit, or damage their database connection.
+
+#: A file name as os.fsdecode() returns it for bytes that aren't UTF-8 (a lone surrogate).
+UNDECODABLE_NAME = os.fsdecode(b"caf\xe9.txt")
+
+
+class CustomBaseError(BaseException):
+    """A BaseException subclass outside the Exception hierarchy."""
+
+
+class UnprintableError(Exception):
+    """An exception whose str() itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception can't be printed")
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def echo(value: object) -> object:
+    return value
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def describe(value: object) -> dict[str, str]:
+    """What the task received, in ASCII (safe to store whatever the value holds)."""
+    return {"type": type(value).__name__, "ascii": ascii(value)}
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raises_keyboard_interrupt(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise KeyboardInterrupt(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+async def async_raises_keyboard_interrupt(label: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Ledger.objects.create)(label=label, pid=os.getpid())
+    raise KeyboardInterrupt(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raises_custom_base_exception(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise CustomBaseError(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raises_generator_exit(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise GeneratorExit(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def calls_sys_exit(label: str) -> None:
+    import sys
+
+    Ledger.objects.create(label=label, pid=os.getpid())
+    sys.exit(3)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raises_system_exit(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise SystemExit(f"bye {label}")
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raises_unprintable(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise UnprintableError(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def fails_on_undecodable_name(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise ValueError(f"can't process {UNDECODABLE_NAME}")
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def returns_nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def returns_big_string(size: int) -> str:
+    return "x" * size
+
+
+@queue_task()
+def closes_raw_connection(label: str) -> None:
+    """Close the driver's connection behind Django's back."""
+    Ledger.objects.create(label=label, pid=os.getpid())
+    connection.ensure_connection()
+    connection.connection.close()
+
+
+@queue_task()
+def kills_own_connection(label: str) -> None:
+    """KILL this thread's own connection (never another one's) on the server."""
+    Ledger.objects.create(label=label, pid=os.getpid())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        [own_id] = cursor.fetchone()
+        try:
+            cursor.execute("KILL CONNECTION %s", [own_id])
+        except Exception:  # noqa: BLE001 - the server may report the kill as an error
+            pass
+
+
+@queue_task(atomic=True, max_attempts=2, retry_backoff=0)
+def atomic_closes_raw_connection(label: str) -> None:
+    Ledger.objects.create(label=label, pid=os.getpid())
+    connection.connection.close()
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def leaves_autocommit_off(label: str) -> None:
+    """Turn autocommit off and return without committing."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def leaves_atomic_block_open(label: str) -> None:
+    """Enter transaction.atomic() and never leave it."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    Ledger.objects.create(label=label, pid=os.getpid())
