@@ -52,8 +52,10 @@ QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
 #: Seconds of tolerance when comparing server start times (Uptime has 1 s resolution).
 SERVER_START_SLACK = 2
-#: Rows per multi-row INSERT in enqueue_many.
+#: Rows per multi-row INSERT in enqueue_many, and payload bytes per statement (well under
+#: the default max_allowed_packet of 16 MiB).
 INSERT_CHUNK = 1000
+INSERT_CHUNK_BYTES = 4 * 2**20
 
 _INSERT_COLUMNS = (
     "queue, task_name, payload, priority, max_attempts, retry_backoff, timeout, dedup_key, "
@@ -397,8 +399,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
         return [_insert_one(alias, message) for message in messages]
     ids: list[int] = []
     with connection.cursor() as cursor:
-        for start in range(0, len(messages), INSERT_CHUNK):
-            chunk = messages[start:start + INSERT_CHUNK]
+        for chunk in _chunks(messages):
             params: list[Any] = []
             for message in chunk:
                 params.extend(_row_params(message))
@@ -409,6 +410,20 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
             )
             ids.extend(int(row[0]) for row in cursor.fetchall())
     return ids
+
+
+def _chunks(messages: Sequence[NewMessage]) -> list[Sequence[NewMessage]]:
+    """Split into INSERTs of at most INSERT_CHUNK rows and about INSERT_CHUNK_BYTES."""
+    chunks: list[Sequence[NewMessage]] = []
+    start = size = 0
+    for index, message in enumerate(messages):
+        length = len(message.payload) + 200
+        if index > start and (index - start >= INSERT_CHUNK or size + length > INSERT_CHUNK_BYTES):
+            chunks.append(messages[start:index])
+            start, size = index, 0
+        size += length
+    chunks.append(messages[start:])
+    return chunks
 
 
 def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
@@ -546,14 +561,23 @@ def _release_token(alias: str, token: str) -> int:
 
 
 def _result_json(message: ClaimedMessage, value: Any) -> str | None:
+    """The result as JSON the server accepts, or None (with a warning) if it can't be kept."""
     if value is None:
         return None
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        logger.warning("Result of %s #%s is not JSON (%s); history keeps no result.",
-                       message.task_name, message.id, exc)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # lone surrogates: the server's JSON_VALID would refuse them
+    except (TypeError, ValueError, RecursionError) as exc:
+        logger.warning("Result of %s #%s is not storable JSON (%s); history keeps no result.",
+                       message.task_name, message.id, str(exc)[:200])
         return None
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    if len(text) > limit:
+        logger.warning("Result of %s #%s is %d characters, over MAX_PAYLOAD_BYTES (%d); "
+                       "history keeps no result.", message.task_name, message.id, len(text),
+                       limit)
+        return None
+    return text
 
 
 def _attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,
@@ -643,7 +667,8 @@ def retry_delay(message: ClaimedMessage) -> float:
     base = message.retry_backoff
     if base <= 0:
         return 0.0
-    delay = base * 2.0 ** (message.attempt - 1) * random.uniform(0.75, 1.25)
+    exponent = min(message.attempt - 1, 64)  # 2**64 s is past any cap; no float overflow
+    delay = base * 2.0**exponent * random.uniform(0.75, 1.25)
     return float(min(get_settings().RETRY_BACKOFF_MAX, delay))
 
 

@@ -8,11 +8,35 @@ from typing import Any
 
 from .exceptions import ArgumentEncodingError, PayloadDecodeError, PayloadTooLarge
 
+#: What json.dumps raises on values it can't encode (RecursionError: nested too deeply).
+_ENCODING_ERRORS = (TypeError, ValueError, RecursionError)
+
+
+def _non_string_key(value: Any) -> object | None:
+    """The first dict key that isn't a str (JSON would silently turn it into one)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return key if key is not None else "None"
+                stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
 
 def _check_argument(task_name: str, label: str, value: Any) -> None:
+    key = _non_string_key(value)
+    if key is not None:
+        raise ArgumentEncodingError(
+            f"{label} of task {task_name!r} has a dict key {key!r} that isn't a string; JSON "
+            "would turn it into one and the task would get a different value. Use str keys."
+        )
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except _ENCODING_ERRORS as exc:
         raise ArgumentEncodingError(
             f"{label} of task {task_name!r} can't be encoded as JSON ({exc}). "
             "Task arguments must be JSON values (str, int, float, bool, None, list, dict "
@@ -27,12 +51,16 @@ def encode(
     try:
         text = json.dumps({"args": list(args), "kwargs": dict(kwargs)}, allow_nan=False,
                           separators=(",", ":"))
-    except (TypeError, ValueError):
+        bad_keys = _non_string_key([list(args), list(kwargs.values())]) is not None
+    except _ENCODING_ERRORS:
+        bad_keys = True
+    if bad_keys:
         for index, value in enumerate(args):
             _check_argument(task_name, f"Positional argument {index}", value)
         for key, value in kwargs.items():
             _check_argument(task_name, f"Argument {key!r}", value)
-        raise
+        raise ArgumentEncodingError(f"The arguments of task {task_name!r} can't be encoded "
+                                    "as JSON.")
     size = len(text.encode())
     if size > max_bytes:
         raise PayloadTooLarge(
@@ -47,7 +75,7 @@ def decode(text: str) -> tuple[list[Any], dict[str, Any]]:
     """Parse a stored payload back into ``(args, kwargs)``."""
     try:
         data = json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadDecodeError(f"payload is not valid JSON: {exc}") from exc
     if (
         not isinstance(data, dict)

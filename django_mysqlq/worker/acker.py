@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import broker
 from ..broker import AttemptResult, ClaimedMessage, Runner
@@ -84,11 +84,27 @@ class Acker:
                     else None
                 self._cond.wait(timeout)
 
+    def _ack(self, batch: list[Finished]) -> None:
+        """Ack a batch; if the server refuses it, ack one by one so one bad row stays alone."""
+        try:
+            settle(lambda: broker.ack_many(batch), f"a batch of {len(batch)} acks",
+                   self._give_up)
+            return
+        except DatabaseError as exc:
+            if len(batch) == 1:
+                message = batch[0][0]
+                logger.error("Could not ack %s #%s (%s); it stays claimed and will be "
+                             "recovered and run again.", message.task_name, message.id, exc)
+                return
+            logger.warning("A batch of %d acks was refused (%s); acking them one by one.",
+                           len(batch), exc)
+        for finished in batch:
+            self._ack([finished])
+
     def _run(self) -> None:
         try:
             while (batch := self._take()) is not None:
-                settle(lambda batch=batch: broker.ack_many(batch),  # type: ignore[misc]
-                       f"a batch of {len(batch)} acks", self._give_up)
+                self._ack(batch)
                 with self._cond:
                     self._writing = []
         finally:
