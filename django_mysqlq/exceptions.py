@@ -37,3 +37,7 @@ class MessageDoesNotExist(QueueError, LookupError):
 
 class TaskTimeout(QueueError):
     """A task ran past its ``timeout`` and its worker process was restarted (process mode)."""
+
+
+class TransactionLeftOpen(QueueError):
+    """A task returned inside a transaction; the worker rolled it back and failed the attempt."""

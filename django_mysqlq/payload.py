@@ -15,8 +15,13 @@ _ENCODING_ERRORS = (TypeError, ValueError, RecursionError)
 def _non_string_key(value: Any) -> object | None:
     """The first dict key that isn't a str (JSON would silently turn it into one)."""
     stack = [value]
+    seen: set[int] = set()  # a cyclic value is refused later by json.dumps, not looped on
     while stack:
         item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
@@ -31,8 +36,9 @@ def _check_argument(task_name: str, label: str, value: Any) -> None:
     key = _non_string_key(value)
     if key is not None:
         raise ArgumentEncodingError(
-            f"{label} of task {task_name!r} has a dict key {key!r} that isn't a string; JSON "
-            "would turn it into one and the task would get a different value. Use str keys."
+            f"{label} of task {task_name!r} can't be encoded as JSON: the dict key {key!r} "
+            "isn't a string, and JSON would turn it into one, so the task would get a "
+            "different value. Use str keys: pass a primary key or a plain dict with str keys."
         )
     try:
         json.dumps(value, allow_nan=False)

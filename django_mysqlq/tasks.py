@@ -62,11 +62,28 @@ class NewMessage:
     dedup_key: str | None
 
 
+def _is_utf8(text: str) -> bool:
+    """False for lone surrogates (e.g. from os.fsdecode), which utf8mb4 can't store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _validate_queue(queue: object) -> str:
-    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_NAME_MAX or "," in queue:
+    if (
+        not isinstance(queue, str)
+        or not queue
+        or len(queue) > QUEUE_NAME_MAX
+        or "," in queue
+        or queue != queue.strip()
+        or not _is_utf8(queue)
+    ):
         raise InvalidTaskOptions(
-            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters "
-            f"without commas (workers take comma-separated lists), not {queue!r}."
+            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters, "
+            "without commas or surrounding whitespace (runqueueworker --queues takes a "
+            f"comma-separated list and strips each name), in valid UTF-8, not {queue!r}."
         )
     return queue
 
@@ -104,10 +121,10 @@ def _validate_run_at(run_at: object) -> dt.datetime:
 
 
 def _validate_dedup_key(key: object) -> str:
-    if not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX:
+    if not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX or not _is_utf8(key):
         raise InvalidTaskOptions(
-            f"dedup_key must be a non-empty string of at most {DEDUP_KEY_MAX} characters, "
-            f"not {key!r}."
+            f"dedup_key must be a non-empty string of at most {DEDUP_KEY_MAX} characters "
+            f"in valid UTF-8 (no lone surrogates), not {key!r}."
         )
     return key
 

@@ -6,8 +6,8 @@ good messages before and after the bad ones and check that all of them succeeded
 the ``--burst`` worker exits 0: the bad message must neither crash the worker nor hold
 up its neighbours.
 
-Cases the library gets wrong are written as the behaviour it should have and marked
-``xfail(strict=True, reason="BUG: ...")``: they start failing (XPASS) once fixed.
+Each case here was first written as a strict xfail against the bug it exposed, then fixed;
+the git history of this file keeps the bug reports.
 
 Timeouts below are liveness bounds (how long to wait before calling a test failed),
 never performance assertions.
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: Seconds a --burst worker gets to drain a handful of messages before the test fails.
 PATIENCE = 20.0
-#: The same bound for the xfail tests, whose worker is known to get stuck until fixed.
+#: A shorter bound for cases that used to wedge the worker: fail fast if they regress.
 STUCK_PATIENCE = 12.0
 
 #: Strings that break naive SQL building, %-formatting, escaping or encodings.
@@ -183,9 +183,6 @@ def test_a_cyclic_argument_is_refused_naming_it():
     assert not Message.objects.exists()
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=(
-    "BUG: payload.encode() catches only TypeError/ValueError, so an argument nested deeper "
-    "than json's recursion limit escapes as a bare RecursionError that names no argument"))
 def test_a_too_deeply_nested_argument_is_refused_with_a_clear_error():
     with pytest.raises(ArgumentEncodingError, match=r"Positional argument 0"):
         tasks.echo.enqueue(nested_list(5_000))
@@ -202,11 +199,6 @@ def test_tuples_become_lists_and_values_round_trip_as_json():
         "args": [], "kwargs": {"value": [None, True]}}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: json.dumps silently turns non-str dict keys into strings ({1: 2} arrives as "
-    "{'1': 2}, {True: 1} as {'true': 1}), and {1: 'a', '1': 'b'} becomes a JSON object with "
-    "a duplicate key, so the task receives {'1': 'b'}: data changed or lost without an "
-    "error, though the library's own message says dict keys must be str"))
 @pytest.mark.parametrize("value", [
     {1: 2},
     {True: 1},
@@ -285,11 +277,6 @@ def test_a_payload_at_the_default_limit_runs_and_round_trips(start_worker):
     assert json.loads(attempt.payload) == {"args": [value], "kwargs": {}}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: enqueue_many() sends up to INSERT_CHUNK=1000 rows per INSERT whatever their size; "
-    "20 payloads under MAX_PAYLOAD_BYTES (1 MB) make one ~18 MB statement, over the "
-    "server's max_allowed_packet (16 MiB), and the caller gets a bare OperationalError "
-    "(packet too large / server has gone away) that says nothing about what to do"))
 def test_enqueue_many_of_payloads_under_the_limit_is_accepted():
     value = "x" * 900_000
     try:
@@ -318,8 +305,8 @@ def hostile_names(max_size: int) -> st.SearchStrategy[str]:
 
 
 def queue_names() -> st.SearchStrategy[str]:
-    """Hostile queue names, less the commas that queue names may not hold."""
-    return hostile_names(64).map(lambda name: name.replace(",", ";"))
+    """Hostile queue names, less what queue names may not hold (commas, outer whitespace)."""
+    return hostile_names(64).map(lambda name: name.replace(",", ";").strip()).filter(bool)
 
 
 HYPOTHESIS = hypothesis_settings(
@@ -332,7 +319,7 @@ HYPOTHESIS = hypothesis_settings(
 @example(queue="'; DROP TABLE mysqlq_message; --", dedup_key="%(x)s%s\\", argument="%s")
 @example(queue="a\x00b", dedup_key="\x00", argument="\x00")
 @example(queue="😀" * 64, dedup_key="🎉" * 255, argument="👩‍👩‍👧")
-@example(queue="q ", dedup_key=" k,", argument=" ")
+@example(queue="q\tq", dedup_key=" k,", argument=" ")
 def test_hostile_queue_names_and_dedup_keys_round_trip_and_are_claimed(
         queue, dedup_key, argument):
     handle = tasks.echo.using(queue=queue, dedup_key=dedup_key).enqueue(argument)
@@ -369,11 +356,6 @@ def test_invalid_dedup_keys_are_refused(key):
         tasks.echo.using(dedup_key=key)
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "BUG: .using() accepts a queue name or dedup key holding a lone surrogate (e.g. from "
-    "os.fsdecode), which utf8mb4 can't store; enqueue() then fails inside the MySQL driver "
-    "with UnicodeEncodeError ('surrogates not allowed'), naming neither the option nor what "
-    "to do. tasks._validate_queue/_validate_dedup_key should try name.encode('utf-8')"))
 @pytest.mark.parametrize("option", ["queue", "dedup_key"])
 def test_a_name_with_a_lone_surrogate_is_refused_with_a_clear_error(option):
     name = "caf\udce9"
@@ -384,12 +366,6 @@ def test_a_name_with_a_lone_surrogate_is_refused_with_a_clear_error(option):
     assert not Message.objects.exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: queue and dedup_key columns use the table's default collation (utf8mb4_general_ci "
-    "on MariaDB): case-, accent- and trailing-space-insensitive, and all 4-byte characters "
-    "(emoji) are equal. A second enqueue with a different key is silently dropped as a "
-    "duplicate (returns the first message's handle). Fix: db_collation utf8mb4_nopad_bin "
-    "(MariaDB) / utf8mb4_0900_bin (MySQL 8) on queue, dedup_key and task_name"))
 @pytest.mark.parametrize(("first", "second"), [
     ("Key", "key"), ("resume", "résumé"), ("k", "k "), ("😀", "🎉"), ("ß", "s")])
 def test_distinct_dedup_keys_never_deduplicate_each_other(first, second):
@@ -400,10 +376,6 @@ def test_distinct_dedup_keys_never_deduplicate_each_other(first, second):
         [first, second])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the claim's `WHERE queue = %s` compares under utf8mb4_general_ci, so a worker of "
-    "queue 'Reports' also takes the messages of 'reports', 'rêports' or 'reports ', and "
-    "queue '😀' takes those of '🎉'. Fix: a binary, no-pad collation on Message.queue"))
 @pytest.mark.parametrize(("mine", "other"), [
     ("Reports", "reports"), ("rêports", "reports"), ("reports ", "reports"), ("😀", "🎉")])
 def test_a_claim_takes_only_messages_of_the_exact_queue_named(mine, other):
@@ -413,11 +385,6 @@ def test_a_claim_takes_only_messages_of_the_exact_queue_named(mine, other):
     assert Message.objects.get(pk=theirs.id).status == "ready"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (minor): enqueue accepts queue names with surrounding whitespace, but "
-    "runqueueworker --queues strips each name, so no worker can be started for ' padded' "
-    "and its messages wait forever. tasks._validate_queue should refuse them, as it now "
-    "refuses commas"))
 @pytest.mark.parametrize("queue", [" padded", "padded ", "\tq", "q\n"])
 def test_queue_names_a_worker_could_not_serve_are_refused(queue):
     with pytest.raises(InvalidTaskOptions):
@@ -525,14 +492,6 @@ def test_arguments_that_dont_fit_the_signature_fail_like_any_error_with_retries(
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: payload.decode() (payload.py) catches only TypeError/ValueError; "
-    "json.loads raises RecursionError past ~1,500 levels of nesting, which escapes "
-    "execute() (executor.py) to the task thread's catch-all (loop.py, "
-    "'Unexpected error'): no attempt is recorded; the message stays claimed until its "
-    "lease runs out, is recovered as 'WorkerLost: lease expired' and claimed again, so "
-    "the real error is never recorded, each attempt costs a lease and a --burst worker "
-    "can't finish"))
 def test_a_too_deeply_nested_payload_dies_alone(start_worker):
     before = enqueue_good("before")
     bad = tasks.record.enqueue("deep").id
@@ -545,23 +504,23 @@ def test_a_too_deeply_nested_payload_dies_alone(start_worker):
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: broker.retry_delay() (broker.py) computes base * 2.0 ** (attempt - 1) "
-    "before capping it at RETRY_BACKOFF_MAX; from attempt 1025 on the power overflows "
-    "(OverflowError out of fail(), caught only by the task thread's catch-all in "
-    "loop.py): no attempt is recorded; "
-    "the message stays claimed until its lease runs out, is recovered as 'WorkerLost: "
-    "lease expired' and claimed again, so the real error is never recorded, each attempt "
-    "costs a lease and a --burst worker can't finish. Reachable with a large max_attempts "
-    "or a tampered attempts column; cap the exponent"))
 def test_a_retry_after_very_many_attempts_is_scheduled_not_crashed(start_worker):
+    """2 ** 1500 overflows a float: the delay must still come out as RETRY_BACKOFF_MAX."""
     before = enqueue_good("before")
     bad = tasks.always_fails.enqueue("many").id
     corrupt(bad, attempts=1_500, max_attempts=1_502, retry_backoff=0.000001)
     after = enqueue_good("after")
     run_burst(start_worker, patience=STUCK_PATIENCE)
     assert_succeeded(before, after)
-    assert_dead(bad, ["retried", "failed"], "builtins.ValueError")
+    message = Message.objects.get(pk=bad)
+    assert message.status == "scheduled", message.last_error
+    assert [a.outcome for a in Attempt.objects.for_message(bad)] == ["retried"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(6), run_at) "
+                       "FROM mysqlq_message WHERE id = %s", [bad])
+        (delay,) = cursor.fetchone()
+    cap = 3600  # RETRY_BACKOFF_MAX's default
+    assert cap - 120 <= delay <= cap
 
 
 # --------------------------------------------------------------------------- worker: values
@@ -600,14 +559,6 @@ def test_odd_json_values_reach_the_task_as_json_made_them(start_worker):
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a result holding a lone surrogate (an argument passed through, an os.fsdecode() "
-    "file name) is encoded by _result_json() (broker.py) as the escape \"\\udce9\", "
-    "which MariaDB's JSON_VALID rejects: the batched history INSERT fails the CHECK on "
-    "mysqlq_attempt.result (4025, which Django raises as IntegrityError); settle() "
-    "(executor.py) doesn't catch it, so the acker thread dies ('Exception in thread "
-    "mysqlq-acker') with its whole batch, good neighbours included, and no success is acked "
-    "any more: they stay claimed, run again later, and a --burst worker can't finish"))
 def test_a_result_with_a_lone_surrogate_does_not_wedge_the_worker(start_worker):
     before = enqueue_good("before")
     odd = tasks.echo.enqueue("caf\udce9")
@@ -617,14 +568,6 @@ def test_a_result_with_a_lone_surrogate_does_not_wedge_the_worker(start_worker):
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: an error message holding a lone surrogate (e.g. an os.fsdecode() file name) "
-    "can't be encoded for the driver: broker.fail() raises UnicodeEncodeError, which "
-    "settle() (executor.py) doesn't catch; no attempt is recorded; the message stays "
-    "claimed until its lease runs out, is recovered as 'WorkerLost: lease expired' and "
-    "claimed again, so the real error is never recorded, each attempt costs a lease and a "
-    "--burst worker can't finish. _describe() (executor.py) should encode error texts "
-    "with errors='backslashreplace'"))
 def test_an_error_message_with_a_lone_surrogate_is_recorded(start_worker):
     before = enqueue_good("before")
     odd = tasks.fails_on_undecodable_name.enqueue("undecodable")
@@ -636,11 +579,6 @@ def test_an_error_message_with_a_lone_surrogate_is_recorded(start_worker):
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: _result_json() (broker.py) catches only TypeError/ValueError; a result "
-    "nested past json's recursion limit raises RecursionError inside ack_many() on the "
-    "acker thread, which settle() doesn't catch: the acker thread dies ('Exception in "
-    "thread mysqlq-acker'), no success is acked any more, and the worker never finishes"))
 def test_a_too_deeply_nested_result_is_dropped_like_any_unencodable_result(start_worker):
     before = enqueue_good("before")
     deep = tasks.returns_nested.enqueue(5_000)
@@ -651,12 +589,6 @@ def test_a_too_deeply_nested_result_is_dropped_like_any_unencodable_result(start
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a result larger than max_allowed_packet (16 MiB here) makes the batched history "
-    "INSERT fail (1153, then 2006); settle() takes that for an outage and resends the "
-    "same batch for 120 s, then leaves the claims, good neighbours in the batch included: "
-    "they run again later and a --burst worker can't finish. Results need a size limit "
-    "(drop them with a warning, as unencodable ones are)"))
 def test_a_result_over_max_allowed_packet_does_not_wedge_the_worker(start_worker):
     before = enqueue_good("before")
     big = tasks.returns_big_string.enqueue(20 * 2 ** 20)
@@ -701,13 +633,6 @@ def test_base_exceptions_and_exits_in_tasks_are_failed_attempts(start_worker):
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: executor._describe() (executor.py) calls str(exc) unguarded; an exception "
-    "whose __str__ raises escapes execute() from its own error handling: no attempt is "
-    "recorded; the message stays claimed until its lease runs out, is recovered as "
-    "'WorkerLost: lease expired' and claimed again, so the real error is never recorded, "
-    "each attempt costs a lease and a --burst worker can't finish. Fall back to "
-    "'<exception str() failed>' as traceback does"))
 def test_an_unprintable_exception_is_a_failed_attempt(start_worker):
     before = enqueue_good("before")
     odd = tasks.raises_unprintable.enqueue("unprintable")
@@ -744,35 +669,39 @@ def test_an_atomic_task_that_closes_its_connection_fails_and_rolls_back(start_wo
 
 
 @pytest.mark.worker
-def test_a_task_that_leaves_autocommit_off_does_not_hold_up_the_others(start_worker):
-    """Document-by-test: the worker closes a connection left with autocommit off (as Django
-    does at the end of a request), so the task's uncommitted write is rolled back while its
-    attempt counts as a success; the tasks after it on the same thread are unaffected."""
+def test_a_task_that_leaves_autocommit_off_fails_and_does_not_hold_up_the_others(start_worker):
+    """Its uncommitted write is rolled back, so the attempt can't count as a success."""
     before = enqueue_good("before")
     odd = tasks.leaves_autocommit_off.enqueue("autocommit-off")
     after = [enqueue_good(f"after{i}") for i in range(3)]
     run_burst(start_worker, "--concurrency", "1")
-    assert_succeeded(before, odd.id, *after)
+    assert_succeeded(before, *after)
+    message = assert_dead(odd.id, ["retried", "failed"],
+                          "django_mysqlq.exceptions.TransactionLeftOpen")
+    assert "rolled back" in message.last_error
     assert sorted(Ledger.objects.values_list("label", flat=True)) == [
         "after0", "after1", "after2", "before"]
 
 
 @pytest.mark.worker
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a task that enters transaction.atomic() and never leaves it poisons its task "
-    "thread: close_if_broken() (executor.py) closes the connection, but Django keeps it "
-    "in_atomic_block with needs_rollback, so every later task on that thread and its fail() "
-    "raise TransactionManagementError, which settle() doesn't catch (loop.py, "
-    "'Unexpected error'); those messages are recovered after each lease and fail again on "
-    "the same thread, for ever. After a task, the executor should detect in_atomic_block, "
-    "fail the attempt ('left a transaction open') and drop the thread's connection "
-    "(del connections[alias])"))
 def test_a_task_that_leaves_an_atomic_block_open_does_not_poison_its_thread(start_worker):
     before = enqueue_good("before")
     odd = tasks.leaves_atomic_block_open.enqueue("atomic-open")
     after = [enqueue_good(f"after{i}") for i in range(3)]
     run_burst(start_worker, "--concurrency", "1", patience=STUCK_PATIENCE)
     assert_succeeded(before, *after)
-    assert Attempt.objects.for_message(odd.id).exists()
-    assert not Message.objects.filter(pk=odd.id, status="claimed").exists()
+    assert_dead(odd.id, ["retried", "failed"], "django_mysqlq.exceptions.TransactionLeftOpen")
     assert not Ledger.objects.filter(label="atomic-open").exists()  # never committed
+
+
+@pytest.mark.worker
+def test_an_atomic_task_that_leaves_an_inner_block_open_is_rolled_back_with_its_ack(
+        start_worker):
+    """The ack was written inside the same transaction: it must roll back too."""
+    before = enqueue_good("before")
+    odd = tasks.atomic_leaves_inner_block_open.enqueue("atomic-inner-open")
+    after = enqueue_good("after")
+    run_burst(start_worker, "--concurrency", "1", patience=STUCK_PATIENCE)
+    assert_succeeded(before, after)
+    assert_dead(odd.id, ["retried", "failed"], "django_mysqlq.exceptions.TransactionLeftOpen")
+    assert not Ledger.objects.filter(label="atomic-inner-open").exists()

@@ -12,12 +12,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import broker, payload
 from ..broker import AttemptResult, ClaimedMessage, Runner
 from ..conf import get_settings
-from ..exceptions import PayloadDecodeError, UnknownTask
+from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
 from ..models import Outcome
 from ..signals import task_finished, task_started
 from ..tasks import registry
@@ -28,13 +28,50 @@ logger = logging.getLogger("django_mysqlq")
 SETTLE_PATIENCE_SECONDS = 120.0
 
 
+def _storable(text: str) -> str:
+    """Text the utf8mb4 columns accept: lone surrogates (os.fsdecode names) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
+    """The attempt's error for history; never raises, whatever the exception does."""
+    try:
+        message = str(exc)
+    except Exception as str_error:  # noqa: BLE001 - a broken __str__ must not lose the attempt
+        message = f"<str() of the exception failed: {type(str_error).__name__}>"
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001
+        trace = f"<the traceback of {type(exc).__qualname__} could not be formatted>"
     return AttemptResult(
         started_at=started_at,
-        error_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        error_message=str(exc)[:10_000],
-        traceback="".join(traceback.format_exception(exc))[-60_000:],
+        error_class=_storable(f"{type(exc).__module__}.{type(exc).__qualname__}"),
+        error_message=_storable(message[:10_000]),
+        traceback=_storable(trace[-60_000:]),
     )
+
+
+def _close_open_transactions() -> list[str]:
+    """Roll back what a task left open, so the next task on this thread starts clean.
+
+    A task that enters ``transaction.atomic()`` without leaving it, or turns autocommit off,
+    would otherwise hold its locks and poison every later task on the thread. Closing the
+    connection rolls its work back; forgetting the wrapper drops Django's atomic state.
+    Returns the aliases that had a transaction open.
+    """
+    left_open = []
+    for connection in connections.all(initialized_only=True):
+        autocommit_off = (connection.connection is not None
+                          and not connection.in_atomic_block
+                          and not connection.autocommit)
+        if connection.in_atomic_block or autocommit_off:
+            left_open.append(connection.alias)
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - the connection is being thrown away anyway
+                pass
+            del connections[connection.alias]
+    return left_open
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -123,6 +160,15 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         return _finished(task, message, str(Outcome.LOST), None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
         error = exc
+    left_open = _close_open_transactions()
+    if left_open and error is None:
+        # Its uncommitted writes (and an atomic task's ack) were just rolled back.
+        error = TransactionLeftOpen(
+            f"The task returned with a transaction still open on database(s) "
+            f"{', '.join(left_open)}; its uncommitted writes were rolled back. Leave every "
+            "transaction.atomic() block you enter and don't turn autocommit off."
+        )
+        acked = False
     broker.close_if_broken()  # the task may have broken or closed the connection
 
     if error is None:

@@ -226,3 +226,12 @@ def leaves_atomic_block_open(label: str) -> None:
 
     transaction.atomic().__enter__()
     Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@queue_task(max_attempts=2, retry_backoff=0, atomic=True)
+def atomic_leaves_inner_block_open(label: str) -> None:
+    """An atomic task that enters a nested transaction.atomic() and never leaves it."""
+    from django.db import transaction
+
+    Ledger.objects.create(label=label, pid=os.getpid())
+    transaction.atomic().__enter__()
