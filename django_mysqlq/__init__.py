@@ -17,6 +17,8 @@ from .exceptions import (
     PayloadTooLarge,
     QueueError,
     TaskAlreadyRegistered,
+    TaskTimeout,
+    TransactionLeftOpen,
     UnknownTask,
 )
 from .handles import MessageHandle, MessageState
@@ -32,6 +34,8 @@ __all__ = [
     "QueueError",
     "QueueTask",
     "TaskAlreadyRegistered",
+    "TaskTimeout",
+    "TransactionLeftOpen",
     "UnknownTask",
     "queue_task",
 ]
