@@ -70,13 +70,16 @@ _INSERT_ROW = (
     "'scheduled', 'ready'), 0, '')"
 )
 
+#: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
+#: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
+#: sees ``queue`` as fixed and sorts every ready row of the queue (a filesort).
 CLAIM_SQL = f"""
 UPDATE {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
    SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
        owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
        lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
        attempts = attempts + 1
- WHERE queue = %s AND status = 'ready'
+ WHERE queue = CONVERT(%s USING utf8mb4){{queue_collation}} AND status = 'ready'
  ORDER BY priority DESC, id
  LIMIT %s
 """
@@ -493,6 +496,32 @@ def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
 # --------------------------------------------------------------------------- claim
 
 
+_QUEUE_COLLATION_SQL = f"""
+SELECT COLLATION_NAME FROM information_schema.COLUMNS
+ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{MESSAGE_TABLE}' AND COLUMN_NAME = 'queue'
+"""
+_claim_sql_cache: dict[str, str] = {}
+
+
+def claim_sql(alias: str | None = None) -> str:
+    """The claim statement for this database, with the queue column's own collation.
+
+    Read from the catalog once per process, so it matches whatever collation the
+    migration picked on this server.
+    """
+    alias = alias or _alias()
+    sql = _claim_sql_cache.get(alias)
+    if sql is None:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(_QUEUE_COLLATION_SQL)
+            row = cursor.fetchone()
+        name = row[0] if row else None
+        # A catalog value, never user data; checked anyway since it is spliced into SQL.
+        collate = f" COLLATE {name}" if name and name.replace("_", "").isalnum() else ""
+        sql = _claim_sql_cache[alias] = CLAIM_SQL.replace("{queue_collation}", collate)
+    return sql
+
+
 def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
           alias: str | None = None) -> list[ClaimedMessage]:
     """Claim up to ``limit`` ready messages, taking the queues in the order given."""
@@ -508,7 +537,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
         def run(queue: str = queue, wanted: int = wanted, token: str = token) -> int:
             with _connection(alias).cursor() as cursor:
-                cursor.execute(CLAIM_SQL, [token, server_start, worker_id,
+                cursor.execute(claim_sql(alias), [token, server_start, worker_id,
                                            _micros(lease_seconds), queue, wanted])
                 return int(cursor.rowcount)
 

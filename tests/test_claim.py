@@ -57,12 +57,12 @@ def claim_params(limit=10):
 
 
 def test_claim_walks_the_claim_index_without_a_filesort(backlog):
-    assert plan_problems(explain(broker.CLAIM_SQL, claim_params())) == []
+    assert plan_problems(explain(broker.claim_sql(), claim_params())) == []
 
 
 def test_the_plan_check_catches_a_claim_that_sorts(backlog):
     # Same statement with the priority direction flipped against the index: must be caught.
-    flipped = broker.CLAIM_SQL.replace("priority DESC, id", "priority ASC, id")
+    flipped = broker.claim_sql().replace("priority DESC, id", "priority ASC, id")
     assert "filesort" in plan_problems(explain(flipped, claim_params()))
 
 
