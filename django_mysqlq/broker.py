@@ -69,6 +69,11 @@ _INSERT_ROW = (
     "IF(COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND) > UTC_TIMESTAMP(6), "
     "'scheduled', 'ready'), 0, '')"
 )
+#: The same row for a message that is ready at once (no run_at, no delay): fewer
+#: parameters to escape, which is most of a bulk enqueue's client-side cost.
+_INSERT_ROW_NOW = (
+    "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'ready', 0, '')"
+)
 
 #: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
 #: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
@@ -376,22 +381,27 @@ def database_now() -> dt.datetime:
 # --------------------------------------------------------------------------- enqueue
 
 
-def _row_params(message: NewMessage) -> list[Any]:
-    run_at = _naive_utc(message.run_at) if message.run_at is not None else None
-    delay_micros = _micros(message.delay)
-    return [
+def _ready_now(message: NewMessage) -> bool:
+    return message.run_at is None and not message.delay
+
+
+def _row(message: NewMessage) -> tuple[str, list[Any]]:
+    """The VALUES row template for this message and its parameters."""
+    params = [
         message.queue, message.task_name, message.payload, message.priority,
         message.max_attempts, message.retry_backoff, message.timeout, message.dedup_key,
-        run_at, delay_micros, run_at, delay_micros,
     ]
+    if _ready_now(message):
+        return _INSERT_ROW_NOW, params
+    run_at = _naive_utc(message.run_at) if message.run_at is not None else None
+    delay_micros = _micros(message.delay)
+    return _INSERT_ROW, [*params, run_at, delay_micros, run_at, delay_micros]
 
 
 def _insert_one(alias: str, message: NewMessage) -> int:
+    row, params = _row(message)
     with _connection(alias).cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {_INSERT_ROW}",
-            _row_params(message),
-        )
+        cursor.execute(f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {row}", params)
         return int(cursor.lastrowid)
 
 
@@ -404,9 +414,12 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     with connection.cursor() as cursor:
         for chunk in _chunks(messages):
             params: list[Any] = []
+            rows: list[str] = []
             for message in chunk:
-                params.extend(_row_params(message))
-            values = ", ".join([_INSERT_ROW] * len(chunk))
+                row, row_params = _row(message)
+                rows.append(row)
+                params.extend(row_params)
+            values = ", ".join(rows)
             cursor.execute(
                 f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {values} RETURNING id",
                 params,

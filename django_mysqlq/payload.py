@@ -10,6 +10,7 @@ from .exceptions import ArgumentEncodingError, PayloadDecodeError, PayloadTooLar
 
 #: What json.dumps raises on values it can't encode (RecursionError: nested too deeply).
 _ENCODING_ERRORS = (TypeError, ValueError, RecursionError)
+_CONTAINERS = (dict, list, tuple)
 
 
 def _non_string_key(value: Any) -> object | None:
@@ -57,7 +58,11 @@ def encode(
     try:
         text = json.dumps({"args": list(args), "kwargs": dict(kwargs)}, allow_nan=False,
                           separators=(",", ":"))
-        bad_keys = _non_string_key([list(args), list(kwargs.values())]) is not None
+        # Only containers can hide a non-str dict key; most calls pass scalars.
+        bad_keys = (
+            any(isinstance(value, _CONTAINERS) for value in (*args, *kwargs.values()))
+            and _non_string_key([list(args), list(kwargs.values())]) is not None
+        )
     except _ENCODING_ERRORS:
         bad_keys = True
     if bad_keys:
