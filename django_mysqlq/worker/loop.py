@@ -110,6 +110,9 @@ class Worker:
         self._poll = IDLE_BACKOFF_START
         self._park = PARK_START
         self._listening = False
+        #: The last park found nothing ready and nobody woke it: the next park's own
+        #: check covers the claim, so an idle worker costs one query per park.
+        self._nothing_ready = False
         self._reconnected = False
         batch = self.settings.ACK_BATCH_SIZE
         self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
@@ -219,7 +222,8 @@ class Worker:
             self._wakeup.clear()
             try:
                 self._upkeep()
-                claimed = self._claim()
+                claimed = 0 if self._nothing_ready else self._claim()
+                self._nothing_ready = False
                 if self._finished(claimed):
                     return
                 if claimed:
@@ -285,6 +289,12 @@ class Worker:
                 due.promote = 0.0
             broker.listen(self.id, False)
             self._listening = False
+        else:
+            # Slept through: nothing was ready or due when the park began, and a producer
+            # or the due time would have cut it short. Parks watch the schedule, so the
+            # periodic promotion can wait too.
+            self._nothing_ready = True
+            due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
     def _claim(self) -> int:
         """Claim as many messages as there is room for; hand them to the task threads."""
