@@ -1,7 +1,8 @@
 """Batched acks: task threads hand over successes, one thread acks them together.
 
-A crash loses the acks not yet committed, so those tasks run again: at most two batches
-(the one being written and the one filling), which ``MYSQLQ['ACK_BATCH_SIZE']`` bounds.
+A crash loses the acks not yet committed, so those tasks run again: at most
+``MYSQLQ['ACK_BATCH_SIZE']`` of them, since task threads wait while that many successes
+are unacked (being written or waiting to be).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class Acker:
             return [m.claim_token for m, _, _ in [*self._writing, *self._pending]]
 
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
-        """Queue one success; blocks while a full batch waits, which bounds the loss."""
+        """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""
         with self._cond:
-            while len(self._pending) >= self.batch_size and not self._stopping:
+            while (len(self._pending) + len(self._writing) >= self.batch_size
+                   and not self._stopping):
                 self._cond.wait(0.1)
             if not self._pending:
                 self._oldest = time.monotonic()
@@ -107,5 +109,6 @@ class Acker:
                 self._ack(batch)
                 with self._cond:
                     self._writing = []
+                    self._cond.notify_all()
         finally:
             connections.close_all()
