@@ -20,7 +20,7 @@ from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, UnknownTask
 from ..models import Outcome
 from ..signals import task_finished, task_started
-from ..tasks import registry
+from ..tasks import AttemptScope, QueueTask, registry
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -107,35 +107,45 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
                _describe_message(message), give_up)
         return str(Outcome.FAILED)
 
+    # Hooks (Django's @task) wrap the call: context, their signals, a JSON return value.
+    scope = task.hooks.begin(message, runner, started_at) if task.hooks is not None else None
     broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
-    error: BaseException | None = None
     value: Any = None
     acked = False
     try:
         if task.atomic:
             value = _run_atomically(task.func, args, kwargs, message, runner, started_at)
             acked = True
+        elif scope is not None:
+            value = scope.run(args, kwargs)
         else:
             value = _call(task.func, args, kwargs)
     except ClaimLost:
         logger.warning("%s #%s was recovered by a peer while it ran; its transaction was "
                        "rolled back and it will run again.", message.task_name, message.id)
-        return _finished(task, message, str(Outcome.LOST), None)
+        return _finished(task, scope, message, str(Outcome.LOST), None, None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
-        error = exc
+        # Settled inside the handler, so task_finished receivers see the exception as
+        # sys.exc_info() (Django's own task logging prints the traceback from there).
+        broker.close_if_broken()
+        return _failed(task, scope, message, runner, exc, started_at, give_up)
     broker.close_if_broken()  # the task may have broken or closed the connection
 
-    if error is None:
-        if not acked and acks is not None:
-            acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
-            acked = True
-        elif not acked:
-            result = AttemptResult(started_at=started_at, result=value)
-            acked = bool(settle(lambda: broker.ack(message, runner, result),
-                                _describe_message(message), give_up))
-        # Not acked: the message stays queued and runs again, so say so.
-        return _finished(task, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST), None)
+    if not acked and acks is not None:
+        acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
+        acked = True
+    elif not acked:
+        result = AttemptResult(started_at=started_at, result=value)
+        acked = bool(settle(lambda: broker.ack(message, runner, result),
+                            _describe_message(message), give_up))
+    # Not acked: the message stays queued and runs again, so say so.
+    return _finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
+                     None, value)
 
+
+def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
+            runner: Runner, error: BaseException, started_at: dt.datetime,
+            give_up: threading.Event) -> str:
     result = _describe(error, started_at)
     written = settle(lambda: broker.fail(message, runner, result),
                      _describe_message(message), give_up)
@@ -148,12 +158,14 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
                      message.task_name, message.id, message.attempt,
                      message.max_attempts, exc_info=error)
-    return _finished(task, message, written if written is not None else str(Outcome.LOST),
-                     error)
+    return _finished(task, scope, message,
+                     written if written is not None else str(Outcome.LOST), error, None)
 
 
-def _finished(task: Any, message: ClaimedMessage, outcome: str,
-              error: BaseException | None) -> str:
+def _finished(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
+              outcome: str, error: BaseException | None, value: Any) -> str:
     broker.send_robust(task_finished, task, message_id=message.id, attempt=message.attempt,
                        outcome=outcome, error=error)
+    if scope is not None:
+        scope.finished(outcome, value, error)
     return outcome
