@@ -3,6 +3,7 @@
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 _CHECKOUT = str(Path(__file__).resolve().parent.parent)
 _TEST_DB = "test_mysqlq_" + hashlib.sha1(_CHECKOUT.encode()).hexdigest()[:8]
@@ -44,7 +45,7 @@ MYSQLQ = {
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
 }
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
@@ -52,7 +53,7 @@ LOGGING = {
 }
 
 
-def _tasks_framework():
+def _tasks_framework() -> str | None:
     """``django.tasks`` (Django 6), the ``django_tasks`` backport (Django 5.2), or None."""
     import importlib.util
 
