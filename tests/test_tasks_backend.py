@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import time
 
@@ -392,11 +393,56 @@ def test_per_task_and_per_backend_attempts(start_worker):
 
 @pytest.mark.worker
 def test_async_tasks_run(start_worker):
-    result = djtasks.async_echo.enqueue("as")
+    echo = djtasks.async_echo.enqueue("as")
+    with_context = djtasks.async_with_context.enqueue("ab", times=2)
     run_burst(start_worker)
+    echo.refresh()
+    with_context.refresh()
+    assert (echo.status, echo.return_value) == (SUCCESSFUL, "as")
+    assert with_context.return_value == {"attempt": 1, "id": with_context.id, "label": "abab"}
+    # The coroutine's sync_to_async ORM call ran on the worker's task thread (its own
+    # connection), not on a shared executor thread.
+    [attempt] = Attempt.objects.filter(message_id=int(echo.id))
+    [(label, _)] = ledger("as:")
+    assert attempt.thread and label == f"as:{attempt.thread}"
+
+
+@pytest.mark.worker
+def test_system_exit_and_nested_errors_fail_the_task_not_the_worker(start_worker):
+    exited = djtasks.exits.enqueue("ex")
+    nested = djtasks.nested_error.enqueue("ne")
+    after = djtasks.returns_nothing.enqueue("after")
+    run_burst(start_worker, "--concurrency", "1", "--batch", "1")
+    for result in (exited, nested, after):
+        result.refresh()
+    assert exited.status == FAILED and exited.finished_at is not None
+    [error] = exited.errors
+    assert error.exception_class is SystemExit
+    assert error.traceback.startswith("Traceback (most recent call last)")
+    assert error.traceback.endswith("SystemExit: ex called sys.exit\n")
+    [error] = nested.errors
+    assert error.exception_class is ValueError
+    assert "ValueError: ne inner" in error.traceback
+    # The same worker thread went on to the next task; None is a return value too.
+    assert after.status == SUCCESSFUL and after.return_value is None
+    assert after.started_at >= exited.finished_at
+
+
+@pytest.mark.worker
+def test_a_task_whose_worker_is_killed_runs_again_elsewhere(start_worker):
+    result = djtasks.sleepy.enqueue("kill", 3)
+    doomed = start_worker()
+    wait_for(lambda: Ledger.objects.filter(label="kill:start").exists(), message="kill start")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    run_burst(start_worker)  # recovers the claim of the dead worker, then runs it again
     result.refresh()
-    assert (result.status, result.return_value) == (SUCCESSFUL, "as")
-    assert Ledger.objects.filter(label="as").exists()
+    assert result.status == SUCCESSFUL and result.attempts == 2
+    first, second = result.worker_ids
+    assert first and second and first != second
+    [lost] = result.errors
+    assert lost.exception_class is WorkerLost
+    assert [label for label, _ in ledger("kill:")] == ["kill:start", "kill:start", "kill:end"]
 
 
 @pytest.mark.worker

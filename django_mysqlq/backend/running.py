@@ -10,9 +10,7 @@ normalized to JSON (one that isn't JSON fails the attempt, as on Django's backen
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import inspect
 import logging
 import traceback
 from typing import Any
@@ -97,12 +95,13 @@ class DjangoAttempt:
         alias = decoded.backend or self.task.backend
         task = results.as_enqueued(self.task, alias, message.queue, message.priority,
                                    decoded.run_after)
-        rows: list[Attempt]
-        try:
-            rows = [row for row in results.history(message.id)
-                    if row.attempt < message.attempt]
-        except DatabaseError:
-            rows = []  # history is for the context only: the attempt still runs
+        rows: list[Attempt] = []
+        if message.attempt > 1:  # a first attempt has no history: save the query
+            try:
+                rows = [row for row in results.history(message.id)
+                        if row.attempt < message.attempt]
+            except DatabaseError:
+                pass  # history is for the context only: the attempt still runs
         return TaskResult(
             task=task, id=str(message.id), status=TaskResultStatus.RUNNING,
             enqueued_at=message.enqueued_at,
@@ -118,12 +117,9 @@ class DjangoAttempt:
         broker.send_robust(task_started, sender, task_result=result)
         call_args = [TaskContext(task_result=result), *args] if result.task.takes_context \
             else args
-        func = result.task.func
-        if inspect.iscoroutinefunction(func):
-            value = asyncio.run(func(*call_args, **kwargs))
-        else:
-            value = func(*call_args, **kwargs)
-        return normalize_json(value)
+        # Task.call runs a coroutine through async_to_sync: its sync_to_async ORM calls
+        # come back to this worker thread and its connection, as in a sync task.
+        return normalize_json(result.task.call(*call_args, **kwargs))
 
     def finished(self, outcome: str, value: Any, error: BaseException | None) -> None:
         """Send ``task_finished`` with the state the recorded outcome left the task in.

@@ -6,6 +6,7 @@ Worker subprocesses import this module through MYSQLQ['TASK_MODULES'] (tests/set
 import asyncio
 import os
 import sys
+import threading
 import time
 
 from asgiref.sync import sync_to_async
@@ -79,11 +80,39 @@ def sleepy(label, seconds):
     Ledger.objects.create(label=f"{label}:end", pid=os.getpid())
 
 
+def _record_thread(label):
+    """Records which thread ran the ORM call (it should be the worker's task thread)."""
+    Ledger.objects.create(label=f"{label}:{threading.current_thread().name}", pid=os.getpid())
+
+
 @task
 async def async_echo(label):
     await asyncio.sleep(0)
-    await sync_to_async(Ledger.objects.create)(label=label, pid=os.getpid())
+    await sync_to_async(_record_thread)(label)
     return label
+
+
+@task(takes_context=True)
+async def async_with_context(context, label, *, times=1):
+    await asyncio.sleep(0)
+    return {"attempt": context.attempt, "id": context.task_result.id, "label": label * times}
+
+
+@task(max_attempts=1)
+def exits(label):
+    """sys.exit() in a task fails that task, not the worker that runs it."""
+    Ledger.objects.create(label=label, pid=os.getpid())
+    raise SystemExit(f"{label} called sys.exit")
+
+
+@task
+def returns_nothing(label):
+    Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@task(max_attempts=1)
+def nested_error(label):
+    raise ValueError(ValueError(f"{label} inner"))
 
 
 @task
