@@ -1,8 +1,8 @@
 """Finding the Django task a message names, without running code nobody vouched for.
 
 The rule ("only registered tasks run"): a message name ``django.tasks:<module>.<name>`` is
-run only when ``<module>.<name>`` is a Django ``Task`` whose backend is a
-``MySQLQueueBackend``, and whose own ``module_path`` is that path. To find it:
+run only when ``<module>.<name>`` is a Django ``Task`` whose own ``module_path`` is that
+path, bound to a ``MySQLQueueBackend`` alias. To find it:
 
 * a module is **imported only if it is a task module**: the ``tasks`` module of an
   installed app, or one listed in ``MYSQLQ['TASK_MODULES']`` (what a worker imports at
@@ -11,6 +11,10 @@ run only when ``<module>.<name>`` is a Django ``Task`` whose backend is a
 * attributes are read with ``inspect.getattr_static``, so no descriptor or module
   ``__getattr__`` runs during the look-up;
 * the object found is never called unless it passed every check above.
+
+Which backend runs it is the alias the message was enqueued with, so a task declared
+for another backend and sent here with ``.using(backend=...)`` runs too (see
+``queue_alias``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from django.apps import apps
 
 from ..conf import get_settings
 from ..exceptions import UnknownTask
-from .compat import InvalidTaskBackend, Task
+from .compat import InvalidTaskBackend, Task, task_backends
 
 
 def task_modules() -> frozenset[str]:
@@ -66,9 +70,7 @@ def find_object(module_path: str) -> object | None:
 
 
 def find_task(module_path: str) -> Task[..., Any]:
-    """The Django task at ``module_path`` if it may run on this queue; else UnknownTask."""
-    from .core import MySQLQueueBackend
-
+    """The Django task whose own path is ``module_path``; else ``UnknownTask``."""
     found = find_object(module_path)
     if not isinstance(found, Task):
         raise UnknownTask(
@@ -81,14 +83,28 @@ def find_task(module_path: str) -> Task[..., Any]:
             f"{module_path!r} is another name for the task {found.module_path!r}; only a "
             "task's own module path is run."
         )
+    return found
+
+
+def queue_alias(task: Task[..., Any], enqueued_with: str | None) -> str:
+    """The ``MySQLQueueBackend`` alias that runs ``task``: the one its message was
+    enqueued with, else (a message written without one) the task's own backend.
+
+    Raises ``UnknownTask`` when that alias is not a ``MySQLQueueBackend``: the task is
+    not meant to run from this queue.
+    """
+    from .core import MySQLQueueBackend
+
+    alias = enqueued_with if enqueued_with is not None else task.backend
     try:
-        backend = found.get_backend()
+        backend = task_backends[alias]
     except InvalidTaskBackend as exc:
-        raise UnknownTask(f"The task {module_path!r} has no usable backend: {exc}") from exc
+        raise UnknownTask(f"The task {task.module_path!r} names the backend {alias!r}, "
+                          f"which is not configured in TASKS: {exc}") from exc
     if not isinstance(backend, MySQLQueueBackend):
         raise UnknownTask(
-            f"The task {module_path!r} uses the backend {found.backend!r} "
+            f"The task {task.module_path!r} was enqueued for the backend {alias!r} "
             f"({type(backend).__name__}), not a MySQLQueueBackend: it is not run from this "
             "queue."
         )
-    return found
+    return alias

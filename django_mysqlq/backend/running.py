@@ -1,8 +1,9 @@
 """The worker's side: running a Django task's message like any other.
 
 ``resolve_task`` is the registry's resolver for ``django.tasks:`` names (see ``lookup``
-for which objects may run). The ``QueueTask`` it returns carries ``DjangoTaskHooks``, so
-the executor claims, retries, records and recovers the message exactly as for
+for which objects may run, and under which backend alias). The ``QueueTask`` it returns
+carries ``DjangoTaskHooks``, so the executor claims, retries, records and recovers the
+message exactly as for
 ``@queue_task``, while each attempt gets Django's part: a ``TaskContext`` with the real
 attempt number, the ``task_started`` / ``task_finished`` signals, and a return value
 normalized to JSON (one that isn't JSON fails the attempt, as on Django's backends).
@@ -34,7 +35,8 @@ from .compat import (
     task_started,
 )
 from .core import MySQLQueueBackend
-from .lookup import find_task
+from .lookup import find_task, queue_alias
+from .options import BackendOptions
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -42,9 +44,12 @@ logger = logging.getLogger("django_mysqlq")
 def resolve_task(name: str) -> QueueTask[Any, Any]:
     """The runnable task for a ``django.tasks:`` message name, or ``UnknownTask``."""
     task = find_task(wire.module_path_of(name))
+    # The message row holds the attempts, backoff and timeout it was enqueued with;
+    # these copies only describe the task to this queue's own signals.
     backend = task.get_backend()
-    assert isinstance(backend, MySQLQueueBackend)  # find_task checked it
-    max_attempts, retry_backoff, timeout = backend.queue_options.resolved(task)
+    options = backend.queue_options if isinstance(backend, MySQLQueueBackend) \
+        else BackendOptions()
+    max_attempts, retry_backoff, timeout = options.resolved(task)
     return QueueTask(func=task.func, name=name, queue=task.queue_name,
                      priority=int(task.priority), max_attempts=max_attempts,
                      retry_backoff=retry_backoff, timeout=timeout,
@@ -92,7 +97,7 @@ class DjangoAttempt:
         except PayloadDecodeError:
             decoded = wire.DecodedPayload(args=args, kwargs=kwargs, backend=None,
                                           run_after=None)
-        alias = decoded.backend or self.task.backend
+        alias = queue_alias(self.task, decoded.backend)  # raises UnknownTask: not ours
         task = results.as_enqueued(self.task, alias, message.queue, message.priority,
                                    decoded.run_after)
         rows: list[Attempt] = []
