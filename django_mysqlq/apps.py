@@ -8,3 +8,6 @@ class MySQLQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .backend import setup
+
+        setup.ready()  # lets workers run Django's @task functions (django.tasks: names)

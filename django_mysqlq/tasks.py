@@ -8,7 +8,7 @@ import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
@@ -17,6 +17,9 @@ from . import payload
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
+
+if TYPE_CHECKING:
+    from .broker import ClaimedMessage, Runner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -129,6 +132,24 @@ def _validate_dedup_key(key: object) -> str:
     return key
 
 
+class AttemptScope(Protocol):
+    """One attempt of a task that has :class:`TaskHooks`, as the worker runs it."""
+
+    def run(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Call the function; what it returns is the result stored in history."""
+
+    def finished(self, outcome: str, value: Any, error: BaseException | None) -> None:
+        """Called once the outcome is recorded (inside the exception handler on failure)."""
+
+
+class TaskHooks(Protocol):
+    """Lets a kind of task wrap its attempts (Django's ``@task``: context, signals, JSON)."""
+
+    def begin(self, message: ClaimedMessage, runner: Runner,
+              started_at: dt.datetime) -> AttemptScope:
+        """Start one attempt. Must not do I/O or raise: ``run()`` does the work."""
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueTask(Generic[P, R]):
     """A registered task. Call it to run inline; ``.enqueue()`` it to run on a worker."""
@@ -143,6 +164,8 @@ class QueueTask(Generic[P, R]):
     #: Run the body and its ack in one transaction on the queue's database.
     atomic: bool = False
     options: EnqueueOptions = EnqueueOptions()
+    #: Set for tasks found by a resolver (see ``TaskRegistry.add_resolver``).
+    hooks: TaskHooks | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -242,12 +265,25 @@ class QueueTask(Generic[P, R]):
         return await sync_to_async(self.enqueue_many)(calls)
 
 
+#: Finds the task for a name under its prefix, or raises :class:`UnknownTask`.
+TaskResolver = Callable[[str], QueueTask[Any, Any]]
+
+
 class TaskRegistry:
-    """Task name -> task. A worker runs only what is registered here."""
+    """Task name -> task. A worker runs only what is registered here, or what a resolver
+    added for a name prefix vouches for (Django's ``@task`` functions)."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, QueueTask[Any, Any]] = {}
+        self._resolvers: dict[str, TaskResolver] = {}
         self._lock = threading.Lock()
+
+    def add_resolver(self, prefix: str, resolver: TaskResolver) -> None:
+        """Let ``resolver`` answer for unregistered names starting with ``prefix``."""
+        if not prefix:
+            raise ValueError("A resolver needs a non-empty name prefix.")
+        with self._lock:
+            self._resolvers[prefix] = resolver
 
     def register(self, task: QueueTask[Any, Any]) -> None:
         with self._lock:
@@ -261,13 +297,16 @@ class TaskRegistry:
             self._tasks[task.name] = task
 
     def get(self, name: str) -> QueueTask[Any, Any]:
-        try:
-            return self._tasks[name]
-        except KeyError:
-            raise UnknownTask(
-                f"No task named {name!r} is registered in this worker. Check that its "
-                "module is an installed app's tasks.py or listed in MYSQLQ['TASK_MODULES']."
-            ) from None
+        task = self._tasks.get(name)
+        if task is not None:
+            return task
+        for prefix, resolver in list(self._resolvers.items()):
+            if name.startswith(prefix):
+                return resolver(name)
+        raise UnknownTask(
+            f"No task named {name!r} is registered in this worker. Check that its "
+            "module is an installed app's tasks.py or listed in MYSQLQ['TASK_MODULES']."
+        )
 
     def names(self) -> list[str]:
         return sorted(self._tasks)

@@ -3,6 +3,7 @@
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 _CHECKOUT = str(Path(__file__).resolve().parent.parent)
 _TEST_DB = "test_mysqlq_" + hashlib.sha1(_CHECKOUT.encode()).hexdigest()[:8]
@@ -10,6 +11,8 @@ _TEST_DB = "test_mysqlq_" + hashlib.sha1(_CHECKOUT.encode()).hexdigest()[:8]
 SECRET_KEY = "tests-only"
 USE_TZ = True
 DEBUG = False
+# Django 6's default; set so Django 5.2 (CI's second run) builds the same models.
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
@@ -42,9 +45,46 @@ MYSQLQ = {
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
 }
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
     "loggers": {"django_mysqlq": {"handlers": ["stderr"], "level": "INFO"}},
 }
+
+
+def _tasks_framework() -> str | None:
+    """``django.tasks`` (Django 6), the ``django_tasks`` backport (Django 5.2), or None."""
+    import importlib.util
+
+    for name in ("django.tasks", "django_tasks"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return None
+
+
+_framework = _tasks_framework()
+if _framework is not None:
+    # Django's Tasks framework on this queue: tests/test_tasks_backend.py.
+    if _framework == "django_tasks":
+        INSTALLED_APPS.append("django_tasks")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_mysqlq.backend.MySQLQueueBackend",
+            "QUEUES": ["default", "other"],
+            "OPTIONS": {"max_attempts": 3, "retry_backoff": 0.1},
+        },
+        "single": {
+            "BACKEND": "django_mysqlq.backend.MySQLQueueBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"max_attempts": 1},
+        },
+        "immediate": {
+            "BACKEND": f"{_framework}.backends.immediate.ImmediateBackend",
+        },
+    }
+    MYSQLQ["TASK_MODULES"] = ["tests.testapp.djtasks"]
+    # The frameworks log failed tasks with their traceback; show it in worker logs.
+    for _logger in ("django.tasks", "django_tasks"):
+        LOGGING["loggers"][_logger] = {"handlers": ["stderr"], "level": "WARNING",
+                                       "propagate": False}

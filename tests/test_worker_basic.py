@@ -160,6 +160,14 @@ def test_async_task_functions_run(start_worker):
     assert Ledger.objects.filter(label="from-async").exists()
 
 
+def test_async_tasks_use_their_task_thread_for_database_calls(start_worker):
+    """Not one thread and connection shared by every async task of the process."""
+    handles = tasks.async_records_its_db_thread.enqueue_many([["a1"], ["a2"], ["a3"]])
+    run_burst(start_worker, "--concurrency", "2")
+    threads = {Attempt.objects.get(message_id=h.id).result for h in handles}
+    assert threads and all(name.startswith("mysqlq-task-") for name in threads), threads
+
+
 def test_a_task_that_closes_the_connection_does_not_hurt_the_worker(start_worker):
     tasks.closes_connection.enqueue_many([["c1"], ["c2"], ["c3"]])
     tasks.record.enqueue("after")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import inspect
 import logging
@@ -12,6 +11,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import broker, payload
@@ -20,7 +20,7 @@ from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
 from ..models import Outcome
 from ..signals import task_finished, task_started
-from ..tasks import registry
+from ..tasks import AttemptScope, QueueTask, registry
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -76,7 +76,9 @@ def _close_open_transactions() -> list[str]:
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(func):
-        return asyncio.run(func(*args, **kwargs))
+        # async_to_sync, not asyncio.run: the task's sync_to_async database calls then run
+        # back on this task thread and its connection, not on one thread shared by all.
+        return async_to_sync(func)(*args, **kwargs)
     return func(*args, **kwargs)
 
 
@@ -144,44 +146,58 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
                _describe_message(message), give_up)
         return str(Outcome.FAILED)
 
+    # Hooks (Django's @task) wrap the call: context, their signals, a JSON return value.
+    scope = task.hooks.begin(message, runner, started_at) if task.hooks is not None else None
     broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
-    error: BaseException | None = None
     value: Any = None
     acked = False
     try:
         if task.atomic:
             value = _run_atomically(task.func, args, kwargs, message, runner, started_at)
             acked = True
+        elif scope is not None:
+            value = scope.run(args, kwargs)
         else:
             value = _call(task.func, args, kwargs)
     except ClaimLost:
         logger.warning("%s #%s was recovered by a peer while it ran; its transaction was "
                        "rolled back and it will run again.", message.task_name, message.id)
-        return _finished(task, message, str(Outcome.LOST), None)
+        return _finished(task, scope, message, str(Outcome.LOST), None, None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
-        error = exc
+        # Settled inside the handler, so task_finished receivers see the exception as
+        # sys.exc_info() (Django's own task logging prints the traceback from there).
+        _close_open_transactions()
+        broker.close_if_broken()
+        return _failed(task, scope, message, runner, exc, started_at, give_up)
     left_open = _close_open_transactions()
-    if left_open and error is None:
+    if left_open:
         # Its uncommitted writes (and an atomic task's ack) were just rolled back.
-        error = TransactionLeftOpen(
-            f"The task returned with a transaction still open on database(s) "
-            f"{', '.join(left_open)}; its uncommitted writes were rolled back. Leave every "
-            "transaction.atomic() block you enter and don't turn autocommit off."
-        )
-        acked = False
+        try:
+            raise TransactionLeftOpen(
+                f"The task returned with a transaction still open on database(s) "
+                f"{', '.join(left_open)}; its uncommitted writes were rolled back. Leave "
+                "every transaction.atomic() block you enter and don't turn autocommit off."
+            )
+        except TransactionLeftOpen as exc:
+            broker.close_if_broken()
+            return _failed(task, scope, message, runner, exc, started_at, give_up)
     broker.close_if_broken()  # the task may have broken or closed the connection
 
-    if error is None:
-        if not acked and acks is not None:
-            acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
-            acked = True
-        elif not acked:
-            result = AttemptResult(started_at=started_at, result=value)
-            acked = bool(settle(lambda: broker.ack(message, runner, result),
-                                _describe_message(message), give_up))
-        # Not acked: the message stays queued and runs again, so say so.
-        return _finished(task, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST), None)
+    if not acked and acks is not None:
+        acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
+        acked = True
+    elif not acked:
+        result = AttemptResult(started_at=started_at, result=value)
+        acked = bool(settle(lambda: broker.ack(message, runner, result),
+                            _describe_message(message), give_up))
+    # Not acked: the message stays queued and runs again, so say so.
+    return _finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
+                     None, value)
 
+
+def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
+            runner: Runner, error: BaseException, started_at: dt.datetime,
+            give_up: threading.Event) -> str:
     result = _describe(error, started_at)
     written = settle(lambda: broker.fail(message, runner, result),
                      _describe_message(message), give_up)
@@ -194,12 +210,14 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
                      message.task_name, message.id, message.attempt,
                      message.max_attempts, exc_info=error)
-    return _finished(task, message, written if written is not None else str(Outcome.LOST),
-                     error)
+    return _finished(task, scope, message,
+                     written if written is not None else str(Outcome.LOST), error, None)
 
 
-def _finished(task: Any, message: ClaimedMessage, outcome: str,
-              error: BaseException | None) -> str:
+def _finished(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
+              outcome: str, error: BaseException | None, value: Any) -> str:
     broker.send_robust(task_finished, task, message_id=message.id, attempt=message.attempt,
                        outcome=outcome, error=error)
+    if scope is not None:
+        scope.finished(outcome, value, error)
     return outcome

@@ -235,3 +235,17 @@ def atomic_leaves_inner_block_open(label: str) -> None:
 
     Ledger.objects.create(label=label, pid=os.getpid())
     transaction.atomic().__enter__()
+
+
+@queue_task
+async def async_records_its_db_thread(label: str) -> str:
+    """Which thread runs this async task's sync_to_async database call."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+
+    def write() -> str:
+        Ledger.objects.create(label=label, pid=os.getpid())
+        return threading.current_thread().name
+
+    return await sync_to_async(write)()

@@ -1,0 +1,171 @@
+"""``MySQLQueueBackend``: Django's Tasks framework on top of this queue.
+
+``task.enqueue()`` writes one queue message in the caller's transaction (through
+``broker.enqueue``, like ``@queue_task``); ``runqueueworker`` runs it with the same
+claims, recovery, retries and history; ``get_result()`` reads the message and its
+history back as a ``TaskResult``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.core.checks import CheckMessage
+from django.db import transaction
+
+from .. import broker
+from ..conf import get_settings
+from ..exceptions import ArgumentEncodingError
+from ..models import Message
+from ..tasks import NewMessage
+from . import checks, results, wire
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+from .options import VALIDATORS, BackendOptions, queue_problem, value_problem
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    _TaskBase: TypeAlias = Task[..., Any]
+else:
+    _TaskBase = Task
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MySQLQueueTask(_TaskBase):
+    """A Django task with this queue's per-task options.
+
+    ``@task(max_attempts=5, retry_backoff=10, timeout=60)`` (Django forwards extra
+    keyword arguments of ``@task`` to the backend's ``task_class``). ``None`` means 'the
+    backend's ``OPTIONS``, else ``MYSQLQ``'s default'.
+    """
+
+    max_attempts: int | None = None
+    retry_backoff: float | None = None
+    timeout: float | None = None
+
+
+class MySQLQueueBackend(BaseTaskBackend):
+    """``TASKS = {"default": {"BACKEND": "django_mysqlq.backend.MySQLQueueBackend", ...}}``."""
+
+    task_class = MySQLQueueTask
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.params = params
+        self.queue_options = BackendOptions.parse(params.get("OPTIONS", {}))
+
+    # ----------------------------------------------------------------- validation
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        super().validate_task(task)
+        problem = queue_problem(task.queue_name)
+        if problem:
+            raise InvalidTask(problem)
+        name = wire.message_name(task.module_path)
+        if len(name) > wire.NAME_MAX:
+            raise InvalidTask(
+                f"The task's message name {name!r} is longer than {wire.NAME_MAX} "
+                "characters: use a shorter module path or function name.")
+        for option in VALIDATORS:
+            problem = value_problem(option, getattr(task, option, None))
+            if problem:
+                raise InvalidTask(problem)
+
+    # ----------------------------------------------------------------- enqueue
+
+    def enqueue(self, task: Task[P, R], args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> TaskResult[P, R]:
+        """Write the message in the caller's transaction; ``task_enqueued`` follows the
+        commit."""
+        self.validate_task(task)
+        if self.queue_options.problems:
+            raise InvalidTaskBackend(
+                f"TASKS[{self.alias!r}]['OPTIONS'] is invalid: "
+                + " ".join(self.queue_options.problems))
+        name = wire.message_name(task.module_path)
+        call_args, call_kwargs = _normalized(name, args, kwargs)
+        conf = get_settings()
+        max_attempts, retry_backoff, timeout = self.queue_options.resolved(task)
+        message = NewMessage(
+            task_name=name,
+            queue=task.queue_name,
+            priority=int(task.priority),
+            payload=wire.encode(name, call_args, call_kwargs, self.alias, task.run_after,
+                                conf.MAX_PAYLOAD_BYTES),
+            run_at=task.run_after,
+            delay=0.0,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            timeout=timeout,
+            dedup_key=None,
+        )
+        [message_id] = broker.enqueue([message])
+        enqueued_at = (Message.objects.using(conf.DATABASE).filter(pk=message_id)
+                       .values_list("enqueued_at", flat=True).first())
+        result = TaskResult(
+            task=task, id=str(message_id), status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at, started_at=None, finished_at=None,
+            last_attempted_at=None, args=call_args, kwargs=call_kwargs, backend=self.alias,
+            errors=[], worker_ids=[],
+        )
+        transaction.on_commit(
+            functools.partial(broker.send_robust, task_enqueued, type(self), task_result=result),
+            using=conf.DATABASE)
+        return result
+
+    async def aenqueue(self, task: Task[P, R], args: Sequence[Any],
+                       kwargs: Mapping[str, Any]) -> TaskResult[P, R]:
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    # ----------------------------------------------------------------- results
+
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
+        """The task's state now; ``TaskResultDoesNotExist`` for ids this backend doesn't
+        know (never committed, another backend's, a ``@queue_task`` message, or purged)."""
+        return results.read_result(self.alias, result_id)
+
+    async def aget_result(self, result_id: str) -> TaskResult[..., Any]:
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    # ----------------------------------------------------------------- checks
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        return checks.check_backend(self)
+
+
+def _normalized(name: str, args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments as Django's ``TaskResult`` holds them (tuples as lists, bytes as
+    text); anything else that isn't JSON raises ``ArgumentEncodingError`` naming it."""
+    try:
+        normal_args, normal_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+    except (TypeError, ValueError) as exc:
+        from .. import payload as payload_codec
+
+        # Names the offending argument, as @queue_task does.
+        payload_codec.encode(name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES)
+        raise ArgumentEncodingError(
+            f"The arguments of task {name!r} can't be stored as JSON ({exc}).") from exc
+    assert isinstance(normal_args, list) and isinstance(normal_kwargs, dict)
+    return normal_args, normal_kwargs
