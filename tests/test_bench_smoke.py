@@ -1,0 +1,63 @@
+"""The benchmark harness runs end to end (``python -m bench.perf --quick``).
+
+Only that it works and reports a number for every workload: speeds are never asserted
+here (they live in the benchmark's own output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.perf.config import WORKLOADS
+
+pytestmark = pytest.mark.worker
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The figure each workload must report, as (metric).
+KEY_METRICS = {
+    "raw": "rows/s", "enqueue": "msgs/s", "burndown": "tasks/s", "latency": "p50",
+    "idle": "queries/s per worker", "backlog": "tasks/s", "contention": "rows/s",
+}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def test_quick_benchmark_reports_every_workload(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DJANGO_SETTINGS_MODULE"] = "bench.perf.settings"
+    env["MYSQLQ_BENCH_DB"] = "mysqlq_bench_smoke"  # never a full run's database
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.perf", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+
+    [json_path] = tmp_path.glob("perf-*.json")
+    run = json.loads(json_path.read_text())
+    assert run["error"] is None
+    assert run["mode"] == "quick"
+    assert run["workloads"] == list(WORKLOADS)
+    for section in ("machine", "versions", "server", "settings"):
+        assert run[section], section
+    assert set(KEY_METRICS) == set(WORKLOADS)
+    for workload, metric in KEY_METRICS.items():
+        figures = [r for r in run["results"]
+                   if r["workload"] == workload and r["metric"] == metric]
+        assert figures, f"no {metric} figure for {workload}"
+        for figure in figures:
+            assert _number(figure["median"]), figure
+            assert all(_number(value) for value in figure["values"]), figure
+    ratios = [r["ratio_to_raw"] for r in run["results"] if r["raw_ref"]]
+    assert ratios and all(_number(ratio) for ratio in ratios)
+    assert json_path.with_suffix(".md").read_text().count("| case |") == len(WORKLOADS)
