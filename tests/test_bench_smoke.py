@@ -1,7 +1,8 @@
-"""The benchmark harness runs end to end (``python -m bench.perf --quick``).
+"""The benchmark harness runs end to end (``python -m bench.perf --smoke``).
 
-Only that it works and reports a number for every workload: speeds are never asserted
-here (they live in the benchmark's own output).
+Only that it works and writes sane files: a number for every workload, the plots, the
+machine and settings. Speeds are never asserted here (they live in the benchmark's own
+output, measured on a quiet machine).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def _number(value: object) -> bool:
         and math.isfinite(value)
 
 
-def test_quick_benchmark_reports_every_workload(tmp_path: Path) -> None:
+def test_smoke_benchmark_reports_every_workload(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["DJANGO_SETTINGS_MODULE"] = "bench.perf.settings"
     env["MYSQLQ_BENCH_DB"] = "mysqlq_bench_smoke"  # never a full run's database
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.perf", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.perf", "--smoke", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -46,7 +47,7 @@ def test_quick_benchmark_reports_every_workload(tmp_path: Path) -> None:
     [json_path] = tmp_path.glob("perf-*.json")
     run = json.loads(json_path.read_text())
     assert run["error"] is None
-    assert run["mode"] == "quick"
+    assert run["mode"] == "smoke"
     assert run["workloads"] == list(WORKLOADS)
     for section in ("machine", "versions", "server", "settings"):
         assert run[section], section
@@ -60,4 +61,10 @@ def test_quick_benchmark_reports_every_workload(tmp_path: Path) -> None:
             assert all(_number(value) for value in figure["values"]), figure
     ratios = [r["ratio_to_raw"] for r in run["results"] if r["raw_ref"]]
     assert ratios and all(_number(ratio) for ratio in ratios)
-    assert json_path.with_suffix(".md").read_text().count("| case |") == len(WORKLOADS)
+    markdown = json_path.with_suffix(".md").read_text()
+    assert markdown.count("| case |") == len(WORKLOADS)
+    assert sorted(run["plots"]) == sorted(p.name for p in tmp_path.glob("perf-*.png"))
+    assert len(run["plots"]) == 2  # throughput by worker shape, latency percentiles
+    for plot in run["plots"]:
+        assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
+        assert f"]({plot})" in markdown

@@ -1,8 +1,10 @@
 """``python -m bench.perf``: run the benchmark, write JSON, a markdown table and plots.
 
-    python -m bench.perf                    # everything, 3 repeats (about 15 minutes)
-    python -m bench.perf --quick            # smoke run for CI (under 30 s)
+    python -m bench.perf                    # everything, 3 repeats (about 20 minutes)
+    python -m bench.perf --smoke            # tiny sizes, 1 repeat: CI's smoke run (seconds)
     python -m bench.perf --only raw,burndown --repeat 5 --out /tmp/bench
+    python -m bench.perf --only backlog --backlog-rows 200000 --history-rows 200000
+    python -m bench.perf --set latency_rates=(50,) --set latency_seconds=30
 
 The database is ``mysqlq_bench`` on 127.0.0.1:3306 (``MYSQLQ_BENCH_DB``, ``…_HOST``,
 ``…_PORT``, ``…_USER``, ``…_PASSWORD`` override); it is created and migrated, and its
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import FULL, QUICK, WORKLOADS
+from .config import FULL, SMOKE, WORKLOADS, Sizes, override
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results"
 
@@ -49,18 +51,41 @@ def _repeat(text: str) -> int:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes and 1 repeat (unless --repeat): a smoke run")
+    parser.add_argument("--smoke", "--quick", dest="smoke", action="store_true",
+                        help="tiny sizes and 1 repeat (unless --repeat): checks the harness "
+                             "works, measures nothing worth quoting")
     parser.add_argument("--only", type=_workloads, default=list(WORKLOADS),
                         metavar="WORKLOAD[,…]", help=f"run only these: {', '.join(WORKLOADS)}")
     parser.add_argument("--repeat", type=_repeat, default=None,
-                        help="repeats of each measurement (default 3, 1 with --quick)")
+                        help="repeats of each measurement (default 3, 1 with --smoke)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"directory for the results (default {DEFAULT_OUT})")
     parser.add_argument("--retries", type=int, default=0, metavar="N",
                         help="when the server restarts under a workload, wait for it and "
                              "measure that workload again, up to N times (default 0: stop)")
-    return parser.parse_args(argv)
+    parser.add_argument("--backlog-rows", type=_repeat, default=None, metavar="N",
+                        help="ready rows of the large backlog case (default 1,000,000)")
+    parser.add_argument("--history-rows", type=_repeat, default=None, metavar="N",
+                        help="finished history rows of the backlog case (default 1,000,000)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        dest="assignments",
+                        help="override any size of bench/perf/config.py:Sizes, e.g. "
+                             "--set latency_seconds=30 --set 'contention_claimers=(1,2,4,8)'")
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = _sizes(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    assignments = list(args.assignments)
+    if args.backlog_rows is not None:
+        assignments.append(f"backlog_large={args.backlog_rows}")
+    if args.history_rows is not None:
+        assignments.append(f"backlog_history={args.history_rows}")
+    return override(SMOKE if args.smoke else FULL, assignments)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import BenchError
 
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + ("-quick" if args.quick else "")
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + ("-smoke" if args.smoke else "")
     clock = time.monotonic()
-    repeat = args.repeat or (1 if args.quick else 3)
-    sizes = QUICK if args.quick else FULL
+    repeat = args.repeat or (1 if args.smoke else 3)
+    sizes = args.sizes
     log_dir = Path(tempfile.mkdtemp(prefix="mysqlq-bench-"))
     error: str | None = None
     timings: dict[str, float] = {}
@@ -89,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", verbosity=0, interactive=False)
         conn = db.connect()
         run = {
-            "run_id": run_id, "mode": "quick" if args.quick else "full",
+            "run_id": run_id, "mode": "smoke" if args.smoke else "full",
             "started_at": started_at, "command": " ".join(["python -m bench.perf",
                                                            *(argv or sys.argv[1:])]),
             "machine": environment.machine(), "versions": environment.versions(conn),
@@ -99,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                          "sizes": _plain(sizes)},
             "workloads": args.only,
         }
-        ctx = Context(sizes=sizes, repeat=repeat, quick=args.quick, log_dir=log_dir,
+        ctx = Context(sizes=sizes, repeat=repeat, smoke=args.smoke, log_dir=log_dir,
                       conn=conn)
         run["retried"] = []
         try:

@@ -1,4 +1,4 @@
-"""How big each workload is: the full run and the ``--quick`` smoke run."""
+"""How big each workload is: the full run, the ``--smoke`` run, and ``--set`` overrides."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "conten
 Shape = tuple[int, int]  # (threads per process, processes)
 #: How idle workers learn of new messages: parked in SQL and woken, or polling.
 MODES = ("wakeup", "poll")
+#: How the latency producer spaces its messages: evenly (the issue's fixed rate) or Poisson.
+ARRIVALS = ("fixed", "poisson")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +35,13 @@ class Sizes:
     latency_seconds: float = 10.0
     latency_warmup_seconds: float = 1.0
     latency_threads: int = 4
+    latency_arrivals: str = "fixed"
     # idle load
     idle_cases: tuple[tuple[int, str], ...] = ((1, "wakeup"), (4, "wakeup"), (4, "poll"))
     idle_threads: int = 4
     idle_seconds: float = 10.0
     idle_settle_seconds: float = 3.0
+    idle_baseline_seconds: float = 5.0  # other sessions' Questions/s, no worker running
     # backlog scaling
     backlog_small: int = 10_000
     backlog_large: int = 1_000_000
@@ -46,6 +50,9 @@ class Sizes:
     backlog_shape: Shape = (4, 1)
     backlog_batch: int = 100
     backlog_probe: int = 200  # raw 1-row claim cycles timed on each table state
+    #: Bounds that keep a run finite when the claim's cost grows with the backlog.
+    backlog_probe_seconds: float = 5.0
+    backlog_drain_seconds: float = 30.0
     # claim contention
     contention_claimers: tuple[int, ...] = (1, 2, 4, 8)
     contention_backlog: int = 20_000
@@ -56,15 +63,53 @@ class Sizes:
 
 FULL = Sizes()
 
-QUICK = Sizes(
+SMOKE = Sizes(
     raw_single_inserts=200, raw_multi_statements=3, raw_cycles_one=200, raw_cycle_rows=2_000,
     enqueue_single=200, enqueue_many=2_000,
     burndown=((1_000, ((4, 1), (4, 2)), (10, 100)),),
     latency_rates=(50,), latency_modes=("wakeup",), latency_seconds=1.5,
     latency_warmup_seconds=0.2,
     idle_cases=((1, "wakeup"),), idle_seconds=1.5, idle_settle_seconds=0.5,
+    idle_baseline_seconds=0.5,
     backlog_small=500, backlog_large=5_000, backlog_history=5_000, backlog_drain=300,
-    backlog_probe=50,
+    backlog_probe=50, backlog_drain_seconds=20.0,
     contention_claimers=(1, 2), contention_backlog=1_000,
     purge_wait_seconds=0.0,
 )
+
+
+def override(sizes: Sizes, assignments: list[str]) -> Sizes:
+    """``sizes`` with ``name=value`` assignments applied (``--set``), type-checked.
+
+    Numbers and strings take one value; tuples take Python literals, e.g.
+    ``latency_rates=(50,500)``. Unknown names and values of the wrong type are refused.
+    """
+    import ast
+
+    fields = {f.name: f for f in dataclasses.fields(Sizes)}
+    changes: dict[str, object] = {}
+    for text in assignments:
+        name, sep, raw = text.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"--set {text!r}: expected NAME=VALUE with NAME one of "
+                             f"{', '.join(fields)}")
+        current = getattr(sizes, name)
+        try:
+            value = raw.strip() if isinstance(current, str) else ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {text!r}: {raw!r} is not a Python literal") from None
+        if isinstance(current, float) and isinstance(value, int):
+            value = float(value)
+        if isinstance(current, tuple) and isinstance(value, list):
+            value = tuple(value)
+        if type(value) is not type(current):
+            raise ValueError(f"--set {text!r}: {name} takes a {type(current).__name__}, "
+                             f"like {current!r}")
+        changes[name] = value
+    result = dataclasses.replace(sizes, **changes)  # type: ignore[arg-type]
+    if result.latency_arrivals not in ARRIVALS:
+        raise ValueError(f"latency_arrivals must be one of {', '.join(ARRIVALS)}")
+    if not set(result.latency_modes) <= set(MODES):
+        raise ValueError(f"latency_modes must be among {', '.join(MODES)}")
+    return result

@@ -60,7 +60,7 @@ def harness_mode(mode: str) -> Iterator[None]:
 class Context:
     sizes: Sizes
     repeat: int
-    quick: bool
+    smoke: bool
     log_dir: Path
     conn: Any  # the harness's own MySQLdb connection
     results: Results = dataclasses.field(default_factory=Results)

@@ -10,13 +10,16 @@ from typing import Any
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
-    """Linear-interpolated percentile (like numpy's default) of a non-empty sequence."""
+    """Linear-interpolated percentile (like numpy's default); ``inf`` values (never seen)
+    sort last and make a percentile that reaches them ``inf``."""
     ordered = sorted(values)
     if not ordered:
         return math.nan
     rank = (len(ordered) - 1) * pct / 100
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
+    if rank == low or ordered[low] == ordered[high]:
+        return ordered[low]
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 

@@ -67,15 +67,21 @@ class WorkerProcess:
             f"stderr ({self.stderr_path}):\n{self.tail()}"
         )
 
-    def wait(self, timeout: float, check: Callable[[], None] | None = None) -> float:
-        """Wait for the exit; return the seconds it ran. Exit status must be 0."""
+    def wait(self, timeout: float, check: Callable[[], None] | None = None,
+             kill_late: bool = True) -> float:
+        """Wait for the exit; return the seconds it ran. Exit status must be 0.
+
+        Past ``timeout`` the worker is killed (unless ``kill_late`` is false) and the
+        wait fails.
+        """
         deadline = time.monotonic() + timeout
         next_check = time.monotonic() + CHECK_SECONDS
         while self.popen.poll() is None:
             now = time.monotonic()
             if now > deadline:
-                self.kill()
-                raise self._failure(f"did not finish within {timeout:.0f}s and was killed")
+                if kill_late:
+                    self.kill()
+                raise self._failure(f"did not finish within {timeout:.0f}s")
             if check is not None and now >= next_check:
                 try:
                     check()
@@ -89,6 +95,21 @@ class WorkerProcess:
         if self.popen.returncode != 0:
             raise self._failure(f"exited with status {self.popen.returncode}")
         return elapsed
+
+    def wait_or_stop(self, timeout: float, check: Callable[[], None] | None = None) -> bool:
+        """Wait up to ``timeout`` for the exit; past it, stop gracefully (SIGTERM).
+
+        Returns whether the worker finished on its own. For measurements that must stay
+        bounded even when the library is slow (a claim whose cost grows with the backlog).
+        """
+        try:
+            self.wait(timeout, check, kill_late=False)
+            return True
+        except BenchError:
+            if self.popen.poll() is not None:  # it exited badly, or the server went away
+                raise
+        self.stop()
+        return False
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (graceful drain), then wait; exit status must be 0."""

@@ -72,6 +72,7 @@ def run(ctx: Context) -> None:
     sizes = ctx.sizes
     for _ in range(ctx.repeat):
         _single_inserts(ctx, sizes.raw_single_inserts)
+        _single_inserts_txn(ctx, sizes.raw_single_inserts)
         _multi_inserts(ctx, sizes.raw_multi_statements)
         for case, claim, ack, history in CYCLES:
             rows = sizes.raw_cycles_one if claim == 1 else sizes.raw_cycle_rows
@@ -88,6 +89,27 @@ def _single_inserts(ctx: Context, count: int) -> None:
     elapsed = time.perf_counter() - started
     ctx.results.figure("raw", "insert_single", "rows/s", "rows/s",
                        note="autocommit, one row per statement").add(count / elapsed)
+
+
+def _single_inserts_txn(ctx: Context, count: int) -> None:
+    """One row per transaction, opened and closed as Django's ``atomic()`` does it."""
+    conn = ctx.conn
+    cur = conn.cursor()
+    cur.execute("TRUNCATE TABLE mysqlq_message")
+    sql = _INSERT_HEAD + _INSERT_ROW
+    started = time.perf_counter()
+    try:
+        for _ in range(count):
+            conn.autocommit(False)
+            cur.execute(sql, _ROW_PARAMS)
+            conn.commit()
+            conn.autocommit(True)
+    finally:
+        conn.autocommit(True)
+    elapsed = time.perf_counter() - started
+    ctx.results.figure("raw", "insert_single_txn", "rows/s", "rows/s",
+                       note="one row per transaction: autocommit off, INSERT, COMMIT, "
+                            "autocommit on").add(count / elapsed)
 
 
 def _multi_inserts(ctx: Context, statements: int) -> None:
@@ -126,8 +148,8 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
     elapsed = time.perf_counter() - started
     if moved != rows:
         raise BenchError(f"raw {case}: moved {moved} of {rows} rows")
-    note = (f"claim {claim}, read, then per {ack}: DELETE … RETURNING + history INSERT "
-            "in one transaction" if history else f"claim {claim}, read, DELETE by id list")
+    note = (f"claim {claim}, read, then per {min(ack, claim)}: DELETE … RETURNING + history "
+            "INSERT in one transaction" if history else f"claim {claim}, read, DELETE by id list")
     ctx.results.figure("raw", case, "rows/s", "rows/s", note=note).add(rows / elapsed)
 
 
