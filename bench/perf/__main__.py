@@ -189,7 +189,9 @@ def _run_workload(ctx: Any, name: str, retries: int, retried: list[dict[str, str
 def _plain(value: Any) -> Any:
     import dataclasses
 
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ class Sizes:
     raw_multi_statements: int = 50  # of 1,000 rows each
     raw_cycles_one: int = 3_000  # claim+read+delete of 1 row
     raw_cycle_rows: int = 30_000  # rows moved by the 10/100/500-row cycles
+    #: Longest one cycle case runs (a claim whose cost grows with the backlog is slow).
+    raw_cycle_seconds: float = 15.0
     # enqueue through the library
     enqueue_single: int = 5_000
     enqueue_many: int = 100_000
@@ -41,7 +43,7 @@ class Sizes:
     idle_threads: int = 4
     idle_seconds: float = 10.0
     idle_settle_seconds: float = 3.0
-    idle_baseline_seconds: float = 5.0  # other sessions' Questions/s, no worker running
+    idle_baseline_seconds: float = 3.0  # other sessions' Questions/s, no worker running
     # backlog scaling
     backlog_small: int = 10_000
     backlog_large: int = 1_000_000
@@ -57,6 +59,7 @@ class Sizes:
     contention_claimers: tuple[int, ...] = (1, 2, 4, 8)
     contention_backlog: int = 20_000
     contention_batch: int = 10
+    contention_seconds: float = 20.0  # claimers stop claiming after this long
     #: Longest wait for InnoDB purge to catch up before a burn-down (0: don't wait).
     purge_wait_seconds: float = 10.0
 
@@ -64,7 +67,7 @@ class Sizes:
 FULL = Sizes()
 
 SMOKE = Sizes(
-    raw_single_inserts=200, raw_multi_statements=3, raw_cycles_one=200, raw_cycle_rows=2_000,
+    raw_single_inserts=100, raw_multi_statements=2, raw_cycles_one=100, raw_cycle_rows=1_000,
     enqueue_single=200, enqueue_many=2_000,
     burndown=((1_000, ((4, 1), (4, 2)), (10, 100)),),
     latency_rates=(50,), latency_modes=("wakeup",), latency_seconds=1.5,

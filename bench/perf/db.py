@@ -22,7 +22,7 @@ _HISTORY_RE = re.compile(r"History list length (\d+)")
 
 
 def connect_args(database: bool = True) -> dict[str, Any]:
-    conf = settings.DATABASES["default"]
+    conf: dict[str, Any] = settings.DATABASES["default"]
     args: dict[str, Any] = {
         "host": conf["HOST"], "port": int(conf["PORT"]), "user": conf["USER"],
         "password": conf["PASSWORD"], "charset": "utf8mb4", "autocommit": True,

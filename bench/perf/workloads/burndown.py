@@ -7,7 +7,9 @@ left out; the wall time including start-up is kept in the details.
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from .. import db
 from ..benchapp.tasks import noop
@@ -49,7 +51,7 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
     left = ctx.message_count()
     if done != size or left:
         raise BenchError(f"burn-down {case}: {done} of {size} succeeded, {left} left")
-    details = {
+    details: dict[str, Any] = {
         "repeat": repeat, "prefill_s": round(prefill, 3), "wall_s": round(wall, 3),
         "drain_s": round(seconds, 3), "hll_before": hll_before, "hll_after": hll_after,
         "purge_wait_s": round(purge_wait, 1),
@@ -59,12 +61,21 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
         - deadlocks_before["Innodb_row_lock_waits"],
     }
     if processes == 1:
-        details["worker_summary"] = worker.stdout().strip()
+        details["worker_summary"] = _summary(worker.stdout())
     fig = ctx.results.figure("burndown", case, "tasks/s", "tasks/s",
                              raw_ref=f"raw/claim_ack_{batch}/rows/s")
     fig.add(size / seconds, **details)
     fig.note = _note(fig.details)
     ctx.log(f"burndown {case}: {size / seconds:,.0f} tasks/s (HLL {hll_before}->{hll_after})")
+
+
+def _summary(stdout: str) -> Any:
+    """The worker's ``--json-summary`` (its counters: deadlocks, lock waits...), or its text."""
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return stdout.strip()
 
 
 def _note(details: list[dict[str, object]]) -> str:

@@ -27,7 +27,7 @@ from ..errors import BenchError
 QUEUE = "contend"
 
 
-def _claimer(index: int, batch: int, go: Any, out: Any) -> None:
+def _claimer(index: int, batch: int, seconds: float, go: Any, out: Any) -> None:
     """Body of one forked claimer (the parent closed its connections before the fork)."""
     broker.stats.deadlocks = broker.stats.lock_waits = 0
     worker_id = f"bench:claimer:{os.getpid()}"
@@ -36,12 +36,16 @@ def _claimer(index: int, batch: int, go: Any, out: Any) -> None:
         broker.connection_identity()  # connect before the start signal
         out.put(("ready", index))
         go.wait()
-        started, moved = time.monotonic(), 0
+        started, moved, stopped = time.monotonic(), 0, False
         while messages := broker.claim([QUEUE], batch, worker_id, 60.0):
             now = broker.database_now()
             broker.ack_many([(m, runner, AttemptResult(started_at=now)) for m in messages])
             moved += len(messages)
+            if time.monotonic() - started > seconds:
+                stopped = True
+                break
         out.put(("done", {"started": started, "ended": time.monotonic(), "moved": moved,
+                          "stopped": stopped,
                           "deadlocks": broker.stats.deadlocks,
                           "lock_waits": broker.stats.lock_waits}))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the run
@@ -84,15 +88,16 @@ def measure(ctx: Context, claimers: int, repeat: int) -> None:
     connections.close_all()  # never share a connection with the forked children
     fork = multiprocessing.get_context("fork")
     go, out = fork.Event(), fork.Queue()
-    processes = [fork.Process(target=_claimer, args=(i, sizes.contention_batch, go, out),
-                              daemon=True) for i in range(claimers)]
+    args = (sizes.contention_batch, sizes.contention_seconds, go, out)
+    processes = [fork.Process(target=_claimer, args=(i, *args), daemon=True)
+                 for i in range(claimers)]
     for process in processes:
         process.start()
     try:
         _collect(out, "ready", claimers, 30)
         before = db.global_status(ctx.conn, "Innodb_deadlocks", "Innodb_row_lock_waits")
         go.set()
-        reports = _collect(out, "done", claimers, 60 + sizes.contention_backlog / 200)
+        reports = _collect(out, "done", claimers, 60 + sizes.contention_seconds)
     finally:
         for process in processes:
             process.join(timeout=10)
@@ -101,7 +106,8 @@ def measure(ctx: Context, claimers: int, repeat: int) -> None:
     after = db.global_status(ctx.conn, "Innodb_deadlocks", "Innodb_row_lock_waits")
     watch.check()
     moved = sum(r["moved"] for r in reports)
-    if moved != sizes.contention_backlog:
+    stopped = any(r["stopped"] for r in reports)
+    if moved != sizes.contention_backlog and not stopped:
         raise BenchError(f"contention: moved {moved} of {sizes.contention_backlog}")
     seconds = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
     case = f"{claimers} claimer{'s' if claimers > 1 else ''} b{sizes.contention_batch}"
@@ -114,11 +120,14 @@ def measure(ctx: Context, claimers: int, repeat: int) -> None:
     fig = ctx.results.figure("contention", case, "rows/s", "rows/s", raw_ref=raw_ref)
     fig.add(moved / seconds, repeat=repeat, innodb_row_lock_waits=waits,
             innodb_deadlocks=deadlocks, deadlocks_retried=retried_deadlocks,
-            lock_wait_timeouts_retried=retried_timeouts)
+            lock_wait_timeouts_retried=retried_timeouts, moved=moved, stopped_early=stopped)
     fig.note = (f"claim+ack_many over {sizes.contention_backlog:,} rows; deadlocks (server) "
                 f"{_total(fig.details, 'innodb_deadlocks')}, retried by the broker: deadlocks "
                 f"{_total(fig.details, 'deadlocks_retried')}, lock wait timeouts "
-                f"{_total(fig.details, 'lock_wait_timeouts_retried')} (sums of all repeats)")
+                f"{_total(fig.details, 'lock_wait_timeouts_retried')} (sums of all repeats)"
+                + (f"; STOPPED after {sizes.contention_seconds:.0f}s in "
+                   f"{_total(fig.details, 'stopped_early')} repeat(s)"
+                   if _total(fig.details, "stopped_early") else ""))
     ctx.results.figure("contention", case, "Innodb_row_lock_waits", "count",
                        note="server-wide delta (the server is shared)").add(waits)
     counters = {"row lock waits": waits, "deadlocks": deadlocks,

@@ -11,6 +11,7 @@ the commands they send whatever else the server is doing. Also timed: SIGTERM to
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from django.conf import settings
 
@@ -23,7 +24,7 @@ from ..workers import WorkerProcess, worker_args
 
 def run(ctx: Context) -> None:
     sizes = ctx.sizes
-    conf = settings.DATABASES["default"]
+    conf: dict[str, Any] = settings.DATABASES["default"]
     proxy = CountingProxy(conf["HOST"], int(conf["PORT"]))
     try:
         for repeat in range(ctx.repeat):

@@ -1,59 +1,34 @@
 """The floor: the queue's statements through plain ``MySQLdb``, without the library.
 
-The statements mirror ``django_mysqlq.broker`` (enqueue INSERT, CLAIM_SQL, the read by
-token, the ack's DELETE and history INSERT) on the real tables, one connection, no ORM,
-no Python-side bookkeeping. Every library figure is also reported as a ratio to the
+The statement texts are the broker's own (its enqueue INSERT, ``CLAIM_SQL``, the read by
+token, the ack's DELETE … RETURNING and history INSERT), imported, so the floor follows
+the library when a statement changes; they run on the real tables, one connection, no
+ORM, no Python-side bookkeeping. Every library figure is also reported as a ratio to the
 matching figure here, measured in the same run.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 from typing import Any
 
-from django_mysqlq.models import CLAIM_INDEX
+from django_mysqlq import broker
+from django_mysqlq.models import Outcome
 
 from ..context import DEFAULT_QUEUE, NOOP_PAYLOAD, NOOP_TASK, Context
 from ..errors import BenchError
 
-_INSERT_HEAD = (
-    "INSERT INTO mysqlq_message (queue, task_name, payload, priority, max_attempts, "
-    "retry_backoff, timeout, dedup_key, enqueued_at, run_at, status, attempts, last_error) "
-    "VALUES "
-)
-_INSERT_ROW = (
-    "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), "
-    "COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), "
-    "IF(COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND) > UTC_TIMESTAMP(6), "
-    "'scheduled', 'ready'), 0, '')"
-)
+_INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({broker._INSERT_COLUMNS}) VALUES "
+_INSERT_ROW = broker._INSERT_ROW
+#: queue, task, payload, priority, max_attempts, backoff, timeout, dedup, run_at/delay x2
 _ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None, None, None, 0, None, 0]
 
-CLAIM_SQL = f"""
-UPDATE mysqlq_message FORCE INDEX ({CLAIM_INDEX})
-   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
-       owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
-       lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-       attempts = attempts + 1
- WHERE queue = %s AND status = 'ready'
- ORDER BY priority DESC, id
- LIMIT %s
-"""
-READ_SQL = """
-SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
-       timeout, enqueued_at, owner_connection
-  FROM mysqlq_message WHERE claim_token = %s ORDER BY priority DESC, id
-"""
-_HISTORY_HEAD = (
-    "INSERT INTO mysqlq_attempt (message_id, queue, task_name, attempt, outcome, priority, "
-    "enqueued_at, started_at, finished_at, worker_id, host, pid, connection_id, thread, "
-    "error_class, error_message, traceback, result, payload) VALUES "
-)
-_HISTORY_ROW = (
-    "(%s, %s, %s, %s, 'succeeded', %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), %s, %s, %s, "
-    "%s, %s, '', '', '', NULL, %s)"
-)
+CLAIM_SQL = broker.CLAIM_SQL
+READ_SQL = broker.READ_CLAIMED_SQL
+_HISTORY_HEAD = broker._ATTEMPT_INSERT_HEAD
+_HISTORY_ROW = broker._ATTEMPT_ROW
 SERVER_START = 0
 WORKER_ID = "bench:raw"
 LEASE_MICROS = 30_000_000
@@ -134,7 +109,8 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
     ctx.fill_ready(rows)
     moved = 0
     started = time.perf_counter()
-    while True:
+    deadline = started + ctx.sizes.raw_cycle_seconds
+    while time.perf_counter() < deadline:
         token = uuid.uuid4().hex
         cur.execute(CLAIM_SQL, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE,
                                 claim])
@@ -146,11 +122,17 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
             _ack(cur, claimed[start:start + ack], token, history)
         moved += len(claimed)
     elapsed = time.perf_counter() - started
-    if moved != rows:
+    stopped = time.perf_counter() >= deadline and moved < rows
+    if moved != rows and not stopped:
         raise BenchError(f"raw {case}: moved {moved} of {rows} rows")
     note = (f"claim {claim}, read, then per {min(ack, claim)}: DELETE … RETURNING + history "
             "INSERT in one transaction" if history else f"claim {claim}, read, DELETE by id list")
-    ctx.results.figure("raw", case, "rows/s", "rows/s", note=note).add(rows / elapsed)
+    fig = ctx.results.figure("raw", case, "rows/s", "rows/s", note=note)
+    fig.add(moved / elapsed, rows=rows, moved=moved, stopped_early=stopped)
+    cut = sum(1 for d in fig.details if d["stopped_early"])
+    if cut:
+        fig.note = (f"{note}; STOPPED after {ctx.sizes.raw_cycle_seconds:.0f}s in {cut} "
+                    "repeat(s): rate from the rows moved")
 
 
 def _ack(cur: Any, rows: Any, token: str, history: bool) -> None:
@@ -163,9 +145,11 @@ def _ack(cur: Any, rows: Any, token: str, history: bool) -> None:
     cur.execute(f"DELETE FROM mysqlq_message WHERE id IN ({marks}) AND claim_token IN (%s) "
                 "RETURNING id", [*ids, token])
     cur.fetchall()
+    started_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     params: list[Any] = []
-    for row in rows:
-        params += [row[0], row[1], row[2], row[5], row[4], row[9], WORKER_ID, "bench", 1,
-                   row[10], "raw", row[3]]
+    for row in rows:  # the columns of broker._attempt_params, in its order
+        params += [row[0], row[1], row[2], row[5], Outcome.SUCCEEDED.value, row[4], row[9],
+                   started_at, WORKER_ID, "bench", 1, row[10], "raw", "", "", "", None,
+                   row[3]]
     cur.execute(_HISTORY_HEAD + ", ".join([_HISTORY_ROW] * len(rows)), params)
     cur.execute("COMMIT")
