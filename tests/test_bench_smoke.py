@@ -61,6 +61,14 @@ def test_smoke_benchmark_reports_every_workload(tmp_path: Path) -> None:
             assert all(_number(value) for value in figure["values"]), figure
     ratios = [r["ratio_to_raw"] for r in run["results"] if r["raw_ref"]]
     assert ratios and all(_number(ratio) for ratio in ratios)
+    by_key = {(r["workload"], r["case"], r["metric"]): r for r in run["results"]}
+    for (workload, case, metric), figure in by_key.items():
+        if workload == "latency" and metric == "p50":  # percentiles of one sample, in order
+            p95, p99 = (by_key[(workload, case, m)]["median"] for m in ("p95", "p99"))
+            assert figure["median"] <= p95 <= p99, case
+        if workload == "burndown":  # purge lag is visible
+            assert all(isinstance(d["hll_after"], int) for d in figure["details"]), case
+    assert run["settings"]["sizes"]["backlog_large"] > run["settings"]["sizes"]["backlog_small"]
     markdown = json_path.with_suffix(".md").read_text()
     assert markdown.count("| case |") == len(WORKLOADS)
     assert sorted(run["plots"]) == sorted(p.name for p in tmp_path.glob("perf-*.png"))

@@ -31,6 +31,7 @@ class Sizes:
         (20_000, ((1, 1), (4, 1), (8, 1), (4, 2), (8, 2)), (10, 100)),
         (100_000, ((8, 2),), (100,)),
     )
+    burndown_seconds: float = 90.0  # a burn still running is stopped (SIGTERM) and rated
     # pickup latency
     latency_rates: tuple[int, ...] = (50, 500)
     latency_modes: tuple[str, ...] = MODES

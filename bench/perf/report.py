@@ -63,7 +63,10 @@ def markdown(run: dict[str, Any]) -> str:
             f"`{k}={settings[k]}`" for k in _SETTING_KEYS if k in settings),
         f"- Repeats: {run['settings']['repeat']}; figures are medians, range is min-max; "
         "`vs raw` = median / median of the matching raw figure of this run.",
-        f"- Duration: {run['duration_s']:.0f} s",
+        f"- Duration: {run['duration_s']:.0f} s"
+        + "".join(f", {name} {sec:.0f} s" for name, sec in run.get("workload_seconds", {}).items()),
+        f"- Command: `{run.get('command', 'python -m bench.perf')}`; every size is in the JSON "
+        "(`settings.sizes`).",
     ]
     for retry in run.get("retried", []):
         lines.append(f"- Measured again after a server restart: {retry['workload']} "
