@@ -26,6 +26,13 @@ from .raw import CLAIM_SQL, LEASE_MICROS, READ_SQL, SERVER_START, WORKER_ID
 def run(ctx: Context) -> None:
     sizes = ctx.sizes
     small, large, history = sizes.backlog_small, sizes.backlog_large, sizes.backlog_history
+    per_repeat = sizes.backlog_drain + sizes.backlog_probe
+    if small < per_repeat or large < per_repeat * ctx.repeat:
+        raise BenchError(
+            f"backlog: each repeat takes up to {per_repeat:,} rows (backlog_drain + "
+            f"backlog_probe) and the large table is not refilled between repeats: give "
+            f"backlog_small >= {per_repeat:,} and --backlog-rows >= {per_repeat * ctx.repeat:,}"
+            ", or lower backlog_drain.")
     cases = (
         (f"ready {_k(small)}", 0, small, True),
         (f"ready {_k(large)}", 0, large, False),
