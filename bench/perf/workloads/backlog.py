@@ -84,7 +84,7 @@ def drain(ctx: Context, case: str, repeat: int, fill_s: float) -> None:
     cut = sum(1 for d in fig.details if d["stopped_early"])
     fig.note = (f"{threads}x{processes} b{sizes.backlog_batch}, first "
                 f"{sizes.backlog_drain:,} drained; pre-fill {fill_s:.1f}s"
-                + (f"; STOPPED after {sizes.backlog_drain_seconds:.0f}s in {cut} repeat(s): "
+                + (f"; STOPPED after {sizes.backlog_drain_seconds:g}s in {cut} repeat(s): "
                    "rate from what finished" if cut else ""))
     ctx.results.figure("backlog", case, "claim 1 row (raw)", "ms",
                        note=f"mean of up to {sizes.backlog_probe} raw claim+read+delete "

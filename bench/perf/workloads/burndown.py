@@ -74,7 +74,7 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
     fig.note = _note(fig.details)
     cut = sum(1 for d in fig.details if d["stopped_early"])
     if cut:
-        fig.note += (f"; STOPPED after {ctx.sizes.burndown_seconds:.0f}s in {cut} repeat(s): "
+        fig.note += (f"; STOPPED after {ctx.sizes.burndown_seconds:g}s in {cut} repeat(s): "
                      "rate from the tasks that finished")
     ctx.log(f"burndown {case}: {done / seconds:,.0f} tasks/s (HLL {hll_before}->{hll_after})"
             + ("" if finished else f" STOPPED after {done:,} of {size:,}"))

@@ -125,7 +125,7 @@ def measure(ctx: Context, claimers: int, repeat: int) -> None:
                 f"{_total(fig.details, 'innodb_deadlocks')}, retried by the broker: deadlocks "
                 f"{_total(fig.details, 'deadlocks_retried')}, lock wait timeouts "
                 f"{_total(fig.details, 'lock_wait_timeouts_retried')} (sums of all repeats)"
-                + (f"; STOPPED after {sizes.contention_seconds:.0f}s in "
+                + (f"; STOPPED after {sizes.contention_seconds:g}s in "
                    f"{_total(fig.details, 'stopped_early')} repeat(s)"
                    if _total(fig.details, "stopped_early") else ""))
     ctx.results.figure("contention", case, "Innodb_row_lock_waits", "count",

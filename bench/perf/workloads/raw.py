@@ -131,7 +131,7 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
     fig.add(moved / elapsed, rows=rows, moved=moved, stopped_early=stopped)
     cut = sum(1 for d in fig.details if d["stopped_early"])
     if cut:
-        fig.note = (f"{note}; STOPPED after {ctx.sizes.raw_cycle_seconds:.0f}s in {cut} "
+        fig.note = (f"{note}; STOPPED after {ctx.sizes.raw_cycle_seconds:g}s in {cut} "
                     "repeat(s): rate from the rows moved")
 
 
