@@ -1,6 +1,6 @@
 """``python -m bench.perf``: run the benchmark, write JSON, a markdown table and plots.
 
-    python -m bench.perf                    # everything, 3 repeats (about 20 minutes)
+    python -m bench.perf                    # everything, 3 repeats (about 15 minutes, 2 cores)
     python -m bench.perf --smoke            # tiny sizes, 1 repeat: CI's smoke run (seconds)
     python -m bench.perf --only raw,burndown --repeat 5 --out /tmp/bench
     python -m bench.perf --only backlog --backlog-rows 200000 --history-rows 200000
