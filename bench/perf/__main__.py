@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                  "restarted it. Run the benchmark again.")
     finally:
         workers.kill_all()
+        if run:
+            _empty_tables()
     if not run:  # failed before anything was measured
         print(f"bench: {error}", file=sys.stderr)
         return 2
@@ -184,6 +186,23 @@ def _run_workload(ctx: Any, name: str, retries: int, retried: list[dict[str, str
             db.wait_for_server()
             connections.close_all()
             ctx.conn = db.connect()
+
+
+def _empty_tables() -> None:
+    """Leave no million-row tables behind on a shared server (best effort)."""
+    import MySQLdb
+
+    from . import db
+    from .errors import BenchError
+
+    try:
+        conn = db.connect()
+        try:
+            db.truncate_queue(conn)
+        finally:
+            conn.close()
+    except (BenchError, OSError, MySQLdb.Error):
+        pass
 
 
 def _plain(value: Any) -> Any:
