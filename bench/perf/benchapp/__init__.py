@@ -1,0 +1,1 @@
+"""Tasks the benchmark enqueues: a no-op and a pickup-latency stamp."""

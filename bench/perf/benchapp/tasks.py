@@ -1,0 +1,45 @@
+"""The benchmark's tasks. ``stamp`` appends one line per run to a file of its process.
+
+One ``os.write`` on an ``O_APPEND`` descriptor per task: no database write that would
+compete with the queue's own statements, no buffer to lose when the worker exits, and
+lines from several threads never interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from django_mysqlq import queue_task
+
+#: Directory the stamp files go to; the harness sets it for the workers it starts.
+STAMP_DIR_ENV = "MYSQLQ_BENCH_STAMP_DIR"
+
+_fd: int | None = None
+_fd_pid = 0
+_lock = threading.Lock()
+
+
+def _stamp_fd() -> int:
+    global _fd, _fd_pid
+    pid = os.getpid()
+    with _lock:
+        if _fd is None or _fd_pid != pid:  # a forked child opens its own file
+            directory = os.environ.get(STAMP_DIR_ENV, ".")
+            _fd = os.open(os.path.join(directory, f"stamp-{pid}.log"),
+                          os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            _fd_pid = pid
+        return _fd
+
+
+@queue_task(max_attempts=1)
+def noop() -> None:
+    """Does nothing: a burn-down of these measures the queue alone."""
+
+
+@queue_task(max_attempts=1)
+def stamp(enqueued_ns: int, seq: int = -1) -> None:
+    """Record when this run started: ``seq enqueued_ns started_ns`` (wall clock, ns)."""
+    started_ns = time.time_ns()
+    os.write(_stamp_fd(), f"{seq} {enqueued_ns} {started_ns}\n".encode())
