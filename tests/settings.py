@@ -15,6 +15,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the live server of the browser test serves admin CSS
     # Above the admin, so its admin/index.html (the queue box) wins.
     "django_mysqlq",
     "django.contrib.admin",

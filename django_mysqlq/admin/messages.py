@@ -325,7 +325,8 @@ _stuck_now: contextvars.ContextVar[dict[int, broker.Stuck]] = contextvars.Contex
 
 @admin.register(StuckMessage)
 class StuckMessageAdmin(_EntryPoint):
-    list_display = [*MessageAdmin.list_display, "stuck_reason"]
+    list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label", "owner",
+                    "claimed_at"]
     list_filter = [QueueFilter, TaskFilter]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
