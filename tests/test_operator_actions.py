@@ -71,6 +71,7 @@ def test_cancel_deletes_and_keeps_the_payload_for_replay():
     assert not Message.objects.filter(pk=handle.id).exists()
     record = last_history(handle.id)
     assert record.outcome == "cancelled" and record.actor == "test:alice"
+    assert handle.state().status == "cancelled" and handle.state().is_finished
     assert json.loads(record.payload) == {"args": ["gone"], "kwargs": {"value": 7}}
 
 
