@@ -178,3 +178,20 @@ def test_dashboard_needs_view_permission():
 def test_dashboard_refresh_can_be_turned_off(root):
     page = root.get(DASHBOARD + "?refresh=0").content.decode()
     assert "http-equiv" not in page
+
+
+def test_the_unfiltered_history_list_never_counts_the_whole_table(root):
+    from django.test.utils import CaptureQueriesContext
+
+    succeed("a")
+    make_dead()
+
+    def counts(query: str) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            assert root.get(HISTORY + query).status_code == 200
+        return [q["sql"] for q in captured.captured_queries
+                if "COUNT(" in q["sql"] and "mysqlq_attempt" in q["sql"]]
+
+    assert counts("") == []
+    [filtered] = counts("?outcome__exact=failed")
+    assert "WHERE" in filtered
