@@ -7,10 +7,11 @@ On its own database ``mysqlq_bench_dashboard`` (``MYSQLQ_TEST_HOST`` etc. as for
 tests), created and migrated if needed, it fills the history table with ``--rows`` rows
 spread evenly over ``--days`` (four queues, twenty tasks, about 10 % failures) and the hot
 table with ``--messages`` unfinished ones (ready, scheduled, dead and a few stuck claims),
-ending now (about 20 s for a million rows on a 2-core machine). Then it loads the dashboard page
-``--loads`` times through Django's test client as a superuser and sums, per load, the time
-spent in every SQL statement (``connection.execute_wrapper``). It prints the median, p95
-and worst of that database time, with the statements of one load, and writes JSON to
+ending now (about 20 s for a million rows on a 2-core machine). Then it loads the
+dashboard, the history list and the history list filtered to failures ``--loads`` times
+each through Django's test client as a superuser and sums, per load, the time spent in
+every SQL statement (``connection.execute_wrapper``). It prints the median, p95 and worst
+of that database time, with the dashboard's statements, and writes JSON to
 ``bench/results/dashboard-<time>.json``.
 """
 
@@ -128,23 +129,27 @@ class Timer:
             self.statements.append((elapsed, " ".join(sql.split())[:110]))
 
 
-def measure(loads: int) -> dict[str, Any]:
+PAGES = {
+    "dashboard": "/admin/django_mysqlq/queuestate/?refresh=0",
+    "history list": "/admin/django_mysqlq/attempt/",
+    "history list, failed only": "/admin/django_mysqlq/attempt/?outcome__exact=failed",
+}
+
+
+def measure(url: str, loads: int) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.db import connection
     from django.test import Client
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
     account, _ = User.objects.get_or_create(username="bench", defaults={
         "is_staff": True, "is_superuser": True})
     client = Client()
     client.force_login(account)
-    client.get("/admin/django_mysqlq/queuestate/")  # warm caches and the connection
+    client.get(url)  # warm caches and the connection
     totals, timers = [], []
     for _ in range(loads):
         timer = Timer()
         with connection.execute_wrapper(timer):
-            response = client.get("/admin/django_mysqlq/queuestate/?refresh=0")
+            response = client.get(url)
         assert response.status_code == 200, response.status_code
         totals.append(timer.seconds * 1000)
         timers.append(timer)
@@ -162,16 +167,22 @@ def measure(loads: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     setup()
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()  # the test client's host, 'testserver', is then allowed
     fill(options.rows, options.days, options.messages)
-    result = {"rows": options.rows, "days": options.days, "messages": options.messages,
-              **measure(options.loads)}
-    print(f"dashboard page, {options.rows:,} history rows over {options.days:g} days, "
-          f"{options.messages:,} unfinished messages, {options.loads} loads:")
-    print(f"  database time per load: median {result['db_ms_median']} ms, "
-          f"p95 {result['db_ms_p95']} ms, worst {result['db_ms_max']} ms")
-    print("  statements of a typical load:")
-    for statement in result["statements"]:
-        print(f"    {statement['ms']:8.2f} ms  {statement['sql']}")
+    result: dict[str, Any] = {"rows": options.rows, "days": options.days,
+                              "messages": options.messages, "pages": {}}
+    print(f"{options.rows:,} history rows over {options.days:g} days, "
+          f"{options.messages:,} unfinished messages, {options.loads} loads per page:")
+    for name, url in PAGES.items():
+        page = measure(url, options.loads)
+        result["pages"][name] = page
+        print(f"  {name}: database time per load: median {page['db_ms_median']} ms, "
+              f"p95 {page['db_ms_p95']} ms, worst {page['db_ms_max']} ms")
+        if name == "dashboard":
+            for statement in page["statements"]:
+                print(f"    {statement['ms']:8.2f} ms  {statement['sql']}")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"dashboard-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))

@@ -112,6 +112,11 @@ def test_dashboard_filter_dead_requeue_one_see_it_ready(live_server, browser):
     assert Message.objects.get(pk=first).status == "ready"
     assert Attempt.objects.get(message_id=first, outcome="requeued").actor == "admin:operator"
 
+    ready_row.find_element(By.XPATH, "./ancestor::tr//th/a").click()  # the message's page
+    trace = browser.find_element(By.ID, "trace").text
+    assert "failed" in trace and "requeued" in trace and "admin:operator" in trace
+    browser.save_screenshot(str(SHOTS / "message.png"))
+
     browser.get(live_server.url + "/admin/django_mysqlq/stuckmessage/")
     assert "owner connection" in browser.find_element(By.ID, "result_list").text
     browser.save_screenshot(str(SHOTS / "stuck.png"))
