@@ -30,7 +30,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from .conf import get_settings
-from .models import CLAIM_INDEX, MessageStatus, Outcome
+from .models import ATTEMPT_OUTCOMES, CLAIM_INDEX, OPERABLE_STATUSES, MessageStatus, Outcome
 from .signals import message_enqueued, messages_recovered
 from .tasks import NewMessage
 
@@ -41,6 +41,7 @@ T = TypeVar("T")
 MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
+QUEUE_TABLE = "mysqlq_queue"
 #: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
 RECOVERY_LOCK_SQL = "SELECT GET_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()), 0)"
 RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))"
@@ -855,18 +856,24 @@ def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[in
         live = {int(row[0]) for row in cursor.fetchall()}
     lost = []
     for message_id, token, owner, owner_start, expired in rows:
-        if expired:
-            reason = "lease expired without a heartbeat"
-        elif liveness != "connection":
-            continue
-        elif owner_start is not None and owner_start < server_start - SERVER_START_SLACK:
-            reason = "claimed before the database server restarted"
-        elif owner is not None and int(owner) not in live:
-            reason = f"owner connection {owner} is gone"
-        else:
-            continue
-        lost.append((int(message_id), str(token), reason))
+        reason = _loss_reason(owner, owner_start, expired, live, liveness, server_start)
+        if reason is not None:
+            lost.append((int(message_id), str(token), reason))
     return lost
+
+
+def _loss_reason(owner: int | None, owner_start: int | None, expired: bool, live: set[int],
+                 liveness: str, server_start: int) -> str | None:
+    """Why a claim is lost (its owner can't be running it any more), or None if it is not."""
+    if expired:
+        return "lease expired without a heartbeat"
+    if liveness != "connection":
+        return None
+    if owner_start is not None and owner_start < server_start - SERVER_START_SLACK:
+        return "claimed before the database server restarted"
+    if owner is not None and int(owner) not in live:
+        return f"owner connection {owner} is gone"
+    return None
 
 
 _LEADER_ATTRIBUTE = "_django_mysqlq_recovery_leader"
@@ -1126,3 +1133,421 @@ def close_if_broken(alias: str | None = None) -> None:
         _connection(alias).close_if_unusable_or_obsolete()
     except DatabaseError:
         _connection(alias).close()
+
+
+# --------------------------------------------------------------------------- operators
+#
+# What the admin and the CLI do to messages. Every action locks the rows it may change
+# (``FOR UPDATE``, only in the statuses it allows: never ``claimed``), writes one history
+# row per message naming the operator, and changes the rows, in one transaction. A
+# message a worker claims meanwhile is simply not matched: actions never touch a message
+# a live worker runs.
+
+#: Ids per operator transaction: bounds lock time and statement size.
+OPERATOR_CHUNK = 500
+
+_OPERATOR_HISTORY_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload, actor)
+SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
+       UTC_TIMESTAMP(6), '', %s, %s, NULL, '', '', %s, '', NULL, IF(%s, payload, ''), %s
+  FROM {MESSAGE_TABLE}
+ WHERE id IN ({{ids}})
+"""
+_LOCK_OPERABLE_SQL = f"""
+SELECT id, queue FROM {MESSAGE_TABLE}
+ WHERE id IN ({{ids}}) AND status IN ({{statuses}})
+ ORDER BY id
+   FOR UPDATE
+"""
+REQUEUE_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', run_at = UTC_TIMESTAMP(6), attempts = IF(%s, 0, attempts)
+ WHERE id IN ({{ids}})
+"""
+CANCEL_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})"
+PRIORITY_SQL = f"UPDATE {MESSAGE_TABLE} SET priority = %s WHERE id IN ({{ids}})"
+
+#: Every claimed message with what an operator needs to judge it (walks mysqlq_msg_lease).
+STUCK_CANDIDATES_SQL = f"""
+SELECT id, claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired,
+       timeout IS NOT NULL
+         AND claimed_at + INTERVAL ROUND(timeout * 1000000) MICROSECOND
+             < UTC_TIMESTAMP(6) AS overran
+  FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
+ WHERE status = 'claimed'
+"""
+_LOCK_CLAIMED_SQL = f"""
+SELECT claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6)
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s AND status = 'claimed'
+   FOR UPDATE
+"""
+
+SET_PAUSED_SQL = f"""
+INSERT INTO {QUEUE_TABLE} (queue, paused, changed_at, changed_by)
+VALUES (%s, %s, UTC_TIMESTAMP(6), %s)
+ON DUPLICATE KEY UPDATE paused = VALUES(paused), changed_at = VALUES(changed_at),
+       changed_by = VALUES(changed_by)
+"""
+PAUSED_QUEUES_SQL = f"SELECT queue FROM {QUEUE_TABLE} WHERE paused = 1"
+
+REPLAY_SOURCE_SQL = f"""
+SELECT message_id, queue, task_name, priority, payload FROM {ATTEMPT_TABLE} WHERE id = %s
+"""
+
+#: Per queue and status: count, and the smallest id (the oldest ready message). Covered
+#: by the claim index, whose prefix is exactly (queue, status).
+OVERVIEW_SQL = f"""
+SELECT queue, status, COUNT(*), MIN(id)
+  FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+ GROUP BY queue, status
+"""
+ENQUEUED_AT_SQL = f"SELECT id, enqueued_at FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})"
+#: History of the last %s minutes, bucketed by minutes ago: a range of mysqlq_att_finished.
+HISTORY_WINDOW_SQL = f"""
+SELECT queue, task_name, outcome,
+       TIMESTAMPDIFF(MINUTE, finished_at, UTC_TIMESTAMP(6)) AS minutes_ago, COUNT(*)
+  FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_finished)
+ WHERE finished_at >= UTC_TIMESTAMP(6) - INTERVAL %s MINUTE
+ GROUP BY queue, task_name, outcome, minutes_ago
+"""
+WORKERS_ALIVE_SQL = f"""
+SELECT COUNT(*) FROM {WORKER_TABLE} FORCE INDEX (mysqlq_wrk_heartbeat)
+ WHERE last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND AND stopped_at IS NULL
+"""
+
+#: One retention batch: oldest first along mysqlq_att_finished, so each batch is short.
+PURGE_SQL = f"""
+DELETE FROM {ATTEMPT_TABLE} WHERE finished_at < %s ORDER BY finished_at LIMIT %s
+"""
+PURGE_COUNT_SQL = f"SELECT COUNT(*) FROM {ATTEMPT_TABLE} WHERE finished_at < %s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """Who asked for an operator action; written into the history row's ``actor``."""
+
+    name: str
+    host: str = ""
+    pid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A claimed message that looks stuck, and whether releasing it is safe."""
+
+    id: int
+    reason: str
+    #: False when its worker is alive (only overrunning): releasing would run it twice.
+    releasable: bool
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
+             change: Callable[[Any, list[int]], None], *, keep_payload: bool = False,
+             statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
+    """Lock the operable rows among ``ids``, record ``outcome`` for each, apply ``change``.
+
+    Returns the ids changed; the others were gone, running or in another status.
+    """
+    alias = _alias()
+    done: list[int] = []
+    queues: set[str] = set()
+    unique = sorted({int(i) for i in ids})
+    for start in range(0, len(unique), OPERATOR_CHUNK):
+        chunk = unique[start:start + OPERATOR_CHUNK]
+
+        def body(cursor: Any, chunk: list[int] = chunk) -> list[tuple[int, str]]:
+            cursor.execute(
+                _LOCK_OPERABLE_SQL.format(ids=_placeholders(len(chunk)),
+                                          statuses=_placeholders(len(statuses))),
+                [*chunk, *statuses],
+            )
+            locked = [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+            if not locked:
+                return []
+            locked_ids = [message_id for message_id, _ in locked]
+            cursor.execute(
+                _OPERATOR_HISTORY_SQL.format(ids=_placeholders(len(locked_ids))),
+                [outcome, operator.host[:255], operator.pid, note, keep_payload,
+                 operator.name[:200], *locked_ids],
+            )
+            change(cursor, locked_ids)
+            return locked
+
+        for message_id, queue in _in_transaction(alias, body):
+            done.append(message_id)
+            queues.add(queue)
+    if queues and outcome == Outcome.REQUEUED:
+        try:
+            wake(sorted(queues), alias)
+        except DatabaseError as exc:
+            logger.warning("Could not wake idle workers after a requeue (%s).", exc)
+    return done
+
+
+def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = False,
+            statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
+    """Make ready, scheduled or dead messages ready now; return the ids requeued.
+
+    Without ``reset_attempts`` a dead message gets one more attempt; with it, a full set.
+    ``statuses`` narrows which messages qualify (``("dead",)`` to retry dead ones only).
+    """
+    if not set(statuses) <= set(OPERABLE_STATUSES):
+        raise ValueError(f"Only ready, scheduled or dead messages can be requeued, not "
+                         f"{sorted(set(statuses) - set(OPERABLE_STATUSES))}.")
+    note = "requeued" + (" with attempts reset" if reset_attempts else "")
+
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(REQUEUE_SQL.format(ids=_placeholders(len(locked))),
+                       [reset_attempts, *locked])
+
+    return _operate(ids, operator, Outcome.REQUEUED, note, change, statuses=statuses)
+
+
+def cancel(ids: Sequence[int], operator: Operator) -> list[int]:
+    """Delete ready, scheduled or dead messages, keeping their payload in history."""
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(CANCEL_SQL.format(ids=_placeholders(len(locked))), locked)
+
+    return _operate(ids, operator, Outcome.CANCELLED, "cancelled", change, keep_payload=True)
+
+
+def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[int]:
+    """Change the priority of ready, scheduled or dead messages (history keeps the old one)."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValueError(f"priority must be an integer from -100 to 100, not {priority!r}.")
+
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(PRIORITY_SQL.format(ids=_placeholders(len(locked))), [priority, *locked])
+
+    return _operate(ids, operator, Outcome.PRIORITY, f"priority set to {priority}", change)
+
+
+def _live_connections(cursor: Any, liveness: str) -> set[int]:
+    if liveness != "connection":
+        return set()
+    cursor.execute(LIVE_CONNECTIONS_SQL)
+    return {int(row[0]) for row in cursor.fetchall()}
+
+
+def stuck_messages(liveness: str | None = None) -> list[Stuck]:
+    """Claimed messages whose owner is gone, whose lease ran out, or past their timeout."""
+    liveness = liveness or get_settings().LIVENESS
+    _, server_start = connection_identity()
+    with _connection().cursor() as cursor:
+        cursor.execute(STUCK_CANDIDATES_SQL)
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        live = _live_connections(cursor, liveness)
+    stuck = []
+    for message_id, _token, owner, owner_start, expired, overran in rows:
+        reason = _loss_reason(owner, owner_start, bool(expired), live, liveness, server_start)
+        if reason is not None:
+            stuck.append(Stuck(int(message_id), reason, True))
+        elif overran:
+            stuck.append(Stuck(int(message_id), "running past its timeout (worker alive)",
+                               False))
+    return stuck
+
+
+def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
+    """Give stuck claims back to the queue; return ``{id: reason}`` of those released.
+
+    A claim is released only if recovery would take it too (owner connection gone, server
+    restarted, or lease expired), judged again under the row lock. A message whose worker
+    is alive is refused even if it overran: the worker is still running it.
+    """
+    alias = _alias()
+    liveness = get_settings().LIVENESS
+    _require_autocommit(alias, "release_stuck()")
+    _, server_start = connection_identity(alias)
+    released: dict[int, str] = {}
+    for message_id in sorted({int(i) for i in ids}):
+        def body(cursor: Any, message_id: int = message_id) -> str | None:
+            cursor.execute(_LOCK_CLAIMED_SQL, [message_id])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            token, owner, owner_start, expired = row
+            live = _live_connections(cursor, liveness)
+            reason = _loss_reason(owner, owner_start, bool(expired), live, liveness,
+                                  server_start)
+            if reason is None:
+                return None
+            cursor.execute(f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
+                           "WHERE id = %s", [message_id])
+            out_of_attempts = bool(cursor.fetchone()[0])
+            outcome = Outcome.FAILED if out_of_attempts else Outcome.RELEASED
+            note = f"claim released by an operator: {reason}"
+            cursor.execute(_OPERATOR_HISTORY_SQL.format(ids="%s"),
+                           [outcome, operator.host[:255], operator.pid, note, out_of_attempts,
+                            operator.name[:200], message_id])
+            cursor.execute(RECOVER_SQL, [f"WorkerLost: {reason}", message_id, token])
+            return reason
+
+        reason = _in_transaction(alias, body)
+        if reason is not None:
+            released[message_id] = reason
+    return released
+
+
+def replay(attempt_id: int, operator: Operator) -> int:
+    """Enqueue a copy of the message a history row finished; return the new message's id.
+
+    Only final rows keep the payload (succeeded, failed, cancelled). Attempts and backoff
+    come from the task's current definition when this process knows the task, else from
+    the settings' defaults.
+    """
+    from .exceptions import UnknownTask
+    from .tasks import registry
+
+    alias = _alias()
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(REPLAY_SOURCE_SQL, [attempt_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"History row {attempt_id} does not exist (purged?).")
+    message_id, queue, task_name, priority, payload = row
+    if not payload:
+        raise ValueError(
+            f"History row {attempt_id} keeps no arguments: only the final row of a message "
+            "(succeeded, failed or cancelled) can be replayed; pick that one.")
+    conf = get_settings()
+    try:
+        task = registry.get(task_name)
+        max_attempts, backoff, timeout = task.max_attempts, task.retry_backoff, task.timeout
+    except UnknownTask:
+        max_attempts, backoff, timeout = conf.MAX_ATTEMPTS, conf.RETRY_BACKOFF, None
+    message = NewMessage(task_name=task_name, queue=queue, priority=int(priority),
+                         payload=payload, run_at=None, delay=0.0, max_attempts=max_attempts,
+                         retry_backoff=backoff, timeout=timeout, dedup_key=None)
+    with transaction.atomic(using=alias):
+        [new_id] = enqueue([message])
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(
+                _OPERATOR_HISTORY_SQL.format(ids="%s"),
+                [Outcome.REPLAYED, operator.host[:255], operator.pid,
+                 f"replay of history row {attempt_id} (message #{message_id})", False,
+                 operator.name[:200], new_id])
+    return new_id
+
+
+def set_paused(queue: str, paused: bool, operator: Operator) -> None:
+    """Pause or resume a queue: workers re-read the paused set about every second."""
+    with _connection().cursor() as cursor:
+        cursor.execute(SET_PAUSED_SQL, [queue, paused, operator.name[:200]])
+    if not paused:
+        try:
+            wake([queue])
+        except DatabaseError as exc:
+            logger.warning("Could not wake idle workers after resuming %s (%s).", queue, exc)
+
+
+def paused_queues(alias: str | None = None) -> set[str]:
+    """Names of the queues an operator paused."""
+    with _connection(alias).cursor() as cursor:
+        cursor.execute(PAUSED_QUEUES_SQL)
+        return {str(row[0]) for row in cursor.fetchall()}
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueOverview:
+    """Unfinished messages of a queue by status, and when its oldest ready one was queued."""
+
+    counts: dict[str, int]
+    oldest_ready_at: dt.datetime | None
+
+
+def queue_overview() -> dict[str, QueueOverview]:
+    """Per queue: counts by status and the enqueue time of the oldest ready message."""
+    with _connection().cursor() as cursor:
+        cursor.execute(OVERVIEW_SQL)
+        rows = cursor.fetchall()
+        oldest_ids = {int(row[3]): str(row[0]) for row in rows
+                      if row[1] == MessageStatus.READY}
+        oldest: dict[str, dt.datetime] = {}
+        if oldest_ids:
+            cursor.execute(ENQUEUED_AT_SQL.format(ids=_placeholders(len(oldest_ids))),
+                           list(oldest_ids))
+            for message_id, enqueued_at in cursor.fetchall():
+                if timezone.is_naive(enqueued_at):
+                    enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
+                oldest[oldest_ids[int(message_id)]] = enqueued_at
+    counts: dict[str, dict[str, int]] = {}
+    for queue, status, count, _ in rows:
+        counts.setdefault(str(queue), {})[str(status)] = int(count)
+    return {queue: QueueOverview(by_status, oldest.get(queue))
+            for queue, by_status in counts.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryBucket:
+    """History rows of one queue, task and outcome that finished ``minutes_ago`` minutes ago."""
+
+    queue: str
+    task_name: str
+    outcome: str
+    minutes_ago: int
+    count: int
+
+
+def history_window(minutes: int = 60) -> list[HistoryBucket]:
+    """Attempts finished in the last ``minutes``, counted per queue, task, outcome, minute."""
+    with _connection().cursor() as cursor:
+        cursor.execute(HISTORY_WINDOW_SQL, [int(minutes)])
+        return [HistoryBucket(str(q), str(t), str(o), int(m), int(c))
+                for q, t, o, m, c in cursor.fetchall() if o in ATTEMPT_OUTCOMES]
+
+
+def workers_alive() -> int:
+    """Workers that sent a heartbeat within a lease and have not stopped."""
+    with _connection().cursor() as cursor:
+        cursor.execute(WORKERS_ALIVE_SQL, [_micros(get_settings().LEASE_SECONDS)])
+        return int(cursor.fetchone()[0])
+
+
+ESTIMATED_ROWS_SQL = """
+SELECT TABLE_ROWS FROM information_schema.TABLES
+ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s
+"""
+
+
+def estimated_history_rows() -> int:
+    """The server's estimate of the history's size: free, where COUNT(*) reads it all."""
+    with _connection().cursor() as cursor:
+        cursor.execute(ESTIMATED_ROWS_SQL, [ATTEMPT_TABLE])
+        row = cursor.fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def count_history_before(before: dt.datetime) -> int:
+    """History rows that finished before ``before`` (what a purge would delete)."""
+    with _connection().cursor() as cursor:
+        cursor.execute(PURGE_COUNT_SQL, [_naive_utc(before)])
+        return int(cursor.fetchone()[0])
+
+
+def purge_history_batch(before: dt.datetime, limit: int) -> int:
+    """Delete at most ``limit`` history rows finished before ``before``; return how many.
+
+    Autocommit, oldest first: each batch holds its row locks only for its own statement.
+    """
+    alias = _alias()
+    _require_autocommit(alias, "purge_history_batch()")
+
+    def run() -> int:
+        with _connection(alias).cursor() as cursor:
+            cursor.execute(PURGE_SQL, [_naive_utc(before), int(limit)])
+            return int(cursor.rowcount)
+
+    return _with_lock_retry(alias, run)

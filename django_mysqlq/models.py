@@ -6,6 +6,7 @@
 * :class:`Attempt` is the history: one row per attempt (and per operator
   action), the trace the admin shows and the input of analytics.
 * :class:`Worker` is one row per live worker process, renewed by heartbeats.
+* :class:`QueueState` holds what an operator set on a queue (paused or not).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading.
@@ -40,6 +41,17 @@ class Outcome(models.TextChoices):
     #: The worker running it vanished; the message went back to the queue.
     LOST = "lost", "Lost (worker died)"
     CANCELLED = "cancelled", "Cancelled"
+    # Operator actions: rows written by the admin or the CLI, with ``actor`` set.
+    REQUEUED = "requeued", "Requeued by an operator"
+    RELEASED = "released", "Stuck claim released by an operator"
+    PRIORITY = "priority", "Priority changed by an operator"
+    REPLAYED = "replayed", "Replayed (a copy enqueued) by an operator"
+
+
+#: Outcomes that record an attempt run by a worker (the rest are operator actions).
+ATTEMPT_OUTCOMES = (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.FAILED, Outcome.LOST)
+#: Statuses an operator may requeue, cancel or re-prioritise: never a running message.
+OPERABLE_STATUSES = (MessageStatus.READY, MessageStatus.SCHEDULED, MessageStatus.DEAD)
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
@@ -57,6 +69,12 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def in_queue(self, queue: str) -> MessageQuerySet:
         return self.filter(queue=queue)
+
+    def stuck(self) -> MessageQuerySet:
+        """Claimed messages whose owner is gone, whose lease ran out, or that overran."""
+        from .broker import stuck_messages  # the broker imports this module
+
+        return self.filter(pk__in=[stuck.id for stuck in stuck_messages()])
 
 
 class Message(models.Model):
@@ -108,7 +126,14 @@ class Message(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="mysqlq_msg_lease"),
             models.Index(fields=["worker_id"], name="mysqlq_msg_worker"),
         ]
-        permissions = [("requeue_message", "Can requeue a message")]
+        permissions = [
+            ("requeue_message", "Can requeue a message or retry a dead one"),
+            ("cancel_message", "Can cancel a ready, scheduled or dead message"),
+            ("change_priority", "Can change the priority of a waiting message"),
+            ("release_message", "Can release the claim of a stuck message"),
+            ("replay_attempt", "Can replay a finished message from history"),
+            ("pause_queue", "Can pause and resume a queue"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_name} #{self.pk} ({self.status})"
@@ -159,6 +184,9 @@ class Attempt(models.Model):
     result = models.JSONField(null=True, blank=True)
     #: The message's payload, kept on final rows so a finished message can be replayed.
     payload = models.TextField(blank=True, default="")
+    #: Who did it, for operator actions ("admin:alice", "cli:root"); empty for attempts.
+    #: A database default too: the broker's raw INSERTs (and older workers) omit it.
+    actor = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     objects = AttemptQuerySet.as_manager()
 
@@ -166,7 +194,10 @@ class Attempt(models.Model):
         db_table = "mysqlq_attempt"
         indexes = [
             models.Index(fields=["message_id", "id"], name="mysqlq_att_message"),
-            models.Index(fields=["finished_at"], name="mysqlq_att_finished"),
+            # Covers the dashboard's window query (no row lookups however busy the last
+            # hour was); its prefix serves retention and date filters.
+            models.Index(fields=["finished_at", "queue", "outcome", "task_name"],
+                         name="mysqlq_att_finished"),
             models.Index(fields=["outcome", "finished_at"], name="mysqlq_att_outcome"),
             models.Index(fields=["task_name", "finished_at"], name="mysqlq_att_task"),
             models.Index(fields=["queue", "finished_at"], name="mysqlq_att_queue"),
@@ -206,3 +237,41 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class QueueState(models.Model):
+    """A queue an operator paused (or resumed): workers skip paused queues when claiming.
+
+    Only queues an operator touched have a row; every other queue is running.
+    """
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField()
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "mysqlq_queue"
+        verbose_name = "queue"
+        verbose_name_plural = "queues (dashboard)"
+
+    def __str__(self) -> str:
+        return f"{self.queue} ({'paused' if self.paused else 'running'})"
+
+
+class StuckMessage(Message):
+    """Admin entry point: claimed messages whose owner is gone, lease-expired or overrunning."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "stuck message"
+        verbose_name_plural = "stuck messages"
+
+
+class DeadMessage(Message):
+    """Admin entry point: messages out of attempts, kept with their last error."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead message"
+        verbose_name_plural = "dead messages"

@@ -66,6 +66,8 @@ ERROR_BACKOFF = (0.2, 5.0)
 IDLE_BACKOFF_START = 0.02
 #: First park of an idle worker in SQL; doubles up to ``MYSQLQ['HEARTBEAT_SECONDS']``.
 PARK_START = 0.025
+#: Seconds between two reads of the paused queues: how soon a pause or resume takes effect.
+PAUSE_CHECK_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -77,6 +79,7 @@ class Due:
     stale_check: float
     promote: float
     summary: float
+    paused_check: float
 
     @classmethod
     def starting_now(cls, settings: QueueSettings) -> Due:
@@ -84,7 +87,7 @@ class Due:
         summary = now + settings.SUMMARY_SECONDS if settings.SUMMARY_SECONDS else float("inf")
         # Sweep at once: a restarted worker frees its previous life's claims.
         return cls(beat=now + settings.HEARTBEAT_SECONDS, recovery=now, stale_check=now,
-                   promote=now, summary=summary)
+                   promote=now, summary=summary, paused_check=now)
 
 
 class Worker:
@@ -114,6 +117,8 @@ class Worker:
         #: check covers the claim, so an idle worker costs one query per park.
         self._nothing_ready = False
         self._reconnected = False
+        #: The worker's queues minus those an operator paused, re-read every second.
+        self._active: list[str] = list(options.queues)
         batch = self.settings.ACK_BATCH_SIZE
         self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
             if batch > 1 else None
@@ -258,6 +263,9 @@ class Worker:
             if leader and now >= due.stale_check:
                 broker.mark_stale_workers()
                 due.stale_check = now + conf.LEASE_SECONDS
+        if now >= due.paused_check:
+            self._refresh_paused()
+            due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
             broker.promote_due()
             due.promote = now + conf.POLL_SECONDS
@@ -266,13 +274,23 @@ class Worker:
             logger.info("Worker %s: %s", self.id, self.stats.summary())
             due.summary = now + conf.SUMMARY_SECONDS
 
+    def _refresh_paused(self) -> None:
+        paused = broker.paused_queues()
+        active = [queue for queue in self.options.queues if queue not in paused]
+        if active != self._active:
+            logger.info("Worker %s: claiming from %s%s.", self.id, ",".join(active) or "nothing",
+                        f" (paused: {','.join(sorted(paused & set(self.options.queues)))})"
+                        if paused & set(self.options.queues) else "")
+            self._active = active
+
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
         with self._lock:
             busy = self._in_flight > 0
-        until_upkeep = max(0.0, min(due.beat, due.recovery) - time.monotonic())
-        if busy or not conf.WAKEUP:
+        until_upkeep = max(0.0, min(due.beat, due.recovery, due.paused_check)
+                           - time.monotonic())
+        if busy or not conf.WAKEUP or not self._active:
             # Tasks finishing set the event; otherwise poll with a growing pause.
             self._wakeup.wait(min(self._poll, until_upkeep))
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
@@ -281,7 +299,7 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
-        result = broker.idle_wait(self.options.queues, min(self._park, until_upkeep))
+        result = broker.idle_wait(self._active, min(self._park, until_upkeep))
         # Short first parks: a producer may trust a 'nobody listens' answer briefly.
         self._park = min(self._park * 2, conf.HEARTBEAT_SECONDS)
         if result in ("ready", "woken", "due"):
@@ -307,9 +325,9 @@ class Worker:
         wanted = min(options.claim_batch, room)
         if options.max_tasks is not None:
             wanted = min(wanted, options.max_tasks - self._claimed_total)
-        if wanted <= 0:
+        if wanted <= 0 or not self._active:
             return 0
-        messages = broker.claim(options.queues, wanted, self.id, self.settings.LEASE_SECONDS)
+        messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
         if messages:
             with self._lock:
                 self._in_flight += len(messages)
@@ -328,7 +346,9 @@ class Worker:
             logger.info("Worker %s reached --max-tasks %d.", self.id, self.options.max_tasks)
             return True
         if self.options.burst:
-            return not broker.has_pending(self.options.queues, self.options.burst_wait)
+            # Paused queues don't count: a burst worker leaves their messages for later.
+            return not self._active or not broker.has_pending(self._active,
+                                                              self.options.burst_wait)
         return False
 
     def _held_tokens(self) -> list[str]:

@@ -1,0 +1,99 @@
+"""Operator actions on messages: one table of what each does and which permission it needs.
+
+The bulk admin actions, the buttons on a message's page and "requeue all dead matching
+this filter" all end here, in :mod:`django_mysqlq.ops` and the broker: never ``save()``.
+Each action needs its own permission, a POST (CSRF-checked by the admin) and leaves a
+history row naming the user.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from django.http import HttpRequest
+
+from .. import broker, ops
+from ..broker import Operator
+
+#: Permission codenames, in the ``django_mysqlq`` app.
+REQUEUE = "requeue_message"
+CANCEL = "cancel_message"
+PRIORITY = "change_priority"
+RELEASE = "release_message"
+REPLAY = "replay_attempt"
+PAUSE = "pause_queue"
+
+
+def allowed(request: HttpRequest, codename: str) -> bool:
+    return request.user.has_perm(f"django_mysqlq.{codename}")
+
+
+def who(request: HttpRequest) -> Operator:
+    return ops.operator(request.user.get_username(), "admin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """An operator action on a set of message ids."""
+
+    name: str
+    label: str
+    permission: str
+    #: Shown on the confirmation page; empty: the action runs on the first POST.
+    confirm: str
+    #: Statuses it applies to, for the message page's buttons.
+    statuses: tuple[str, ...]
+    run: Callable[[Sequence[int], Operator, int | None], list[int]]
+    done: str
+    skipped: str
+    needs_priority: bool = False
+
+
+def _release(ids: Sequence[int], operator: Operator, _: int | None) -> list[int]:
+    return list(broker.release_stuck(ids, operator))
+
+
+def _priority(ids: Sequence[int], operator: Operator, priority: int | None) -> list[int]:
+    if priority is None:
+        raise ValueError("Give a priority from -100 to 100.")
+    return broker.set_priority(ids, priority, operator)
+
+
+ACTIONS: dict[str, Action] = {action.name: action for action in (
+    Action("requeue", "Requeue now", REQUEUE, "", ("ready", "scheduled", "dead"),
+           lambda ids, op, _: broker.requeue(ids, op),
+           "Requeued {n} message(s): ready now.",
+           "{n} skipped: running, finished or not ready/scheduled/dead."),
+    Action("requeue_reset", "Requeue now, resetting attempts", REQUEUE, "",
+           ("ready", "scheduled", "dead"),
+           lambda ids, op, _: broker.requeue(ids, op, reset_attempts=True),
+           "Requeued {n} message(s) with their attempts reset.",
+           "{n} skipped: running, finished or not ready/scheduled/dead."),
+    Action("retry_dead", "Retry dead (full set of attempts)", REQUEUE, "", ("dead",),
+           lambda ids, op, _: broker.requeue(ids, op, reset_attempts=True,
+                                             statuses=("dead",)),
+           "Retrying {n} dead message(s).", "{n} skipped: not dead."),
+    Action("cancel", "Cancel", CANCEL,
+           "Cancelled messages are deleted from the queue; history keeps their arguments, "
+           "so they can be replayed.", ("ready", "scheduled", "dead"),
+           lambda ids, op, _: broker.cancel(ids, op),
+           "Cancelled {n} message(s).",
+           "{n} skipped: running, finished or not ready/scheduled/dead."),
+    Action("priority", "Change priority", PRIORITY, "Messages take the new priority "
+           "(-100..100, higher runs first); running ones are left alone.",
+           ("ready", "scheduled", "dead"), _priority,
+           "Changed the priority of {n} message(s).",
+           "{n} skipped: running, finished or not ready/scheduled/dead.", needs_priority=True),
+    Action("release", "Release stuck claim", RELEASE, "", ("claimed",), _release,
+           "Released {n} stuck claim(s): back in the queue (or dead if out of attempts).",
+           "{n} refused: their worker is alive (or they are no longer claimed). Stop the "
+           "worker, or wait for its lease to run out."),
+)}
+
+
+def perform(action: Action, ids: Sequence[int], request: HttpRequest,
+            priority: int | None = None) -> tuple[list[int], int]:
+    """Run ``action``; return (ids done, how many of ``ids`` were skipped)."""
+    done = action.run(ids, who(request), priority)
+    return done, len(set(ids)) - len(done)

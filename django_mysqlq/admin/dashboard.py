@@ -1,0 +1,103 @@
+"""The queue dashboard, as the "Queues" entry of the admin, with pause and resume.
+
+One page load runs a handful of indexed statements (``ops.dashboard``); the page
+reloads itself every ``REFRESH_SECONDS``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from .. import broker, ops
+from ..models import QueueState
+from ..tasks import QUEUE_NAME_MAX
+from . import actions
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[QueueState]
+else:  # ModelAdmin is generic for the type checker only
+    _Base = admin.ModelAdmin
+
+REFRESH_SECONDS = 10
+CHART_WIDTH, CHART_HEIGHT = 600, 120
+
+
+def chart(per_minute: list[int], failures: list[int]) -> list[dict[str, float]]:
+    """Bars of the throughput chart: x, height and failed height, in SVG units."""
+    peak = max([*per_minute, 1])
+    width = CHART_WIDTH / max(len(per_minute), 1)
+    return [
+        {"x": round(i * width, 1), "w": round(width - 1, 1),
+         "h": round(CHART_HEIGHT * count / peak, 1),
+         "y": round(CHART_HEIGHT - CHART_HEIGHT * count / peak, 1),
+         "fh": round(CHART_HEIGHT * failed / peak, 1),
+         "fy": round(CHART_HEIGHT - CHART_HEIGHT * failed / peak, 1),
+         "count": count, "ago": len(per_minute) - 1 - i}
+        for i, (count, failed) in enumerate(zip(per_minute, failures, strict=True))
+    ]
+
+
+@admin.register(QueueState)
+class QueueDashboardAdmin(_Base):
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_mysqlq.view_message")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("pause/", self.admin_site.admin_view(self.pause_view),
+                 name="django_mysqlq_queuestate_pause"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        data = ops.dashboard()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queue dashboard",
+            "opts": self.opts,
+            "data": data,
+            "bars": chart(data.per_minute, data.failures_per_minute),
+            "chart_width": CHART_WIDTH,
+            "chart_height": CHART_HEIGHT,
+            "refresh": 0 if request.GET.get("refresh") == "0" else REFRESH_SECONDS,
+            "can_pause": actions.allowed(request, actions.PAUSE),
+            "messages_url": reverse("admin:django_mysqlq_message_changelist"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_mysqlq/queuestate/dashboard.html",
+                                context)
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """POST queue=<name>, paused=1|0: workers follow within about a second."""
+        if not actions.allowed(request, actions.PAUSE):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        queue = request.POST.get("queue", "")
+        paused = request.POST.get("paused") == "1"
+        if not queue or len(queue) > QUEUE_NAME_MAX:
+            self.message_user(request, "Give the name of the queue to pause or resume.",
+                              messages.ERROR)
+        else:
+            broker.set_paused(queue, paused, actions.who(request))
+            self.message_user(request, f"Queue {queue} {'paused' if paused else 'resumed'}: "
+                              "workers follow within about a second.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:django_mysqlq_queuestate_changelist"))

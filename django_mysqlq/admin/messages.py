@@ -1,0 +1,362 @@
+"""Messages admin: the list an operator filters, the detail with the trace, the actions.
+
+Read-only as far as Django's forms go (no add, change or delete): every change is an
+operator action from :mod:`.actions`, which goes through the broker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from .. import broker, ops
+from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
+from . import actions
+from .actions import ACTIONS, Action
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[Message]
+else:  # ModelAdmin is generic for the type checker only
+    _Base = admin.ModelAdmin
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = Message.objects.order_by("queue").values_list("queue", flat=True).distinct()
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class TaskFilter(admin.SimpleListFilter):
+    title = "task"
+    parameter_name = "task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = Message.objects.order_by("task_name").values_list("task_name", flat=True) \
+            .distinct()[:200]
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(task_name=self.value()) if self.value() else queryset
+
+
+class StuckFilter(admin.SimpleListFilter):
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Stuck (owner gone, lease expired or overran)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(pk__in=[s.id for s in broker.stuck_messages()])
+        return queryset
+
+
+def _bulk(action: Action) -> Any:
+    """A Django admin action running ``action`` on the selected messages."""
+    def run(modeladmin: MessageAdmin, request: HttpRequest,
+            queryset: QuerySet[Any]) -> HttpResponse | None:
+        ids = list(queryset.values_list("pk", flat=True))
+        if action.confirm and request.POST.get("confirmed") != "yes":
+            return modeladmin.confirmation(request, action, ids, bulk=True)
+        modeladmin.run_action(request, action, ids)
+        return None
+
+    run.__name__ = action.name
+    permission = {actions.REQUEUE: "requeue", actions.CANCEL: "cancel",
+                  actions.PRIORITY: "priority", actions.RELEASE: "release"}[action.permission]
+    return admin.action(description=f"{action.label} (selected)",
+                        permissions=[permission])(run)
+
+
+@admin.register(Message)
+class MessageAdmin(_Base):
+    list_display = ["id", "queue", "task_name", "status_label", "priority", "attempts_label",
+                    "age", "owner", "run_at"]
+    list_filter = [QueueFilter, "status", TaskFilter, StuckFilter]
+    search_fields = ("=id", "task_name", "=dedup_key")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False
+    actions = [_bulk(action) for action in ACTIONS.values()]
+    change_form_template = "admin/django_mysqlq/message/change_form.html"
+    change_list_template = "admin/django_mysqlq/message/change_list.html"
+    fields = ("id", "queue", "task_name", "status", "priority", "attempts", "max_attempts",
+              "arguments", "enqueued_at", "run_at", "retry_backoff", "timeout", "dedup_key",
+              "owner", "claimed_at", "lease_expires_at", "last_error_text")
+    readonly_fields = fields
+
+    # ------------------------------------------------------------- permissions
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # "cancel" is the way out: it goes through the broker and history
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_mysqlq.view_message")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, actions.REQUEUE)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, actions.CANCEL)
+
+    def has_priority_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, actions.PRIORITY)
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, actions.RELEASE)
+
+    # ------------------------------------------------------------- columns
+
+    @admin.display(description="status", ordering="status")
+    def status_label(self, obj: Message) -> str:
+        return obj.status
+
+    @admin.display(description="attempts")
+    def attempts_label(self, obj: Message) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="age", ordering="enqueued_at")
+    def age(self, obj: Message) -> str:
+        return _duration((broker.database_now() - obj.enqueued_at).total_seconds())
+
+    @admin.display(description="owner (worker, connection)")
+    def owner(self, obj: Message) -> str:
+        if obj.status != MessageStatus.CLAIMED:
+            return "-"
+        return f"{obj.worker_id} conn {obj.owner_connection}"
+
+    @admin.display(description="arguments")
+    def arguments(self, obj: Message) -> str:
+        try:
+            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False,
+                              sort_keys=True)
+        except ValueError:
+            text = f"(not valid JSON) {obj.payload}"
+        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+
+    @admin.display(description="last error")
+    def last_error_text(self, obj: Message) -> str:
+        return format_html("<pre>{}</pre>", obj.last_error) if obj.last_error else "-"
+
+    # ------------------------------------------------------------- pages
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("requeue-dead-matching/", self.admin_site.admin_view(self.requeue_matching),
+                 name="django_mysqlq_message_requeue_matching"),
+            path("<path:object_id>/act/<str:name>/", self.admin_site.admin_view(self.act),
+                 name="django_mysqlq_message_act"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        try:
+            message_id = int(object_id)
+        except ValueError:
+            raise Http404("Message ids are numbers.") from None
+        stuck = {s.id: s for s in broker.stuck_messages()}.get(message_id)
+        message = Message.objects.filter(pk=message_id).first()
+        buttons = []
+        if message is not None:
+            for action in ACTIONS.values():
+                if message.status in action.statuses and actions.allowed(request,
+                                                                          action.permission):
+                    if action.name == "release" and (stuck is None or not stuck.releasable):
+                        continue
+                    buttons.append((action, reverse("admin:django_mysqlq_message_act",
+                                                    args=[message_id, action.name])))
+        context.update(
+            trace=Attempt.objects.for_message(message_id)[:500],
+            stuck=stuck,
+            buttons=buttons,
+        )
+        return super().change_view(request, object_id, form_url, context)
+
+    def act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
+        """One action on one message: GET shows the confirmation, POST runs it."""
+        action = ACTIONS.get(name)
+        if action is None:
+            raise Http404(f"No action {name!r}.")
+        if not actions.allowed(request, action.permission):
+            raise PermissionDenied
+        try:
+            message_id = int(object_id)
+        except ValueError:
+            raise Http404("Message ids are numbers.") from None
+        back = reverse("admin:django_mysqlq_message_change", args=[message_id])
+        if request.method != "POST" or (action.confirm and request.POST.get("confirmed") != "yes"):
+            return self.confirmation(request, action, [message_id], bulk=False)
+        done = self.run_action(request, action, [message_id])
+        if action.name == "cancel" and done:
+            return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist"))
+        return HttpResponseRedirect(back)
+
+    def run_action(self, request: HttpRequest, action: Action, ids: Sequence[int]) -> list[int]:
+        priority = None
+        if action.needs_priority:
+            try:
+                priority = int(request.POST.get("priority", ""))
+            except ValueError:
+                self.message_user(request, "Give the new priority as a whole number from "
+                                  "-100 to 100.", messages.ERROR)
+                return []
+        try:
+            done, skipped = actions.perform(action, ids, request, priority)
+        except ValueError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return []
+        if done:
+            self.message_user(request, action.done.format(n=len(done)), messages.SUCCESS)
+        if skipped:
+            self.message_user(request, action.skipped.format(n=skipped), messages.WARNING)
+        return done
+
+    def confirmation(self, request: HttpRequest, action: Action, ids: Sequence[int], *,
+                     bulk: bool) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{action.label}: are you sure?",
+            "opts": self.opts,
+            "action": action,
+            "targets": Message.objects.filter(pk__in=list(ids)).order_by("pk")[:100],
+            "ids": list(ids),
+            "missing": len(ids) - Message.objects.filter(pk__in=list(ids)).count(),
+            "bulk": bulk,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/django_mysqlq/message/confirm.html", context)
+
+    def requeue_matching(self, request: HttpRequest) -> HttpResponse:
+        """"Requeue all dead matching this filter": the changelist's filters, dead only."""
+        if not actions.allowed(request, actions.REQUEUE):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            raise Http404("Unknown filter; go back to the list and filter again.") from None
+        dead = changelist.get_queryset(request).filter(status=MessageStatus.DEAD)
+        ids = list(dead.values_list("pk", flat=True))
+        query = request.GET.urlencode()
+        back = reverse("admin:django_mysqlq_message_changelist") + (f"?{query}" if query else "")
+        if request.method == "POST":
+            done = ops.requeue_matching(ids, actions.who(request),
+                                        reset_attempts=request.POST.get("reset") == "yes")
+            self.message_user(request, f"Requeued {len(done)} dead message(s) matching the "
+                              "filter.", messages.SUCCESS)
+            if len(done) < len(ids):
+                self.message_user(request, f"{len(ids) - len(done)} changed meanwhile and "
+                                  "were left alone.", messages.WARNING)
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Requeue all dead messages matching this filter?",
+            "opts": self.opts,
+            "count": len(ids),
+            "targets": dead.order_by("pk")[:20],
+            "back": back,
+        }
+        return TemplateResponse(request, "admin/django_mysqlq/message/requeue_matching.html",
+                                context)
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        query = [(k, str(v)) for k, v in request.GET.items() if k not in ("p", "o")]
+        context["requeue_matching_url"] = (
+            reverse("admin:django_mysqlq_message_requeue_matching")
+            + (f"?{urlencode(query)}" if query else "")
+        ) if actions.allowed(request, actions.REQUEUE) else None
+        return super().changelist_view(request, context)
+
+
+class _EntryPoint(MessageAdmin):
+    """A proxy's list: the same columns and actions, one status pre-selected."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_mysqlq.view_message")
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        context["requeue_matching_url"] = None
+        return admin.ModelAdmin.changelist_view(self, request, context)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:django_mysqlq_message_change",
+                                            args=[object_id]))
+
+    def get_urls(self) -> list[URLPattern]:
+        return admin.ModelAdmin.get_urls(self)
+
+
+#: The stuck set of the request being rendered, so each row can say why it is stuck.
+_stuck_now: contextvars.ContextVar[dict[int, broker.Stuck]] = contextvars.ContextVar(
+    "mysqlq_stuck_now")
+
+
+@admin.register(StuckMessage)
+class StuckMessageAdmin(_EntryPoint):
+    list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label", "owner",
+                    "claimed_at"]
+    list_filter = [QueueFilter, TaskFilter]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        stuck = {s.id: s for s in broker.stuck_messages()}
+        _stuck_now.set(stuck)
+        return super().get_queryset(request).filter(pk__in=list(stuck))
+
+    @admin.display(description="why stuck")
+    def stuck_reason(self, obj: Message) -> str:
+        stuck = _stuck_now.get({}).get(obj.pk)
+        if stuck is None:
+            return "-"
+        return stuck.reason + ("" if stuck.releasable else " - not releasable")
+
+
+@admin.register(DeadMessage)
+class DeadMessageAdmin(_EntryPoint):
+    list_filter = [QueueFilter, TaskFilter]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).filter(status=MessageStatus.DEAD)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+

@@ -1,0 +1,66 @@
+"""Workers admin: who is running, where, and whether its heartbeat is fresh."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from .. import broker
+from ..conf import get_settings
+from ..models import Worker
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[Worker]
+else:  # ModelAdmin is generic for the type checker only
+    _Base = admin.ModelAdmin
+
+
+def _fresh_since() -> dt.datetime:
+    return broker.database_now() - dt.timedelta(seconds=get_settings().LEASE_SECONDS)
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("alive", "alive"), ("stale", "stale (no heartbeat within a lease)"),
+                ("stopped", "stopped")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        fresh = _fresh_since()
+        if self.value() == "alive":
+            return queryset.filter(stopped_at__isnull=True, last_heartbeat__gt=fresh)
+        if self.value() == "stale":
+            return queryset.filter(stopped_at__isnull=True, last_heartbeat__lte=fresh)
+        if self.value() == "stopped":
+            return queryset.filter(stopped_at__isnull=False)
+        return queryset
+
+
+@admin.register(Worker)
+class WorkerAdmin(_Base):
+    list_display = ("id", "state", "host", "pid", "queues", "concurrency", "started_at",
+                    "last_heartbeat", "processed", "failed")
+    list_filter = (AliveFilter, "host")
+    search_fields = ("id", "host", "=pid")
+    ordering = ("-last_heartbeat",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="state")
+    def state(self, obj: Worker) -> str:
+        if obj.stopped_at is not None:
+            return "stopped"
+        return "alive" if obj.last_heartbeat > _fresh_since() else "stale"

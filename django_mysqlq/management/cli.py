@@ -1,0 +1,72 @@
+"""Argument parsing shared by the operator commands: filters, durations, progress."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser, ArgumentTypeError
+from typing import Any
+
+from django.core.management.base import OutputWrapper
+
+from .. import ops
+from ..models import OPERABLE_STATUSES
+
+
+def _csv(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def _statuses(text: str) -> list[str]:
+    statuses = _csv(text)
+    unknown = sorted(set(statuses) - set(OPERABLE_STATUSES))
+    if unknown:
+        raise ArgumentTypeError(
+            f"{', '.join(unknown)}: only {', '.join(OPERABLE_STATUSES)} messages can be "
+            "changed by an operator (running ones never are)")
+    return statuses
+
+
+def _since(text: str) -> Any:
+    try:
+        return ops.parse_since(text)
+    except ValueError as exc:
+        raise ArgumentTypeError(str(exc)) from None
+
+
+def duration(text: str) -> Any:
+    try:
+        return ops.parse_duration(text)
+    except ValueError as exc:
+        raise ArgumentTypeError(str(exc)) from None
+
+
+def add_filter_arguments(parser: ArgumentParser, default_status: str | None) -> None:
+    parser.add_argument("--queue", type=_csv, default=[],
+                        help="Only these queues (comma-separated).")
+    parser.add_argument("--task", type=_csv, default=[],
+                        help="Only these task names (comma-separated).")
+    parser.add_argument("--status", type=_statuses,
+                        default=[default_status] if default_status else None,
+                        help="Statuses to match: ready, scheduled, dead (comma-separated)"
+                             + (f"; default {default_status}." if default_status else "."))
+    parser.add_argument("--since", type=_since, default=None,
+                        help="Only messages enqueued since then: a duration (2h, 3d) or an "
+                             "ISO date/time.")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="Say how many messages match; change nothing.")
+
+
+def message_filter(options: dict[str, Any]) -> ops.MessageFilter:
+    return ops.MessageFilter(queues=options["queue"], tasks=options["task"],
+                             statuses=options["status"] or [], since=options["since"])
+
+
+def progress_printer(stream: OutputWrapper, verb: str) -> ops.Progress:
+    """Progress lines on stderr (``requeued 500/1200``), so stdout stays the result."""
+    def report(done: int, total: int) -> None:
+        stream.write(f"{verb} {done}/{total}")
+        stream.flush()
+
+    return report

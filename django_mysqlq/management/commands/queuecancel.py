@@ -1,0 +1,31 @@
+"""``manage.py queuecancel``: delete matching waiting or dead messages (history keeps them)."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_mysqlq import ops
+from django_mysqlq.management import cli
+
+
+class Command(BaseCommand):
+    help = ("Cancel messages matching the filters. --status is required, so a bare command "
+            "never empties the queue. Running messages are never touched.")
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_filter_arguments(parser, default_status=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not options["status"]:
+            raise CommandError("Say which messages to cancel with --status (ready, scheduled, "
+                               "dead; comma-separated), e.g. --status dead --task app.send.")
+        selection = cli.message_filter(options)
+        if options["dry_run"]:
+            self.stdout.write(f"{ops.count_matching(selection)} message(s) would be cancelled.")
+            return
+        done = ops.cancel_matching(selection, ops.cli_operator(),
+                                   progress=cli.progress_printer(self.stderr, "cancelled"))
+        self.stdout.write(f"Cancelled {len(done)} message(s).")

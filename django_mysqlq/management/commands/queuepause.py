@@ -1,0 +1,32 @@
+"""``manage.py queuepause``: stop workers claiming from queues (``--resume`` undoes it)."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_mysqlq import broker, ops
+from django_mysqlq.tasks import QUEUE_NAME_MAX
+
+
+class Command(BaseCommand):
+    help = ("Pause queues: workers stop claiming from them within about a second; their "
+            "messages stay. --resume lets workers claim again.")
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("queues", nargs="+", help="Queue names.")
+        parser.add_argument("--resume", action="store_true", help="Resume instead of pausing.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        for queue in options["queues"]:
+            if len(queue) > QUEUE_NAME_MAX:
+                raise CommandError(f"{queue!r} is longer than {QUEUE_NAME_MAX} characters: "
+                                   "no such queue can exist.")
+        operator = ops.cli_operator()
+        for queue in options["queues"]:
+            broker.set_paused(queue, not options["resume"], operator)
+            self.stdout.write(f"{'Resumed' if options['resume'] else 'Paused'} {queue}.")
+        paused = sorted(broker.paused_queues())
+        self.stdout.write(f"Paused now: {', '.join(paused) if paused else 'none'}.")

@@ -1,0 +1,248 @@
+"""Operator operations shared by the admin and the management commands.
+
+Selecting messages is a read (the ORM); changing them always goes through the broker,
+in batches, so the admin and the CLI behave the same and a long operation can report
+progress and never holds locks for long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator, Sequence
+
+from django.db.models import Q
+from django.utils import timezone
+
+from . import broker
+from .broker import Operator
+from .models import OPERABLE_STATUSES, Message, MessageStatus, Outcome
+
+#: Messages per broker call when an operation walks a filter.
+BATCH = 500
+
+Progress = Callable[[int, int], None]
+
+
+def operator(name: str, via: str) -> Operator:
+    """The operator as history records it: ``admin:alice`` or ``cli:root``."""
+    return Operator(name=f"{via}:{name}", host=socket.gethostname(), pid=os.getpid())
+
+
+def cli_operator() -> Operator:
+    """The person at the terminal (their login name), for the management commands."""
+    try:
+        name = os.getlogin()
+    except OSError:
+        name = os.environ.get("USER", "unknown")
+    return operator(name, "cli")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` → a timedelta."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"expected a duration like 90s, 15m, 12h, 30d or 2w, not {text!r}")
+    return dt.timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+
+
+def parse_since(text: str) -> dt.datetime:
+    """A duration ago (``2h``) or an ISO date/time (UTC when it has no offset)."""
+    try:
+        return timezone.now() - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expected a duration (2h, 3d) or an ISO date/time "
+                         f"(2026-11-23T08:00), not {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageFilter:
+    """Which messages a bulk operation applies to; every given criterion must match."""
+
+    queues: Sequence[str] = ()
+    tasks: Sequence[str] = ()
+    statuses: Sequence[str] = ()
+    since: dt.datetime | None = None
+
+    def query(self) -> Q:
+        q = Q()
+        if self.queues:
+            q &= Q(queue__in=list(self.queues))
+        if self.tasks:
+            q &= Q(task_name__in=list(self.tasks))
+        if self.statuses:
+            q &= Q(status__in=list(self.statuses))
+        if self.since is not None:
+            q &= Q(enqueued_at__gte=self.since)
+        return q
+
+
+def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]]:
+    """Batches of ids of operable messages matching a filter (or among given ids).
+
+    Keyset pagination by id, so a million matches never become one huge query.
+    """
+    base = Message.objects.filter(status__in=list(OPERABLE_STATUSES))
+    if isinstance(selection, MessageFilter):
+        base = base.filter(selection.query())
+    else:
+        base = base.filter(pk__in=list(selection))
+    last = 0
+    while True:
+        batch = list(base.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:BATCH])
+        if not batch:
+            return
+        yield batch
+        last = batch[-1]
+
+
+def count_matching(selection: MessageFilter) -> int:
+    return Message.objects.filter(status__in=list(OPERABLE_STATUSES)) \
+        .filter(selection.query()).count()
+
+
+def _apply(selection: MessageFilter | Sequence[int], action: Callable[[list[int]], list[int]],
+           progress: Progress | None) -> list[int]:
+    total = count_matching(selection) if isinstance(selection, MessageFilter) \
+        else len(selection)
+    done: list[int] = []
+    for batch in matching_ids(selection):
+        done.extend(action(batch))
+        if progress is not None:
+            progress(len(done), total)
+    return done
+
+
+def requeue_matching(selection: MessageFilter | Sequence[int], who: Operator, *,
+                     reset_attempts: bool = False, progress: Progress | None = None) -> list[int]:
+    return _apply(selection, lambda ids: broker.requeue(ids, who, reset_attempts=reset_attempts),
+                  progress)
+
+
+def cancel_matching(selection: MessageFilter | Sequence[int], who: Operator, *,
+                    progress: Progress | None = None) -> list[int]:
+    return _apply(selection, lambda ids: broker.cancel(ids, who), progress)
+
+
+def purge_history(older_than: dt.timedelta, *, batch: int = 1000,
+                  progress: Progress | None = None) -> int:
+    """Delete history finished more than ``older_than`` ago, ``batch`` rows per statement."""
+    before = broker.database_now() - older_than
+    total = broker.count_history_before(before)
+    deleted = 0
+    while True:
+        count = broker.purge_history_batch(before, batch)
+        deleted += count
+        if progress is not None and count:
+            progress(deleted, max(total, deleted))
+        if count < batch:
+            return deleted
+
+
+# --------------------------------------------------------------------------- dashboard
+
+#: Windows of the throughput columns, in minutes.
+WINDOWS = (1, 5, 60)
+FAILURES = (Outcome.RETRIED, Outcome.FAILED, Outcome.LOST)
+
+
+@dataclasses.dataclass
+class QueueStats:
+    """One dashboard row."""
+
+    name: str
+    ready: int = 0
+    scheduled: int = 0
+    claimed: int = 0
+    dead: int = 0
+    blocked: int = 0
+    oldest_ready_seconds: float | None = None
+    paused: bool = False
+    #: Attempts finished in the last 1, 5 and 60 minutes.
+    throughput: dict[int, int] = dataclasses.field(default_factory=dict)
+    failures_60: int = 0
+
+    @property
+    def failure_rate(self) -> float | None:
+        finished = self.throughput.get(60, 0)
+        return self.failures_60 / finished if finished else None
+
+
+@dataclasses.dataclass
+class Dashboard:
+    """Everything the dashboard page and ``queuestats`` show."""
+
+    queues: list[QueueStats]
+    workers_alive: int
+    stuck: int
+    #: (task, failures in the last hour), most first.
+    top_failing: list[tuple[str, int]]
+    #: Attempts per minute, oldest first (index 59 = the current minute), and failures.
+    per_minute: list[int]
+    failures_per_minute: list[int]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "workers_alive": self.workers_alive,
+            "stuck": self.stuck,
+            "queues": [
+                {**{k: v for k, v in dataclasses.asdict(q).items() if k != "throughput"},
+                 "throughput": {f"{m}m": q.throughput.get(m, 0) for m in WINDOWS},
+                 "failure_rate": q.failure_rate}
+                for q in self.queues
+            ],
+            "top_failing": [{"task": t, "failures": n} for t, n in self.top_failing],
+            "per_minute": self.per_minute,
+        }
+
+
+def dashboard(top: int = 10) -> Dashboard:
+    """Read the queue's state: a handful of indexed statements (see docs/operations.md)."""
+    overview = broker.queue_overview()
+    history = broker.history_window(max(WINDOWS))
+    paused = broker.paused_queues()
+    now = broker.database_now()
+    names = sorted(set(overview) | {b.queue for b in history} | paused)
+    stats = {name: QueueStats(name, paused=name in paused) for name in names}
+    for name, view in overview.items():
+        row = stats[name]
+        row.ready = view.counts.get(MessageStatus.READY, 0)
+        row.scheduled = view.counts.get(MessageStatus.SCHEDULED, 0)
+        row.claimed = view.counts.get(MessageStatus.CLAIMED, 0)
+        row.dead = view.counts.get(MessageStatus.DEAD, 0)
+        row.blocked = view.counts.get(MessageStatus.BLOCKED, 0)
+        if view.oldest_ready_at is not None:
+            row.oldest_ready_seconds = max(0.0, (now - view.oldest_ready_at).total_seconds())
+    failing: dict[str, int] = {}
+    per_minute = [0] * max(WINDOWS)
+    failures_per_minute = [0] * max(WINDOWS)
+    for bucket in history:
+        row = stats[bucket.queue]
+        failed = bucket.outcome in FAILURES
+        for window in WINDOWS:
+            if bucket.minutes_ago < window:
+                row.throughput[window] = row.throughput.get(window, 0) + bucket.count
+        if failed:
+            row.failures_60 += bucket.count
+            failing[bucket.task_name] = failing.get(bucket.task_name, 0) + bucket.count
+        if 0 <= bucket.minutes_ago < len(per_minute):
+            slot = len(per_minute) - 1 - bucket.minutes_ago
+            per_minute[slot] += bucket.count
+            if failed:
+                failures_per_minute[slot] += bucket.count
+    top_failing = sorted(failing.items(), key=lambda item: (-item[1], item[0]))[:top]
+    return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
+                     stuck=len(broker.stuck_messages()), top_failing=top_failing,
+                     per_minute=per_minute, failures_per_minute=failures_per_minute)

@@ -1,0 +1,123 @@
+"""One real browser (headless Chromium) through the operator's 3 a.m. path:
+dashboard → dead messages of a queue → requeue one → it is ready.
+
+Saves screenshots of the dashboard and the stuck view under ``test-output/browser/``
+(the ones in docs/img/ come from here). Needs Debian's ``chromium`` and ``chromium-driver``
+(``.ci/setup`` installs them) and selenium (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from django_mysqlq import broker
+from django_mysqlq.models import Attempt, Message
+from tests.conftest import OUTPUT, wait_for
+from tests.operator_support import OPERATOR, RUNNER, claim_in_peer, claim_only, make_dead, user
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+SHOTS = OUTPUT / "browser"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("needs Debian's chromium and chromium-driver: run .ci/setup")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,760"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.implicitly_wait(5)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def log_in(driver: Any, base: str) -> None:
+    """Reuse a test-client session: the login form is Django's, not ours to test."""
+    client = Client()
+    client.force_login(user("operator", superuser=True))
+    driver.get(base + "/admin/login/")
+    driver.add_cookie({"name": settings.SESSION_COOKIE_NAME,
+                       "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
+                       "path": "/"})
+
+
+def some_history() -> None:
+    for label in ("a", "b", "c", "d"):
+        handle = tasks.record.enqueue(label)
+        message = claim_only(handle.id)
+        broker.ack(message, RUNNER, broker.AttemptResult(started_at=broker.database_now()))
+    broker.register_worker("web-1:4242:1a2b3c4d", "web-1", 4242, ["default", "other"], 4)
+
+
+def test_dashboard_filter_dead_requeue_one_see_it_ready(live_server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    some_history()
+    first = make_dead(label="payment-1")
+    second = make_dead(label="payment-2")
+    orphan = tasks.slow.enqueue("stuck", 30)
+    claim_in_peer(orphan.id)
+    wait_for(broker.stuck_messages, timeout=5, message="the peer to vanish")
+    tasks.record.enqueue_many([["waiting-1"], ["waiting-2"]])
+    tasks.on_other_queue.enqueue("other")
+    broker.set_paused("other", True, OPERATOR)
+
+    log_in(browser, live_server.url)
+    browser.get(live_server.url + "/admin/")
+    assert browser.find_element(By.ID, "index-dead").text == "Dead: 2"
+    browser.find_element(By.ID, "index-dashboard").click()
+    browser.find_element(By.ID, "toggle-nav-sidebar").click()  # room for the tables
+    row = browser.find_element(By.ID, "queue-default")
+    assert browser.find_element(By.ID, "stuck-count").text == "1"
+    browser.save_screenshot(str(SHOTS / "dashboard.png"))
+
+    row.find_element(By.CSS_SELECTOR, "a.dead-link").click()
+    listed = {int(box.get_attribute("value"))
+              for box in browser.find_elements(By.NAME, "_selected_action")}
+    assert listed == {first, second}
+
+    browser.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value='{first}']") \
+        .click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("requeue")
+    browser.find_element(By.NAME, "index").click()
+    assert "Requeued 1 message(s)" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    remaining = {int(box.get_attribute("value"))
+                 for box in browser.find_elements(By.NAME, "_selected_action")}
+    assert remaining == {second}
+
+    browser.find_element(By.LINK_TEXT, "Ready").click()
+    ready_row = browser.find_element(By.CSS_SELECTOR,
+                                     f"input[name=_selected_action][value='{first}']")
+    assert "ready" in ready_row.find_element(By.XPATH, "./ancestor::tr").text
+    assert Message.objects.get(pk=first).status == "ready"
+    assert Attempt.objects.get(message_id=first, outcome="requeued").actor == "admin:operator"
+
+    ready_row.find_element(By.XPATH, "./ancestor::tr//th/a").click()  # the message's page
+    trace = browser.find_element(By.ID, "trace").text
+    assert "failed" in trace and "requeued" in trace and "admin:operator" in trace
+    browser.save_screenshot(str(SHOTS / "message.png"))
+
+    browser.get(live_server.url + "/admin/django_mysqlq/stuckmessage/")
+    assert "owner connection" in browser.find_element(By.ID, "result_list").text
+    browser.save_screenshot(str(SHOTS / "stuck.png"))
+    assert (SHOTS / "dashboard.png").stat().st_size > 10_000

@@ -1,0 +1,297 @@
+"""The messages admin through Django's test client: lists, filters, detail, actions, perms."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.test import Client
+from django.urls import reverse
+
+from django_mysqlq import broker
+from django_mysqlq.models import Attempt, Message
+from tests.conftest import wait_for
+from tests.operator_support import claim_in_peer, claim_only, make_dead, user
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIST = "/admin/django_mysqlq/message/"
+
+
+@pytest.fixture
+def admin_client_() -> Client:
+    client = Client()
+    client.force_login(user("root", superuser=True))
+    return client
+
+
+@pytest.fixture
+def viewer() -> Client:
+    """Staff who may look at the queue but hold none of the action permissions."""
+    client = Client()
+    client.force_login(user("viewer"))
+    return client
+
+
+def act_url(message_id: int, name: str) -> str:
+    return reverse("admin:django_mysqlq_message_act", args=[message_id, name])
+
+
+def bulk(client: Client, action: str, ids: list[int], url: str = LIST, **extra: str):
+    return client.post(url, {"action": action, ACTION_CHECKBOX_NAME: ids, **extra},
+                       follow=True)
+
+
+def status(message_id: int) -> str | None:
+    row = Message.objects.filter(pk=message_id).first()
+    return None if row is None else row.status
+
+
+# ------------------------------------------------------------------ pages
+
+
+def test_the_admin_index_shows_stuck_and_dead_counts_one_click_away(admin_client_):
+    make_dead(label="a")
+    make_dead(label="b")
+    page = admin_client_.get("/admin/").content.decode()
+    assert 'id="mysqlq-box"' in page
+    assert "Dead: 2" in page and "Stuck: 0" in page
+    assert reverse("admin:django_mysqlq_deadmessage_changelist") in page
+    assert reverse("admin:django_mysqlq_stuckmessage_changelist") in page
+    assert reverse("admin:django_mysqlq_queuestate_changelist") in page
+
+
+def test_the_list_filters_by_status_queue_task_and_stuck(admin_client_):
+    dead = make_dead()
+    ready = tasks.record.enqueue("r")
+    other = tasks.on_other_queue.enqueue("o")
+
+    def listed(query: str) -> set[int]:
+        response = admin_client_.get(LIST + query)
+        assert response.status_code == 200
+        return {row.pk for row in response.context["cl"].result_list}
+
+    assert listed("") == {dead, ready.id, other.id}
+    assert listed("?status__exact=dead") == {dead}
+    assert listed("?queue=other") == {other.id}
+    assert listed("?task=tests.testapp.tasks.record") == {ready.id}
+    assert listed("?stuck=yes") == set()
+    assert listed(f"?q={ready.id}") == {ready.id}
+    assert listed("?q=always_fails") == {dead}
+
+
+def test_search_by_dedup_key(admin_client_):
+    keyed = tasks.record.using(dedup_key="order-42").enqueue("k")
+    tasks.record.enqueue("plain")
+    response = admin_client_.get(LIST + "?q=order-42")
+    assert [row.pk for row in response.context["cl"].result_list] == [keyed.id]
+
+
+def test_the_detail_shows_pretty_arguments_and_the_attempt_trace(admin_client_):
+    dead = make_dead(label="detail")
+    broker.requeue([dead], broker.Operator("someone"))
+    page = admin_client_.get(reverse("admin:django_mysqlq_message_change",
+                                     args=[dead])).content.decode()
+    assert "<pre class='mysqlq-json'>{\n  &quot;args&quot;: [\n    &quot;detail&quot;" in page
+    assert 'id="trace"' in page
+    assert "ValueError" in page and "boom detail" in page
+    assert "Traceback (most recent call last)" in page
+    assert RUNNER_ID in page and "someone" in page  # who ran it, who requeued it
+    assert 'id="act-requeue"' in page and 'id="act-cancel"' in page
+
+
+RUNNER_ID = "test-host:1:abc"
+
+
+def test_stuck_view_lists_only_stuck_messages_with_the_reason(admin_client_):
+    orphan = tasks.record.enqueue("orphan")
+    claim_in_peer(orphan.id)
+    wait_for(broker.stuck_messages, timeout=5, message="the peer to vanish")
+    live = tasks.record.enqueue("live")
+    claim_only(live.id)
+    response = admin_client_.get(reverse("admin:django_mysqlq_stuckmessage_changelist"))
+    assert [row.pk for row in response.context["cl"].result_list] == [orphan.id]
+    assert "is gone" in response.content.decode()
+    filtered = admin_client_.get(LIST + "?stuck=yes")
+    assert [row.pk for row in filtered.context["cl"].result_list] == [orphan.id]
+    detail = admin_client_.get(reverse("admin:django_mysqlq_message_change", args=[orphan.id]))
+    assert 'id="act-release"' in detail.content.decode()
+    live_detail = admin_client_.get(reverse("admin:django_mysqlq_message_change",
+                                            args=[live.id]))
+    assert 'id="act-release"' not in live_detail.content.decode()
+
+
+def test_dead_view_lists_only_dead_messages(admin_client_):
+    dead = make_dead()
+    tasks.record.enqueue("r")
+    response = admin_client_.get(reverse("admin:django_mysqlq_deadmessage_changelist"))
+    assert [row.pk for row in response.context["cl"].result_list] == [dead]
+
+
+# ------------------------------------------------------------------ bulk actions
+
+
+def test_bulk_requeue_skips_running_messages(admin_client_):
+    dead = make_dead()
+    running = tasks.record.enqueue("running")
+    claim_only(running.id)
+    page = bulk(admin_client_, "requeue", [dead, running.id]).content.decode()
+    assert "Requeued 1 message(s)" in page and "1 skipped" in page
+    assert (status(dead), status(running.id)) == ("ready", "claimed")
+    assert Attempt.objects.filter(message_id=dead, outcome="requeued",
+                                  actor="admin:root").exists()
+
+
+def test_bulk_requeue_resetting_attempts(admin_client_):
+    dead = make_dead()
+    bulk(admin_client_, "requeue_reset", [dead])
+    assert Message.objects.get(pk=dead).attempts == 0
+
+
+def test_bulk_retry_dead_leaves_other_statuses_alone(admin_client_):
+    dead = make_dead()
+    scheduled = tasks.record.using(delay=3600).enqueue("later")
+    bulk(admin_client_, "retry_dead", [dead, scheduled.id])
+    assert (status(dead), status(scheduled.id)) == ("ready", "scheduled")
+    assert Message.objects.get(pk=dead).attempts == 0
+
+
+def test_bulk_cancel_asks_for_confirmation_first(admin_client_):
+    first, second = (tasks.record.enqueue(x).id for x in "ab")
+    page = bulk(admin_client_, "cancel", [first, second]).content.decode()
+    assert "are you sure?" in page and f"#{first}" in page
+    assert Message.objects.count() == 2
+    page = bulk(admin_client_, "cancel", [first, second], confirmed="yes").content.decode()
+    assert "Cancelled 2 message(s)" in page
+    assert not Message.objects.exists()
+    assert Attempt.objects.filter(outcome="cancelled", actor="admin:root").count() == 2
+
+
+def test_bulk_change_priority_takes_the_new_value(admin_client_):
+    handle = tasks.record.enqueue("p")
+    page = bulk(admin_client_, "priority", [handle.id]).content.decode()
+    assert 'name="priority"' in page
+    bulk(admin_client_, "priority", [handle.id], confirmed="yes", priority="77")
+    assert Message.objects.get(pk=handle.id).priority == 77
+    page = bulk(admin_client_, "priority", [handle.id], confirmed="yes",
+                priority="500").content.decode()
+    assert "-100 to 100" in page
+    assert Message.objects.get(pk=handle.id).priority == 77
+
+
+def test_bulk_release_frees_only_claims_whose_owner_is_gone(admin_client_):
+    orphan = tasks.record.enqueue("orphan")
+    claim_in_peer(orphan.id)
+    wait_for(broker.stuck_messages, timeout=5, message="the peer to vanish")
+    live = tasks.record.enqueue("live")
+    claim_only(live.id)
+    page = bulk(admin_client_, "release", [orphan.id, live.id]).content.decode()
+    assert "Released 1 stuck claim(s)" in page and "1 refused" in page
+    assert (status(orphan.id), status(live.id)) == ("ready", "claimed")
+
+
+def test_bulk_actions_work_from_the_dead_entry_point(admin_client_):
+    dead = make_dead()
+    bulk(admin_client_, "requeue", [dead],
+         url=reverse("admin:django_mysqlq_deadmessage_changelist"))
+    assert status(dead) == "ready"
+
+
+# ------------------------------------------------------------------ one-message buttons
+
+
+def test_the_message_buttons_requeue_cancel_and_prioritise(admin_client_):
+    dead = make_dead()
+    response = admin_client_.post(act_url(dead, "requeue"))
+    assert response.status_code == 302 and status(dead) == "ready"
+    # Cancel needs the confirmation: a first POST only shows it.
+    assert "are you sure?" in admin_client_.get(act_url(dead, "cancel")).content.decode()
+    admin_client_.post(act_url(dead, "cancel"))
+    assert status(dead) == "ready"
+    response = admin_client_.post(act_url(dead, "cancel"), {"confirmed": "yes"})
+    assert response.status_code == 302 and status(dead) is None
+
+    handle = tasks.record.enqueue("p")
+    admin_client_.post(act_url(handle.id, "priority"), {"confirmed": "yes", "priority": "-3"})
+    assert Message.objects.get(pk=handle.id).priority == -3
+
+
+def test_unknown_action_or_id_is_404(admin_client_):
+    assert admin_client_.post(act_url(1, "explode")).status_code == 404
+    assert admin_client_.post("/admin/django_mysqlq/message/abc/act/requeue/").status_code == 404
+
+
+# ------------------------------------------------------------------ filter-wide requeue
+
+
+def test_requeue_all_dead_matching_the_filter(admin_client_):
+    dead_default = make_dead(label="d1")
+    dead_default_2 = make_dead(label="d2")
+    other_dead = make_dead(task=tasks.record, label="d3")  # dead, but another task
+    ready = tasks.record.enqueue("r")
+    url = reverse("admin:django_mysqlq_message_requeue_matching")
+    listing = admin_client_.get(LIST + "?task=tests.testapp.tasks.always_fails").content.decode()
+    assert url + "?task=tests.testapp.tasks.always_fails" in listing
+    page = admin_client_.get(url + "?task=tests.testapp.tasks.always_fails").content.decode()
+    assert "2 dead message(s) match" in page
+    response = admin_client_.post(url + "?task=tests.testapp.tasks.always_fails",
+                                  {"reset": "yes"})
+    assert response.status_code == 302
+    assert {status(dead_default), status(dead_default_2), status(ready.id)} == {"ready"}
+    assert Message.objects.get(pk=dead_default).attempts == 0
+    assert status(other_dead) == "dead"
+    # A filter that matches nothing dead requeues nothing.
+    admin_client_.post(url + "?queue=other")
+    assert status(other_dead) == "dead"
+
+
+# ------------------------------------------------------------------ permissions, CSRF
+
+
+@pytest.mark.parametrize("name", ["requeue", "requeue_reset", "retry_dead", "cancel",
+                                  "priority", "release"])
+def test_staff_without_the_permission_is_refused(viewer, name):
+    dead = make_dead()
+    response = viewer.post(act_url(dead, name), {"confirmed": "yes", "priority": "5"})
+    assert response.status_code == 403
+    assert f'value="{name}"' not in viewer.get(LIST).content.decode()  # not offered
+    page = bulk(viewer, name, [dead], confirmed="yes", priority="5").content.decode()
+    assert "message(s)" not in page and "are you sure" not in page
+    row = Message.objects.get(pk=dead)
+    assert (row.status, row.priority) == ("dead", 0)
+    assert not Attempt.objects.filter(message_id=dead).exclude(outcome="failed").exists()
+
+
+def test_staff_without_the_permission_sees_no_buttons_and_cant_requeue_matching(viewer):
+    dead = make_dead()
+    page = viewer.get(reverse("admin:django_mysqlq_message_change", args=[dead])).content
+    assert b'id="act-' not in page
+    assert b"requeue-matching" not in viewer.get(LIST).content
+    url = reverse("admin:django_mysqlq_message_requeue_matching")
+    assert viewer.post(url).status_code == 403
+    assert status(dead) == "dead"
+
+
+def test_each_permission_allows_its_own_action_only():
+    client = Client()
+    client.force_login(user("requeuer", "requeue_message"))
+    dead = make_dead()
+    assert client.post(act_url(dead, "cancel"), {"confirmed": "yes"}).status_code == 403
+    assert client.post(act_url(dead, "requeue")).status_code == 302
+    assert status(dead) == "ready"
+
+
+def test_actions_need_a_csrf_token():
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user("root", superuser=True))
+    dead = make_dead()
+    assert client.post(act_url(dead, "requeue")).status_code == 403
+    assert status(dead) == "dead"
+
+
+def test_the_admin_never_offers_raw_add_change_or_delete(admin_client_):
+    dead = make_dead()
+    assert admin_client_.get(LIST + "add/").status_code == 403
+    assert admin_client_.post(reverse("admin:django_mysqlq_message_delete",
+                                      args=[dead]), {"post": "yes"}).status_code == 403
+    assert status(dead) == "dead"

@@ -1,0 +1,139 @@
+"""The operator commands: queuestats, queuerequeue, queuecancel, queuepurge, queuepause."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from django_mysqlq import broker, ops
+from django_mysqlq.models import Attempt, Message
+from tests.operator_support import make_dead
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def statuses() -> dict[int, str]:
+    return dict(Message.objects.values_list("pk", "status"))
+
+
+def test_queuestats_table_and_json():
+    make_dead()
+    tasks.record.enqueue("r")
+    tasks.on_other_queue.enqueue("o")
+    broker.set_paused("other", True, ops.cli_operator())
+    table, _ = run("queuestats")
+    lines = table.splitlines()
+    assert lines[0].split() == ["queue", "ready", "scheduled", "claimed", "dead", "oldest",
+                                "1m", "5m", "60m", "fail%"]
+    default = next(line for line in lines if line.startswith("default"))
+    assert default.split()[:5] == ["default", "1", "0", "0", "1"]
+    assert default.split()[-1] == "100"  # one attempt in the last hour, and it failed
+    assert any(line.startswith("other (paused)") for line in lines)
+    assert "workers alive: 0" in table
+    data = json.loads(run("queuestats", "--json")[0])
+    by_name = {q["name"]: q for q in data["queues"]}
+    assert by_name["default"]["dead"] == 1 and by_name["other"]["paused"] is True
+    assert by_name["default"]["throughput"] == {"1m": 1, "5m": 1, "60m": 1}
+    assert data["top_failing"] == [{"task": "tests.testapp.tasks.always_fails", "failures": 1}]
+
+
+def test_queuerequeue_defaults_to_dead_and_honours_filters():
+    dead_a = make_dead(label="a")
+    dead_b = make_dead(task=tasks.record, label="b")
+    later = tasks.record.using(delay=3600).enqueue("later")
+    out, _ = run("queuerequeue", "--task", "tests.testapp.tasks.always_fails", "--dry-run")
+    assert out.strip() == "1 message(s) would be requeued."
+    assert statuses()[dead_a] == "dead"
+    out, err = run("queuerequeue", "--task", "tests.testapp.tasks.always_fails",
+                   "--reset-attempts")
+    assert out.strip() == "Requeued 1 message(s)." and "requeued 1/1" in err
+    assert statuses() == {dead_a: "ready", dead_b: "dead", later.id: "scheduled"}
+    assert Message.objects.get(pk=dead_a).attempts == 0
+    assert Attempt.objects.get(message_id=dead_a, outcome="requeued").actor.startswith("cli:")
+    run("queuerequeue", "--status", "scheduled")
+    assert statuses()[later.id] == "ready"
+
+
+def test_queuerequeue_since_and_queue_filters():
+    old = make_dead(label="old")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mysqlq_message SET enqueued_at = enqueued_at - INTERVAL 3 DAY "
+                       "WHERE id = %s", [old])
+    new = make_dead(label="new")
+    run("queuerequeue", "--since", "1d", "--queue", "default")
+    assert statuses() == {old: "dead", new: "ready"}
+    run("queuerequeue", "--queue", "other")
+    assert statuses()[old] == "dead"
+
+
+def test_queuerequeue_refuses_claimed_as_a_status():
+    with pytest.raises(CommandError, match="only ready, scheduled, dead"):
+        run("queuerequeue", "--status", "claimed")
+
+
+def test_queuecancel_needs_a_status_and_walks_batches(monkeypatch):
+    monkeypatch.setattr(ops, "BATCH", 4)
+    tasks.record.enqueue_many([[f"m{i}"] for i in range(10)])
+    dead = make_dead(task=tasks.on_other_queue)
+    with pytest.raises(CommandError, match="--status"):
+        run("queuecancel", "--queue", "default")
+    out, _ = run("queuecancel", "--status", "ready", "--dry-run")
+    assert out.strip() == "10 message(s) would be cancelled."
+    out, err = run("queuecancel", "--status", "ready,dead", "--queue", "default")
+    assert out.strip() == "Cancelled 10 message(s)."
+    assert err.splitlines() == ["cancelled 4/10", "cancelled 8/10", "cancelled 10/10"]
+    assert statuses() == {dead: "dead"}
+    assert Attempt.objects.filter(outcome="cancelled").count() == 10
+
+
+def test_queuepurge_deletes_old_history_in_batches():
+    for label in "abcde":
+        make_dead(label=label)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mysqlq_attempt SET finished_at = finished_at - INTERVAL 40 DAY "
+                       "WHERE error_message <> 'boom e'")
+    out, _ = run("queuepurge", "--older-than", "30d", "--dry-run")
+    assert out.startswith("4 history row(s) finished before")
+    assert Attempt.objects.count() == 5
+    out, err = run("queuepurge", "--older-than", "30d", "--batch-size", "3")
+    assert out.strip() == "Deleted 4 history row(s)."
+    assert err.splitlines() == ["deleted 3/4", "deleted 4/4"]
+    assert list(Attempt.objects.values_list("error_message", flat=True)) == ["boom e"]
+    with pytest.raises(CommandError, match="duration like"):
+        run("queuepurge", "--older-than", "soon")
+
+
+def test_queuepause_and_resume():
+    out, _ = run("queuepause", "emails", "reports")
+    assert "Paused now: emails, reports." in out
+    assert broker.paused_queues() == {"emails", "reports"}
+    out, _ = run("queuepause", "--resume", "emails")
+    assert "Paused now: reports." in out
+    with pytest.raises(CommandError, match="longer than 64"):
+        run("queuepause", "x" * 65)
+
+
+def test_queuestats_watch_repeats_until_interrupted(monkeypatch):
+    from django_mysqlq.management.commands import queuestats
+
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(queuestats.time, "sleep", sleep)
+    out, _ = run("queuestats", "--watch", "0.5")
+    assert out.count("workers alive:") == 3 and sleeps == [0.5, 0.5, 0.5]

@@ -1,0 +1,103 @@
+"""The dashboard's and the operator actions' statements walk indexes (EXPLAIN), so one
+dashboard load stays cheap however long the history grows (timings: bench/dashboard.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_mysqlq import broker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def big_tables():
+    """20,000 history rows over a week and 3,000 unfinished messages, statistics fresh."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO mysqlq_attempt (message_id, queue, task_name, attempt, outcome,
+                   priority, enqueued_at, started_at, finished_at, worker_id, host, pid,
+                   connection_id, thread, error_class, error_message, traceback, payload)
+            SELECT seq, CONCAT('q', seq % 4), CONCAT('t', seq % 20), 1,
+                   IF(seq % 10 = 0, 'failed', 'succeeded'), 0, t, t, t, '', '', NULL, NULL,
+                   '', '', '', '', ''
+              FROM (SELECT seq, UTC_TIMESTAMP(6) - INTERVAL seq * 30 SECOND AS t
+                      FROM seq_1_to_20000) AS s""")
+        cursor.execute("""
+            INSERT INTO mysqlq_message (queue, task_name, payload, status, priority,
+                   enqueued_at, run_at, attempts, max_attempts, retry_backoff, last_error)
+            SELECT CONCAT('q', seq % 4), 't', '{}', ELT(1 + seq % 3, 'ready', 'scheduled',
+                   'dead'), 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 0, 3, 1, ''
+              FROM seq_1_to_3000""")
+        for table in ("mysqlq_attempt", "mysqlq_message", "mysqlq_worker"):
+            cursor.execute(f"ANALYZE TABLE {table}")
+            cursor.fetchall()
+
+
+def explain(sql: str, params: list[Any]) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN FORMAT=JSON " + sql, params)
+        return json.loads(cursor.fetchone()[0])
+
+
+def tables(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "table_name" in node:
+            yield node
+        for value in node.values():
+            yield from tables(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from tables(value)
+
+
+def access(sql: str, params: list[Any]) -> list[tuple[str, str | None, str]]:
+    """(table, index, access type) of every table the statement reads."""
+    return [(t["table_name"], t.get("key"), t["access_type"])
+            for t in tables(explain(sql, params))]
+
+
+def test_the_plan_check_catches_a_full_scan(big_tables):
+    unindexed = broker.HISTORY_WINDOW_SQL.replace("FORCE INDEX (mysqlq_att_finished)",
+                                                  "IGNORE INDEX (mysqlq_att_finished)")
+    assert access(unindexed, [60]) == [("mysqlq_attempt", None, "ALL")]
+
+
+def test_history_window_is_a_range_of_the_finished_index_without_row_lookups(big_tables):
+    [table] = tables(explain(broker.HISTORY_WINDOW_SQL, [60]))
+    assert (table["key"], table["access_type"], table.get("using_index")) == (
+        "mysqlq_att_finished", "range", True)
+
+
+def test_queue_overview_reads_only_the_claim_index(big_tables):
+    plan = explain(broker.OVERVIEW_SQL, [])
+    [table] = tables(plan)
+    assert (table["key"], table.get("using_index")) == ("mysqlq_msg_claim", True)
+    assert "filesort" not in json.dumps(plan)
+    ids = ", ".join(["%s"] * 4)
+    assert access(broker.ENQUEUED_AT_SQL.format(ids=ids), [1, 2, 3, 4]) == [
+        ("mysqlq_message", "PRIMARY", "range")]
+
+
+def test_stuck_candidates_workers_and_purge_use_their_indexes(big_tables):
+    assert access(broker.STUCK_CANDIDATES_SQL, []) == [
+        ("mysqlq_message", "mysqlq_msg_lease", "ref")]
+    assert access(broker.WORKERS_ALIVE_SQL, [30_000_000]) == [
+        ("mysqlq_worker", "mysqlq_wrk_heartbeat", "range")]
+    cutoff = broker.database_now().replace(tzinfo=None)
+    purge = explain(broker.PURGE_SQL, [cutoff, 1000])
+    [table] = tables(purge)
+    assert (table["key"], table["access_type"]) == ("mysqlq_att_finished", "range")
+    assert "filesort" not in json.dumps(purge)
+
+
+def test_operator_row_locks_are_primary_key_lookups(big_tables):
+    ids = ", ".join(["%s"] * 3)
+    sql = broker._LOCK_OPERABLE_SQL.format(ids=ids, statuses="%s, %s, %s")
+    assert access(sql, [1, 2, 3, "ready", "scheduled", "dead"]) == [
+        ("mysqlq_message", "PRIMARY", "range")]
