@@ -43,7 +43,8 @@ ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
 QUEUE_TABLE = "mysqlq_queue"
 #: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
-RECOVERY_LOCK_SQL = "SELECT GET_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()), 0)"
+RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
+RECOVERY_LOCK_SQL = f"SELECT GET_LOCK({RECOVERY_LOCK_NAME}, 0)"
 RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))"
 
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
@@ -510,7 +511,7 @@ def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
 # --------------------------------------------------------------------------- claim
 
 
-_QUEUE_COLLATION_SQL = f"""
+QUEUE_COLLATION_SQL = f"""
 SELECT COLLATION_NAME FROM information_schema.COLUMNS
  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{MESSAGE_TABLE}' AND COLUMN_NAME = 'queue'
 """
@@ -527,13 +528,17 @@ def claim_sql(alias: str | None = None) -> str:
     sql = _claim_sql_cache.get(alias)
     if sql is None:
         with _connection(alias).cursor() as cursor:
-            cursor.execute(_QUEUE_COLLATION_SQL)
+            cursor.execute(QUEUE_COLLATION_SQL)
             row = cursor.fetchone()
-        name = row[0] if row else None
-        # A catalog value, never user data; checked anyway since it is spliced into SQL.
-        collate = f" COLLATE {name}" if name and name.replace("_", "").isalnum() else ""
-        sql = _claim_sql_cache[alias] = CLAIM_SQL.replace("{queue_collation}", collate)
+        sql = _claim_sql_cache[alias] = claim_sql_for(row[0] if row else None)
     return sql
+
+
+def claim_sql_for(collation: str | None) -> str:
+    """The claim statement comparing the queue under ``collation`` (from QUEUE_COLLATION_SQL)."""
+    # A catalog value, never user data; checked anyway since it is spliced into SQL.
+    ok = collation is not None and collation.replace("_", "").isalnum()
+    return CLAIM_SQL.replace("{queue_collation}", f" COLLATE {collation}" if ok else "")
 
 
 def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
@@ -972,12 +977,17 @@ SELECT connection_id FROM {WORKER_TABLE}
 #: statement, so a wake-up can't fall between them.
 _IDLE_WAIT_SQL = f"""
 SELECT CASE
+         WHEN %s = 'leader' AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
+                                          WHERE status = 'claimed') THEN 'sweep'
+         WHEN %s = 'follower' AND IS_FREE_LOCK({RECOVERY_LOCK_NAME}) = 1 THEN 'sweep'
          WHEN EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
                        WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
          WHEN due.wait <= 0 THEN 'due'
          WHEN SLEEP(LEAST(%s, due.wait)) = 1 THEN 'woken'
          ELSE 'slept'
-       END
+       END,
+       (SELECT COALESCE(GROUP_CONCAT(queue ORDER BY queue SEPARATOR ','), '')
+          FROM {QUEUE_TABLE} WHERE paused = 1 AND queue IN ({{queues}}))
   FROM (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at)) / 1000000,
                         %s) AS wait
           FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
@@ -994,17 +1004,30 @@ def listen(worker_id: str, listening: bool) -> None:
     _with_lock_retry(_alias(), run)
 
 
-def idle_wait(queues: Sequence[str], seconds: float) -> str:
+def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
+              watched: Sequence[str] = ()) -> tuple[str, str | None]:
     """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
-    or ``slept``."""
-    sql = _IDLE_WAIT_SQL.format(queues=", ".join(["%s"] * len(queues)))
+    (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
+    with the paused ones among the ``watched`` queues as they were when it returned
+    (comma-separated, None when interrupted), so a parked worker sees a pause for free.
+
+    ``sweep_check`` folds the recovery duty into the park, so an idle cluster pays no
+    separate sweep: ``leader`` returns ``sweep`` at once if any message is claimed (there
+    may be a dead owner to judge), ``follower`` if the recovery lock is free (the leader
+    is gone). Both are checked when the statement starts, before it sleeps.
+    """
+    watched = list(watched) or list(queues)
+    sql = _IDLE_WAIT_SQL.replace("{queues}", ", ".join(["%s"] * len(queues)), 1).replace(
+        "{queues}", ", ".join(["%s"] * len(watched)), 1)
     try:
         with _connection().cursor() as cursor:
-            cursor.execute(sql, [*queues, seconds, seconds])
-            return str(cursor.fetchone()[0])
+            cursor.execute(sql, [sweep_check, sweep_check, *queues, seconds, *watched,
+                                 seconds])
+            state, paused = cursor.fetchone()
+            return str(state), str(paused)
     except OperationalError as exc:
         if _error_code(exc) == QUERY_INTERRUPTED:  # killed before SLEEP itself began
-            return "woken"
+            return "interrupted", None
         raise
 
 
@@ -1443,14 +1466,23 @@ def replay(attempt_id: int, operator: Operator) -> int:
 
 
 def set_paused(queue: str, paused: bool, operator: Operator) -> None:
-    """Pause or resume a queue: workers re-read the paused set about every second."""
+    """Pause or resume a queue.
+
+    Busy workers re-read the paused set about every second; parked ones re-read it before
+    their next claim, and are woken here so that happens now.
+    """
     with _connection().cursor() as cursor:
         cursor.execute(SET_PAUSED_SQL, [queue, paused, operator.name[:200]])
-    if not paused:
+
+    def wake_parked() -> None:
         try:
             wake([queue])
         except DatabaseError as exc:
-            logger.warning("Could not wake idle workers after resuming %s (%s).", queue, exc)
+            logger.warning("Could not wake idle workers after %s %s (%s).",
+                           "pausing" if paused else "resuming", queue, exc)
+
+    # After the commit: a worker woken earlier would read the old state and park again.
+    transaction.on_commit(wake_parked, using=_alias())
 
 
 def paused_queues(alias: str | None = None) -> set[str]:

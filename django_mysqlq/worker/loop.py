@@ -117,8 +117,10 @@ class Worker:
         #: check covers the claim, so an idle worker costs one query per park.
         self._nothing_ready = False
         self._reconnected = False
-        #: The worker's queues minus those an operator paused, re-read every second.
+        #: The worker's queues minus those an operator paused, re-read every second while
+        #: busy; a parked worker learns of a change from its park statement.
         self._active: list[str] = list(options.queues)
+        self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
         self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
             if batch > 1 else None
@@ -255,15 +257,14 @@ class Worker:
         if now >= due.beat:
             self._heartbeat()
             due.beat = now + conf.HEARTBEAT_SECONDS
-        if now >= due.recovery:
-            self.stats.add(recovered=len(broker.recover(keep_lock=True)))
-            leader = broker.is_recovery_leader()
-            # The leader sweeps; the others only check now and then that it is still there.
-            due.recovery = now + conf.RECOVERY_SECONDS * (1 if leader else 2)
-            if leader and now >= due.stale_check:
-                broker.mark_stale_workers()
-                due.stale_check = now + conf.LEASE_SECONDS
-        if now >= due.paused_check:
+        if now >= due.recovery and not self._listening:
+            # (A parked worker's next park checks whether a sweep is needed at all.)
+            self._sweep(now)
+        if broker.is_recovery_leader() and now >= due.stale_check:
+            broker.mark_stale_workers()
+            due.stale_check = now + conf.LEASE_SECONDS
+        if now >= due.paused_check and not self._nothing_ready:
+            # (After a park that slept through nothing is claimed, so this can wait.)
             self._refresh_paused()
             due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
@@ -273,6 +274,16 @@ class Worker:
         if now >= due.summary:
             logger.info("Worker %s: %s", self.id, self.stats.summary())
             due.summary = now + conf.SUMMARY_SECONDS
+
+    def _sweep(self, now: float) -> None:
+        """Recover vanished workers' claims (the leader), or see if the leader is gone."""
+        self.stats.add(recovered=len(broker.recover(keep_lock=True)))
+        self._schedule_sweep(now)
+
+    def _schedule_sweep(self, now: float) -> None:
+        # The leader sweeps; the others only check now and then that it is still there.
+        leader = broker.is_recovery_leader()
+        self._due.recovery = now + self.settings.RECOVERY_SECONDS * (1 if leader else 2)
 
     def _refresh_paused(self) -> None:
         paused = broker.paused_queues()
@@ -288,9 +299,19 @@ class Worker:
         conf, due = self.settings, self._due
         with self._lock:
             busy = self._in_flight > 0
-        until_upkeep = max(0.0, min(due.beat, due.recovery, due.paused_check)
-                           - time.monotonic())
-        if busy or not conf.WAKEUP or not self._active:
+        now = time.monotonic()
+        parking = not busy and conf.WAKEUP and bool(self._active)
+        sweep_check = ""
+        if parking and now >= due.recovery:
+            # This park does the sweep's first step; it lasts until the next one is due.
+            sweep_check = "leader" if broker.is_recovery_leader() else "follower"
+            self._schedule_sweep(now)
+        # A parked worker's heartbeat waits for the end of the park (at most a recovery
+        # interval late, well inside a lease) rather than cutting it short.
+        until_upkeep = max(0.0, (due.recovery if parking else min(due.beat, due.recovery))
+                           - now)
+        if not parking:
+            until_upkeep = min(until_upkeep, max(0.0, due.paused_check - now))
             # Tasks finishing set the event; otherwise poll with a growing pause.
             self._wakeup.wait(min(self._poll, until_upkeep))
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
@@ -299,14 +320,23 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
-        result = broker.idle_wait(self._active, min(self._park, until_upkeep))
+        result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
+                                          sweep_check, watched=self.options.queues)
+        if paused is not None and paused != self._paused_seen:
+            self._paused_seen = paused
+            self._refresh_paused()
         # Short first parks: a producer may trust a 'nobody listens' answer briefly.
         self._park = min(self._park * 2, conf.HEARTBEAT_SECONDS)
-        if result in ("ready", "woken", "due"):
+        if result == "sweep" or (result == "interrupted" and sweep_check):
+            self._sweep(time.monotonic())
+        if result in ("ready", "woken", "interrupted", "due"):
             if result == "due":
                 due.promote = 0.0
             broker.listen(self.id, False)
             self._listening = False
+        elif result == "sweep":
+            # Not a wake-up: stay parked; the next park looks for ready work first.
+            self._nothing_ready = True
         else:
             # Slept through: nothing was ready or due when the park began, and a producer
             # or the due time would have cut it short. Parks watch the schedule, so the

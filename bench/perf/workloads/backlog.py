@@ -20,7 +20,7 @@ from .. import db
 from ..context import DEFAULT_QUEUE, Context
 from ..errors import BenchError
 from ..workers import WorkerProcess, worker_args
-from .raw import CLAIM_SQL, LEASE_MICROS, READ_SQL, SERVER_START, WORKER_ID
+from .raw import LEASE_MICROS, READ_SQL, SERVER_START, WORKER_ID, claim_statement
 
 
 def run(ctx: Context) -> None:
@@ -100,9 +100,10 @@ def _probe(ctx: Context) -> tuple[float, int]:
     started = time.perf_counter()
     deadline = started + ctx.sizes.backlog_probe_seconds
     cycles = 0
+    claim_sql = claim_statement(ctx)
     while cycles < ctx.sizes.backlog_probe and (not cycles or time.perf_counter() < deadline):
         token = uuid.uuid4().hex
-        cur.execute(CLAIM_SQL, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE, 1])
+        cur.execute(claim_sql, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE, 1])
         cur.execute(READ_SQL, [token])
         row = cur.fetchone()
         if row is None:

@@ -1,6 +1,6 @@
 """The floor: the queue's statements through plain ``MySQLdb``, without the library.
 
-The statement texts are the broker's own (its enqueue INSERT, ``CLAIM_SQL``, the read by
+The statement texts are the broker's own (its enqueue INSERT, the claim, the read by
 token, the ack's DELETE … RETURNING and history INSERT), imported, so the floor follows
 the library when a statement changes; they run on the real tables, one connection, no
 ORM, no Python-side bookkeeping. Every library figure is also reported as a ratio to the
@@ -21,11 +21,19 @@ from ..context import DEFAULT_QUEUE, NOOP_PAYLOAD, NOOP_TASK, Context
 from ..errors import BenchError
 
 _INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({broker._INSERT_COLUMNS}) VALUES "
-_INSERT_ROW = broker._INSERT_ROW
-#: queue, task, payload, priority, max_attempts, backoff, timeout, dedup, run_at/delay x2
-_ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None, None, None, 0, None, 0]
+#: The row the library writes for a message that is ready at once.
+_INSERT_ROW = broker._INSERT_ROW_NOW
+#: queue, task, payload, priority, max_attempts, backoff, timeout, dedup
+_ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None, None]
 
-CLAIM_SQL = broker.CLAIM_SQL
+
+def claim_statement(ctx: Context) -> str:
+    """The broker's claim, with the queue column's collation read as the broker reads it."""
+    cur = ctx.conn.cursor()
+    cur.execute(broker.QUEUE_COLLATION_SQL)
+    row = cur.fetchone()
+    return broker.claim_sql_for(row[0] if row else None)
+
 READ_SQL = broker.READ_CLAIMED_SQL
 _HISTORY_HEAD = broker._ATTEMPT_INSERT_HEAD
 _HISTORY_ROW = broker._ATTEMPT_ROW
@@ -107,12 +115,13 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
     cur.execute("TRUNCATE TABLE mysqlq_message")
     cur.execute("TRUNCATE TABLE mysqlq_attempt")
     ctx.fill_ready(rows)
+    claim_sql = claim_statement(ctx)
     moved = 0
     started = time.perf_counter()
     deadline = started + ctx.sizes.raw_cycle_seconds
     while time.perf_counter() < deadline:
         token = uuid.uuid4().hex
-        cur.execute(CLAIM_SQL, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE,
+        cur.execute(claim_sql, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE,
                                 claim])
         if cur.rowcount == 0:
             break
