@@ -31,6 +31,11 @@ class Sizes:
         (20_000, ((1, 1), (4, 1), (8, 1), (4, 2), (8, 2)), (10, 100)),
         (100_000, ((8, 2),), (100,)),
     )
+    #: The best documented configuration: (size, shapes, claim batch, ACK_BATCH_SIZE).
+    burndown_tuned: tuple[tuple[int, tuple[Shape, ...], int, int], ...] = (
+        (20_000, ((4, 2), (8, 2)), 100, 100),
+        (100_000, ((4, 2),), 100, 100),
+    )
     burndown_seconds: float = 90.0  # a burn still running is stopped (SIGTERM) and rated
     # pickup latency
     latency_rates: tuple[int, ...] = (50, 500)
@@ -71,6 +76,7 @@ SMOKE = Sizes(
     raw_single_inserts=100, raw_multi_statements=2, raw_cycles_one=100, raw_cycle_rows=1_000,
     enqueue_single=200, enqueue_many=2_000,
     burndown=((1_000, ((4, 1), (4, 2)), (10, 100)),),
+    burndown_tuned=((1_000, ((4, 2),), 100, 100),),
     latency_rates=(50,), latency_modes=("wakeup",), latency_seconds=1.5,
     latency_warmup_seconds=0.2,
     idle_cases=((1, "wakeup"),), idle_seconds=1.5, idle_settle_seconds=0.5,

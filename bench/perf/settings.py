@@ -34,6 +34,9 @@ MYSQLQ = {
     # "0": idle workers poll instead of parking for wake-ups (the harness compares both).
     "WAKEUP": os.environ.get("MYSQLQ_BENCH_WAKEUP", "1") == "1",
 }
+if os.environ.get("MYSQLQ_BENCH_ACK_BATCH"):
+    # The tuned burn-down cases raise the ack batch (the crash re-run bound) above 20.
+    MYSQLQ["ACK_BATCH_SIZE"] = int(os.environ["MYSQLQ_BENCH_ACK_BATCH"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

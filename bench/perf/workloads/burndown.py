@@ -20,8 +20,10 @@ from ..errors import BenchError
 from ..workers import WorkerProcess, worker_args
 
 
-def case_name(threads: int, processes: int, batch: int, size: int) -> str:
-    return f"{threads}x{processes} b{batch} n{size // 1000}k"
+def case_name(threads: int, processes: int, batch: int, size: int,
+              ack_batch: int | None = None) -> str:
+    ack = f" a{ack_batch}" if ack_batch is not None else ""
+    return f"{threads}x{processes} b{batch} n{size // 1000}k{ack}"
 
 
 def run(ctx: Context) -> None:
@@ -31,10 +33,14 @@ def run(ctx: Context) -> None:
             for threads, processes in shapes:
                 for batch in batches:
                     burn(ctx, size, threads, processes, batch, repeat)
+        # The tuned configuration: bigger ack batches (MYSQLQ['ACK_BATCH_SIZE']).
+        for size, shapes, batch, ack_batch in ctx.sizes.burndown_tuned:
+            for threads, processes in shapes:
+                burn(ctx, size, threads, processes, batch, repeat, ack_batch)
 
 
 def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
-         repeat: int) -> None:
+         repeat: int, ack_batch: int | None = None) -> None:
     db.truncate_queue(ctx.conn)
     started = time.perf_counter()
     noop.enqueue_many([noop.call() for _ in range(size)])
@@ -42,9 +48,10 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
     hll_before, purge_wait = ctx.wait_for_purge()
     watch = ctx.watch()
     deadlocks_before = db.global_status(ctx.conn, "Innodb_deadlocks", "Innodb_row_lock_waits")
-    case = case_name(threads, processes, batch, size)
+    case = case_name(threads, processes, batch, size, ack_batch)
+    env = {"MYSQLQ_BENCH_ACK_BATCH": str(ack_batch)} if ack_batch is not None else None
     worker = WorkerProcess(worker_args(threads, processes, batch, burst=True), ctx.log_dir,
-                           f"burndown-{case.replace(' ', '-')}-r{repeat}")
+                           f"burndown-{case.replace(' ', '-')}-r{repeat}", env=env)
     finished = worker.wait_or_stop(ctx.sizes.burndown_seconds, check=watch.check)
     wall = time.monotonic() - worker.started
     watch.check()
