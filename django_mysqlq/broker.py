@@ -76,6 +76,10 @@ _INSERT_ROW = (
 _INSERT_ROW_NOW = (
     "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'ready', 0, '')"
 )
+#: ... and without a dedup key (every row of an enqueue_many()).
+_INSERT_ROW_NOW_NO_KEY = (
+    "(%s, %s, %s, %s, %s, %s, %s, NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'ready', 0, '')"
+)
 
 #: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
 #: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
@@ -391,10 +395,13 @@ def _row(message: NewMessage) -> tuple[str, list[Any]]:
     """The VALUES row template for this message and its parameters."""
     params = [
         message.queue, message.task_name, message.payload, message.priority,
-        message.max_attempts, message.retry_backoff, message.timeout, message.dedup_key,
+        message.max_attempts, message.retry_backoff, message.timeout,
     ]
     if _ready_now(message):
-        return _INSERT_ROW_NOW, params
+        if message.dedup_key is None:
+            return _INSERT_ROW_NOW_NO_KEY, params
+        return _INSERT_ROW_NOW, [*params, message.dedup_key]
+    params.append(message.dedup_key)
     run_at = _naive_utc(message.run_at) if message.run_at is not None else None
     delay_micros = _micros(message.delay)
     return _INSERT_ROW, [*params, run_at, delay_micros, run_at, delay_micros]

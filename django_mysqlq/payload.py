@@ -11,6 +11,8 @@ from .exceptions import ArgumentEncodingError, PayloadDecodeError, PayloadTooLar
 #: What json.dumps raises on values it can't encode (RecursionError: nested too deeply).
 _ENCODING_ERRORS = (TypeError, ValueError, RecursionError)
 _CONTAINERS = (dict, list, tuple)
+#: One encoder for every payload (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def _non_string_key(value: Any) -> object | None:
@@ -56,8 +58,7 @@ def encode(
 ) -> str:
     """Return the payload text, or raise naming the first argument that can't be encoded."""
     try:
-        text = json.dumps({"args": list(args), "kwargs": dict(kwargs)}, allow_nan=False,
-                          separators=(",", ":"))
+        text = _ENCODER.encode({"args": list(args), "kwargs": dict(kwargs)})
         # Only containers can hide a non-str dict key; most calls pass scalars.
         bad_keys = (
             any(isinstance(value, _CONTAINERS) for value in (*args, *kwargs.values()))

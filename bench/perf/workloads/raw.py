@@ -22,9 +22,9 @@ from ..errors import BenchError
 
 _INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({broker._INSERT_COLUMNS}) VALUES "
 #: The row the library writes for a message that is ready at once.
-_INSERT_ROW = broker._INSERT_ROW_NOW
-#: queue, task, payload, priority, max_attempts, backoff, timeout, dedup
-_ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None, None]
+_INSERT_ROW = broker._INSERT_ROW_NOW_NO_KEY
+#: queue, task, payload, priority, max_attempts, backoff, timeout
+_ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None]
 
 
 def claim_statement(ctx: Context) -> str:
