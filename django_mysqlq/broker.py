@@ -1057,17 +1057,21 @@ def wake(queues: Sequence[str], alias: str | None = None) -> int:
     """Wake workers parked on these queues (after a commit); return how many were woken."""
     alias = alias or _alias()
     state = _wake_state
-    if state.disabled or not get_settings().WAKEUP:
+    conf = get_settings()
+    if state.disabled or not conf.WAKEUP:
+        return 0
+    now = time.monotonic()
+    # Most enqueues of a busy producer end here: nobody listened a moment ago.
+    unknown = [queue for queue in dict.fromkeys(queues)
+               if now - state.quiet_since.get((alias, queue), -1.0) >= state.QUIET_SECONDS]
+    if not unknown:
         return 0
     woken = 0
-    now = time.monotonic()
     _, server_start = connection_identity(alias)
-    recent = min(get_settings().LEASE_SECONDS, max(0.0, time.time() - server_start))
+    recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - server_start))
     with _connection(alias).cursor() as cursor:
-        for queue in dict.fromkeys(queues):
+        for queue in unknown:
             key = (alias, queue)
-            if now - state.quiet_since.get(key, -1.0) < state.QUIET_SECONDS:
-                continue
             cursor.execute(LISTENERS_SQL, [queue, _micros(recent)])
             listeners = [int(row[0]) for row in cursor.fetchall() if row[0]]
             if not listeners:
