@@ -102,3 +102,27 @@ def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
             os.killpg(process.pid, signal.SIGKILL)
         if process.popen.poll() is None:
             process.popen.wait(timeout=10)
+
+
+@pytest.fixture
+def root():
+    """A test client logged in as a superuser."""
+    from django.test import Client
+
+    from tests.operator_support import user
+
+    client = Client()
+    client.force_login(user("root", superuser=True))
+    return client
+
+
+@pytest.fixture
+def viewer():
+    """A test client for staff who may look at the queue but hold no action permission."""
+    from django.test import Client
+
+    from tests.operator_support import user
+
+    client = Client()
+    client.force_login(user("viewer"))
+    return client

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from django_mysqlq import broker
 from django_mysqlq.models import Attempt, Message
-from tests.operator_support import OPERATOR, RUNNER, claim_only, make_dead, user
+from tests.operator_support import OPERATOR, RUNNER, claim_only, make_dead
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,20 +19,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 HISTORY = "/admin/django_mysqlq/attempt/"
 WORKERS = "/admin/django_mysqlq/worker/"
 DASHBOARD = "/admin/django_mysqlq/queuestate/"
-
-
-@pytest.fixture
-def root() -> Client:
-    client = Client()
-    client.force_login(user("root", superuser=True))
-    return client
-
-
-@pytest.fixture
-def viewer() -> Client:
-    client = Client()
-    client.force_login(user("viewer"))
-    return client
 
 
 def succeed(label: str, task=tasks.record) -> int:

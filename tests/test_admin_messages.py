@@ -18,21 +18,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/admin/django_mysqlq/message/"
 
 
-@pytest.fixture
-def admin_client_() -> Client:
-    client = Client()
-    client.force_login(user("root", superuser=True))
-    return client
-
-
-@pytest.fixture
-def viewer() -> Client:
-    """Staff who may look at the queue but hold none of the action permissions."""
-    client = Client()
-    client.force_login(user("viewer"))
-    return client
-
-
 def act_url(message_id: int, name: str) -> str:
     return reverse("admin:django_mysqlq_message_act", args=[message_id, name])
 
@@ -50,10 +35,10 @@ def status(message_id: int) -> str | None:
 # ------------------------------------------------------------------ pages
 
 
-def test_the_admin_index_shows_stuck_and_dead_counts_one_click_away(admin_client_):
+def test_the_admin_index_shows_stuck_and_dead_counts_one_click_away(root):
     make_dead(label="a")
     make_dead(label="b")
-    page = admin_client_.get("/admin/").content.decode()
+    page = root.get("/admin/").content.decode()
     assert 'id="mysqlq-box"' in page
     assert "Dead: 2" in page and "Stuck: 0" in page
     assert reverse("admin:django_mysqlq_deadmessage_changelist") in page
@@ -61,13 +46,13 @@ def test_the_admin_index_shows_stuck_and_dead_counts_one_click_away(admin_client
     assert reverse("admin:django_mysqlq_queuestate_changelist") in page
 
 
-def test_the_list_filters_by_status_queue_task_and_stuck(admin_client_):
+def test_the_list_filters_by_status_queue_task_and_stuck(root):
     dead = make_dead()
     ready = tasks.record.enqueue("r")
     other = tasks.on_other_queue.enqueue("o")
 
     def listed(query: str) -> set[int]:
-        response = admin_client_.get(LIST + query)
+        response = root.get(LIST + query)
         assert response.status_code == 200
         return {row.pk for row in response.context["cl"].result_list}
 
@@ -80,17 +65,17 @@ def test_the_list_filters_by_status_queue_task_and_stuck(admin_client_):
     assert listed("?q=always_fails") == {dead}
 
 
-def test_search_by_dedup_key(admin_client_):
+def test_search_by_dedup_key(root):
     keyed = tasks.record.using(dedup_key="order-42").enqueue("k")
     tasks.record.enqueue("plain")
-    response = admin_client_.get(LIST + "?q=order-42")
+    response = root.get(LIST + "?q=order-42")
     assert [row.pk for row in response.context["cl"].result_list] == [keyed.id]
 
 
-def test_the_detail_shows_pretty_arguments_and_the_attempt_trace(admin_client_):
+def test_the_detail_shows_pretty_arguments_and_the_attempt_trace(root):
     dead = make_dead(label="detail")
     broker.requeue([dead], broker.Operator("someone"))
-    page = admin_client_.get(reverse("admin:django_mysqlq_message_change",
+    page = root.get(reverse("admin:django_mysqlq_message_change",
                                      args=[dead])).content.decode()
     assert "<pre class='mysqlq-json'>{\n  &quot;args&quot;: [\n    &quot;detail&quot;" in page
     assert 'id="trace"' in page
@@ -103,96 +88,96 @@ def test_the_detail_shows_pretty_arguments_and_the_attempt_trace(admin_client_):
 RUNNER_ID = "test-host:1:abc"
 
 
-def test_stuck_view_lists_only_stuck_messages_with_the_reason(admin_client_):
+def test_stuck_view_lists_only_stuck_messages_with_the_reason(root):
     orphan = tasks.record.enqueue("orphan")
     claim_in_peer(orphan.id)
     wait_for(broker.stuck_messages, timeout=5, message="the peer to vanish")
     live = tasks.record.enqueue("live")
     claim_only(live.id)
-    response = admin_client_.get(reverse("admin:django_mysqlq_stuckmessage_changelist"))
+    response = root.get(reverse("admin:django_mysqlq_stuckmessage_changelist"))
     assert [row.pk for row in response.context["cl"].result_list] == [orphan.id]
     assert "is gone" in response.content.decode()
-    filtered = admin_client_.get(LIST + "?stuck=yes")
+    filtered = root.get(LIST + "?stuck=yes")
     assert [row.pk for row in filtered.context["cl"].result_list] == [orphan.id]
-    detail = admin_client_.get(reverse("admin:django_mysqlq_message_change", args=[orphan.id]))
+    detail = root.get(reverse("admin:django_mysqlq_message_change", args=[orphan.id]))
     assert 'id="act-release"' in detail.content.decode()
-    live_detail = admin_client_.get(reverse("admin:django_mysqlq_message_change",
+    live_detail = root.get(reverse("admin:django_mysqlq_message_change",
                                             args=[live.id]))
     assert 'id="act-release"' not in live_detail.content.decode()
 
 
-def test_dead_view_lists_only_dead_messages(admin_client_):
+def test_dead_view_lists_only_dead_messages(root):
     dead = make_dead()
     tasks.record.enqueue("r")
-    response = admin_client_.get(reverse("admin:django_mysqlq_deadmessage_changelist"))
+    response = root.get(reverse("admin:django_mysqlq_deadmessage_changelist"))
     assert [row.pk for row in response.context["cl"].result_list] == [dead]
 
 
 # ------------------------------------------------------------------ bulk actions
 
 
-def test_bulk_requeue_skips_running_messages(admin_client_):
+def test_bulk_requeue_skips_running_messages(root):
     dead = make_dead()
     running = tasks.record.enqueue("running")
     claim_only(running.id)
-    page = bulk(admin_client_, "requeue", [dead, running.id]).content.decode()
+    page = bulk(root, "requeue", [dead, running.id]).content.decode()
     assert "Requeued 1 message(s)" in page and "1 skipped" in page
     assert (status(dead), status(running.id)) == ("ready", "claimed")
     assert Attempt.objects.filter(message_id=dead, outcome="requeued",
                                   actor="admin:root").exists()
 
 
-def test_bulk_requeue_resetting_attempts(admin_client_):
+def test_bulk_requeue_resetting_attempts(root):
     dead = make_dead()
-    bulk(admin_client_, "requeue_reset", [dead])
+    bulk(root, "requeue_reset", [dead])
     assert Message.objects.get(pk=dead).attempts == 0
 
 
-def test_bulk_retry_dead_leaves_other_statuses_alone(admin_client_):
+def test_bulk_retry_dead_leaves_other_statuses_alone(root):
     dead = make_dead()
     scheduled = tasks.record.using(delay=3600).enqueue("later")
-    bulk(admin_client_, "retry_dead", [dead, scheduled.id])
+    bulk(root, "retry_dead", [dead, scheduled.id])
     assert (status(dead), status(scheduled.id)) == ("ready", "scheduled")
     assert Message.objects.get(pk=dead).attempts == 0
 
 
-def test_bulk_cancel_asks_for_confirmation_first(admin_client_):
+def test_bulk_cancel_asks_for_confirmation_first(root):
     first, second = (tasks.record.enqueue(x).id for x in "ab")
-    page = bulk(admin_client_, "cancel", [first, second]).content.decode()
+    page = bulk(root, "cancel", [first, second]).content.decode()
     assert "are you sure?" in page and f"#{first}" in page
     assert Message.objects.count() == 2
-    page = bulk(admin_client_, "cancel", [first, second], confirmed="yes").content.decode()
+    page = bulk(root, "cancel", [first, second], confirmed="yes").content.decode()
     assert "Cancelled 2 message(s)" in page
     assert not Message.objects.exists()
     assert Attempt.objects.filter(outcome="cancelled", actor="admin:root").count() == 2
 
 
-def test_bulk_change_priority_takes_the_new_value(admin_client_):
+def test_bulk_change_priority_takes_the_new_value(root):
     handle = tasks.record.enqueue("p")
-    page = bulk(admin_client_, "priority", [handle.id]).content.decode()
+    page = bulk(root, "priority", [handle.id]).content.decode()
     assert 'name="priority"' in page
-    bulk(admin_client_, "priority", [handle.id], confirmed="yes", priority="77")
+    bulk(root, "priority", [handle.id], confirmed="yes", priority="77")
     assert Message.objects.get(pk=handle.id).priority == 77
-    page = bulk(admin_client_, "priority", [handle.id], confirmed="yes",
+    page = bulk(root, "priority", [handle.id], confirmed="yes",
                 priority="500").content.decode()
     assert "-100 to 100" in page
     assert Message.objects.get(pk=handle.id).priority == 77
 
 
-def test_bulk_release_frees_only_claims_whose_owner_is_gone(admin_client_):
+def test_bulk_release_frees_only_claims_whose_owner_is_gone(root):
     orphan = tasks.record.enqueue("orphan")
     claim_in_peer(orphan.id)
     wait_for(broker.stuck_messages, timeout=5, message="the peer to vanish")
     live = tasks.record.enqueue("live")
     claim_only(live.id)
-    page = bulk(admin_client_, "release", [orphan.id, live.id]).content.decode()
+    page = bulk(root, "release", [orphan.id, live.id]).content.decode()
     assert "Released 1 stuck claim(s)" in page and "1 refused" in page
     assert (status(orphan.id), status(live.id)) == ("ready", "claimed")
 
 
-def test_bulk_actions_work_from_the_dead_entry_point(admin_client_):
+def test_bulk_actions_work_from_the_dead_entry_point(root):
     dead = make_dead()
-    bulk(admin_client_, "requeue", [dead],
+    bulk(root, "requeue", [dead],
          url=reverse("admin:django_mysqlq_deadmessage_changelist"))
     assert status(dead) == "ready"
 
@@ -200,48 +185,48 @@ def test_bulk_actions_work_from_the_dead_entry_point(admin_client_):
 # ------------------------------------------------------------------ one-message buttons
 
 
-def test_the_message_buttons_requeue_cancel_and_prioritise(admin_client_):
+def test_the_message_buttons_requeue_cancel_and_prioritise(root):
     dead = make_dead()
-    response = admin_client_.post(act_url(dead, "requeue"))
+    response = root.post(act_url(dead, "requeue"))
     assert response.status_code == 302 and status(dead) == "ready"
     # Cancel needs the confirmation: a first POST only shows it.
-    assert "are you sure?" in admin_client_.get(act_url(dead, "cancel")).content.decode()
-    admin_client_.post(act_url(dead, "cancel"))
+    assert "are you sure?" in root.get(act_url(dead, "cancel")).content.decode()
+    root.post(act_url(dead, "cancel"))
     assert status(dead) == "ready"
-    response = admin_client_.post(act_url(dead, "cancel"), {"confirmed": "yes"})
+    response = root.post(act_url(dead, "cancel"), {"confirmed": "yes"})
     assert response.status_code == 302 and status(dead) is None
 
     handle = tasks.record.enqueue("p")
-    admin_client_.post(act_url(handle.id, "priority"), {"confirmed": "yes", "priority": "-3"})
+    root.post(act_url(handle.id, "priority"), {"confirmed": "yes", "priority": "-3"})
     assert Message.objects.get(pk=handle.id).priority == -3
 
 
-def test_unknown_action_or_id_is_404(admin_client_):
-    assert admin_client_.post(act_url(1, "explode")).status_code == 404
-    assert admin_client_.post("/admin/django_mysqlq/message/abc/act/requeue/").status_code == 404
+def test_unknown_action_or_id_is_404(root):
+    assert root.post(act_url(1, "explode")).status_code == 404
+    assert root.post("/admin/django_mysqlq/message/abc/act/requeue/").status_code == 404
 
 
 # ------------------------------------------------------------------ filter-wide requeue
 
 
-def test_requeue_all_dead_matching_the_filter(admin_client_):
+def test_requeue_all_dead_matching_the_filter(root):
     dead_default = make_dead(label="d1")
     dead_default_2 = make_dead(label="d2")
     other_dead = make_dead(task=tasks.record, label="d3")  # dead, but another task
     ready = tasks.record.enqueue("r")
     url = reverse("admin:django_mysqlq_message_requeue_matching")
-    listing = admin_client_.get(LIST + "?task=tests.testapp.tasks.always_fails").content.decode()
+    listing = root.get(LIST + "?task=tests.testapp.tasks.always_fails").content.decode()
     assert url + "?task=tests.testapp.tasks.always_fails" in listing
-    page = admin_client_.get(url + "?task=tests.testapp.tasks.always_fails").content.decode()
+    page = root.get(url + "?task=tests.testapp.tasks.always_fails").content.decode()
     assert "2 dead message(s) match" in page
-    response = admin_client_.post(url + "?task=tests.testapp.tasks.always_fails",
+    response = root.post(url + "?task=tests.testapp.tasks.always_fails",
                                   {"reset": "yes"})
     assert response.status_code == 302
     assert {status(dead_default), status(dead_default_2), status(ready.id)} == {"ready"}
     assert Message.objects.get(pk=dead_default).attempts == 0
     assert status(other_dead) == "dead"
     # A filter that matches nothing dead requeues nothing.
-    admin_client_.post(url + "?queue=other")
+    root.post(url + "?queue=other")
     assert status(other_dead) == "dead"
 
 
@@ -289,9 +274,9 @@ def test_actions_need_a_csrf_token():
     assert status(dead) == "dead"
 
 
-def test_the_admin_never_offers_raw_add_change_or_delete(admin_client_):
+def test_the_admin_never_offers_raw_add_change_or_delete(root):
     dead = make_dead()
-    assert admin_client_.get(LIST + "add/").status_code == 403
-    assert admin_client_.post(reverse("admin:django_mysqlq_message_delete",
+    assert root.get(LIST + "add/").status_code == 403
+    assert root.post(reverse("admin:django_mysqlq_message_delete",
                                       args=[dead]), {"post": "yes"}).status_code == 403
     assert status(dead) == "dead"

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from .. import broker
 from ..models import Attempt, Message
 from . import actions
+from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[Attempt]
@@ -75,7 +76,7 @@ def replay_selected(modeladmin: AttemptAdmin, request: HttpRequest,
 
 
 @admin.register(Attempt)
-class AttemptAdmin(_Base):
+class AttemptAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ("id", "message_link", "queue", "task_name", "attempt", "outcome", "by",
                     "started_at", "finished_at", "duration", "error_class")
     list_filter = ("outcome", HistoryTaskFilter, HistoryQueueFilter, "finished_at")
@@ -91,15 +92,6 @@ class AttemptAdmin(_Base):
               "finished_at", "error_class", "error_message", "traceback_text", "result",
               "payload")
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # retention is `manage.py queuepurge`, in batches
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return actions.allowed(request, actions.REPLAY)

@@ -18,6 +18,7 @@ from .. import broker, ops
 from ..models import QueueState
 from ..tasks import QUEUE_NAME_MAX
 from . import actions
+from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[QueueState]
@@ -44,18 +45,9 @@ def chart(per_minute: list[int], failures: list[int]) -> list[dict[str, float]]:
 
 
 @admin.register(QueueState)
-class QueueDashboardAdmin(_Base):
+class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("django_mysqlq.view_message")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         return [

@@ -26,6 +26,7 @@ from .. import broker, ops
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions
 from .actions import ACTIONS, Action
+from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[Message]
@@ -89,7 +90,7 @@ def _bulk(action: Action) -> Any:
 
 
 @admin.register(Message)
-class MessageAdmin(_Base):
+class MessageAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ["id", "queue", "task_name", "status_label", "priority", "attempts_label",
                     "age", "owner", "run_at"]
     list_filter = [QueueFilter, "status", TaskFilter, StuckFilter]
@@ -106,15 +107,8 @@ class MessageAdmin(_Base):
     readonly_fields = fields
 
     # ------------------------------------------------------------- permissions
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # "cancel" is the way out: it goes through the broker and history
+    # (No add/change/delete: ReadOnlyAdminMixin. "Cancel" is the way out, through the
+    # broker and history.)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("django_mysqlq.view_message")

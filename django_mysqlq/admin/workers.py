@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from .. import broker
 from ..conf import get_settings
 from ..models import Worker
+from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[Worker]
@@ -43,21 +44,12 @@ class AliveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Worker)
-class WorkerAdmin(_Base):
+class WorkerAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ("id", "state", "host", "pid", "queues", "concurrency", "started_at",
                     "last_heartbeat", "processed", "failed")
     list_filter = (AliveFilter, "host")
     search_fields = ("id", "host", "=pid")
     ordering = ("-last_heartbeat",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="state")
     def state(self, obj: Worker) -> str:
