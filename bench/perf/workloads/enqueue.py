@@ -7,7 +7,9 @@ the wake-up runs on commit). Each is compared to the raw statement sequence it i
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 from django.db import transaction
 
@@ -17,40 +19,35 @@ from ..context import Context
 
 def run(ctx: Context) -> None:
     sizes = ctx.sizes
-    cur = ctx.conn.cursor()
-    for _ in range(ctx.repeat):
-        cur.execute("TRUNCATE TABLE mysqlq_message")
-        started = time.perf_counter()
-        for _ in range(sizes.enqueue_single):
-            noop.enqueue()
-        elapsed = time.perf_counter() - started
-        ctx.results.figure(
-            "enqueue", "enqueue_single", "msgs/s", "msgs/s",
-            raw_ref="raw/insert_single/rows/s",
-            note=f"{sizes.enqueue_single:,} noop.enqueue() calls, autocommit each",
-        ).add(sizes.enqueue_single / elapsed)
+    single, many = sizes.enqueue_single, sizes.enqueue_many
 
-        cur.execute("TRUNCATE TABLE mysqlq_message")
-        started = time.perf_counter()
-        for _ in range(sizes.enqueue_single):
+    def one_by_one() -> None:
+        for _ in range(single):
+            noop.enqueue()
+
+    def each_in_atomic() -> None:
+        for _ in range(single):
             with transaction.atomic():
                 noop.enqueue()
-        elapsed = time.perf_counter() - started
-        ctx.results.figure(
-            "enqueue", "enqueue_single_atomic", "msgs/s", "msgs/s",
-            raw_ref="raw/insert_single_txn/rows/s",
-            note=f"{sizes.enqueue_single:,} noop.enqueue() calls, each in its own atomic()",
-        ).add(sizes.enqueue_single / elapsed)
 
-        cur.execute("TRUNCATE TABLE mysqlq_message")
-        calls = [noop.call() for _ in range(sizes.enqueue_many)]
-        started = time.perf_counter()
-        noop.enqueue_many(calls)
-        elapsed = time.perf_counter() - started
-        ctx.results.figure(
-            "enqueue", "enqueue_many", "msgs/s", "msgs/s",
-            raw_ref="raw/insert_multi_1000/rows/s",
-            note=f"one enqueue_many() of {sizes.enqueue_many:,} (1,000-row INSERTs, "
-                 "autocommit)",
-        ).add(sizes.enqueue_many / elapsed)
-    cur.execute("TRUNCATE TABLE mysqlq_message")
+    for _ in range(ctx.repeat):
+        _measure(ctx, "enqueue_single", "raw/insert_single/rows/s", single, one_by_one,
+                 f"{single:,} noop.enqueue() calls, autocommit each")
+        _measure(ctx, "enqueue_single_atomic", "raw/insert_single_txn/rows/s", single,
+                 each_in_atomic, f"{single:,} noop.enqueue() calls, each in its own atomic()")
+        calls = [noop.call() for _ in range(many)]
+        _measure(ctx, "enqueue_many", "raw/insert_multi_1000/rows/s", many,
+                 functools.partial(noop.enqueue_many, calls),
+                 f"one enqueue_many() of {many:,} (1,000-row INSERTs, autocommit)")
+    ctx.conn.cursor().execute("TRUNCATE TABLE mysqlq_message")
+
+
+def _measure(ctx: Context, case: str, raw_ref: str, count: int, body: Callable[[], object],
+             note: str) -> None:
+    """Time ``body`` on an empty queue table and record ``count`` messages per second."""
+    ctx.conn.cursor().execute("TRUNCATE TABLE mysqlq_message")
+    started = time.perf_counter()
+    body()
+    elapsed = time.perf_counter() - started
+    ctx.results.figure("enqueue", case, "msgs/s", "msgs/s", raw_ref=raw_ref,
+                       note=note).add(count / elapsed)
