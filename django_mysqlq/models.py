@@ -9,7 +9,7 @@
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
-are for reading.
+are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
 """
 
 from __future__ import annotations
@@ -69,12 +69,6 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def in_queue(self, queue: str) -> MessageQuerySet:
         return self.filter(queue=queue)
-
-    def stuck(self) -> MessageQuerySet:
-        """Claimed messages whose owner is gone, whose lease ran out, or that overran."""
-        from .broker import stuck_messages  # the broker imports this module
-
-        return self.filter(pk__in=[stuck.id for stuck in stuck_messages()])
 
 
 class Message(models.Model):

@@ -19,7 +19,10 @@ from django.utils import timezone
 
 from . import broker
 from .broker import Operator
-from .models import OPERABLE_STATUSES, Message, MessageStatus, Outcome
+from .conf import get_settings
+from .exceptions import UnknownTask
+from .models import OPERABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
+from .tasks import registry
 
 #: Messages per broker call when an operation walks a filter.
 BATCH = 500
@@ -39,6 +42,20 @@ def cli_operator() -> Operator:
     except OSError:
         name = os.environ.get("USER", "unknown")
     return operator(name, "cli")
+
+
+def replay(attempt_id: int, who: Operator) -> int:
+    """Enqueue a copy of a finished message, with its task's current attempts and backoff.
+
+    A task this process doesn't know gets the settings' defaults.
+    """
+    task_name = Attempt.objects.using(get_settings().DATABASE).filter(pk=attempt_id) \
+        .values_list("task_name", flat=True).first()
+    try:
+        task = registry.get(task_name or "")
+    except UnknownTask:
+        return broker.replay(attempt_id, who)
+    return broker.replay(attempt_id, who, (task.max_attempts, task.retry_backoff, task.timeout))
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -8,7 +8,7 @@ import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
@@ -17,9 +17,7 @@ from . import payload
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
-
-if TYPE_CHECKING:
-    from .broker import ClaimedMessage, Runner
+from .messages import ClaimedMessage, NewMessage, Runner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,23 +44,6 @@ class TaskCall:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class NewMessage:
-    """Everything the broker needs to insert one message."""
-
-    task_name: str
-    queue: str
-    priority: int
-    payload: str
-    #: Absolute time to run at, or None for now + ``delay`` on the database clock.
-    run_at: dt.datetime | None
-    delay: float
-    max_attempts: int
-    retry_backoff: float
-    timeout: float | None
-    dedup_key: str | None
 
 
 def _is_utf8(text: str) -> bool:

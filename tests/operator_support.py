@@ -8,7 +8,8 @@ from django.contrib.auth.models import Permission, User
 from django.db import connections
 
 from django_mysqlq import broker
-from django_mysqlq.broker import AttemptResult, ClaimedMessage, Operator, Runner
+from django_mysqlq.broker import Operator
+from django_mysqlq.messages import AttemptResult, ClaimedMessage, Runner
 from django_mysqlq.tasks import QueueTask
 from tests.testapp import tasks
 

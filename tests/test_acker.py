@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from django.db import DatabaseError
 
-from django_mysqlq import broker
 from django_mysqlq.worker import acker as acker_module
 from django_mysqlq.worker.acker import Acker
 
@@ -67,7 +67,7 @@ def test_a_refused_batch_is_acked_one_by_one(monkeypatch):
 
     def refuse_batches(batch: list[Any]) -> set[int]:
         if len(batch) > 1:
-            raise broker.DatabaseError("a row of this batch was refused")
+            raise DatabaseError("a row of this batch was refused")
         seen.append(batch[0][0])
         return {batch[0][0]}
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from django_mysqlq import InvalidTaskOptions, broker, queue_task
-from django_mysqlq.broker import Runner
+from django_mysqlq.messages import Runner
 from django_mysqlq.models import Attempt, Message
 from django_mysqlq.worker.executor import execute
 from tests.testapp import tasks

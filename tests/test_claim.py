@@ -9,6 +9,7 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 
 from django_mysqlq import broker
+from django_mysqlq.broker import promote
 from django_mysqlq.models import CLAIM_INDEX, Message
 from tests.testapp import tasks
 
@@ -67,7 +68,7 @@ def test_the_plan_check_catches_a_claim_that_sorts(backlog):
 
 
 def test_promotion_walks_the_due_index(backlog):
-    text = json.dumps(explain(broker.PROMOTE_SQL, [100]))
+    text = json.dumps(explain(promote.PROMOTE_SQL, [100]))
     assert "mysqlq_msg_due" in text
     assert "filesort" not in text
 

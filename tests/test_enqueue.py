@@ -245,7 +245,7 @@ def test_async_enqueue_twins():
 
 def test_a_dead_message_gives_its_dedup_key_up():
     from django_mysqlq import broker
-    from django_mysqlq.broker import AttemptResult, Runner
+    from django_mysqlq.messages import AttemptResult, Runner
 
     first = tasks.record.using(dedup_key="job-1").enqueue("a")
     [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)

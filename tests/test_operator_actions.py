@@ -8,7 +8,8 @@ import json
 import pytest
 from django.db import connection
 
-from django_mysqlq import broker
+from django_mysqlq import broker, ops
+from django_mysqlq.broker import operate
 from django_mysqlq.models import Attempt, Message
 from tests.conftest import wait_for
 from tests.operator_support import OPERATOR, claim_in_peer, claim_only, make_dead
@@ -87,7 +88,7 @@ def test_change_priority_records_the_old_one_and_validates():
 
 
 def test_bulk_actions_work_in_chunks(monkeypatch):
-    monkeypatch.setattr(broker, "OPERATOR_CHUNK", 3)
+    monkeypatch.setattr(operate, "OPERATOR_CHUNK", 3)
     handles = tasks.record.enqueue_many([[f"m{i}"] for i in range(8)])
     ids = [h.id for h in handles]
     assert sorted(broker.set_priority(ids, 5, OPERATOR)) == sorted(ids)
@@ -147,7 +148,7 @@ def test_replay_enqueues_a_copy_of_a_finished_message():
     handle = tasks.record.enqueue("again", value=3)
     broker.cancel([handle.id], OPERATOR)
     source = last_history(handle.id)
-    new_id = broker.replay(source.pk, OPERATOR)
+    new_id = ops.replay(source.pk, OPERATOR)
     copy = Message.objects.get(pk=new_id)
     assert (copy.task_name, copy.status, copy.queue) == ("tests.testapp.tasks.record", "ready",
                                                          "default")
@@ -162,9 +163,9 @@ def test_replay_refuses_a_row_without_arguments():
     broker.requeue([dead], OPERATOR)
     requeued = last_history(dead)
     with pytest.raises(ValueError, match="only the final row"):
-        broker.replay(requeued.pk, OPERATOR)
+        ops.replay(requeued.pk, OPERATOR)
     with pytest.raises(LookupError, match="does not exist"):
-        broker.replay(10**12, OPERATOR)
+        ops.replay(10**12, OPERATOR)
 
 
 def test_pause_and_resume_are_recorded():

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from django_mysqlq import broker
+from django_mysqlq.broker import operate, overview, purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,41 +64,41 @@ def access(sql: str, params: list[Any]) -> list[tuple[str, str | None, str]]:
 
 
 def test_the_plan_check_catches_a_full_scan(big_tables):
-    unindexed = broker.HISTORY_WINDOW_SQL.replace("FORCE INDEX (mysqlq_att_finished)",
+    unindexed = overview.HISTORY_WINDOW_SQL.replace("FORCE INDEX (mysqlq_att_finished)",
                                                   "IGNORE INDEX (mysqlq_att_finished)")
     assert access(unindexed, [60]) == [("mysqlq_attempt", None, "ALL")]
 
 
 def test_history_window_is_a_range_of_the_finished_index_without_row_lookups(big_tables):
-    [table] = tables(explain(broker.HISTORY_WINDOW_SQL, [60]))
+    [table] = tables(explain(overview.HISTORY_WINDOW_SQL, [60]))
     assert (table["key"], table["access_type"], table.get("using_index")) == (
         "mysqlq_att_finished", "range", True)
 
 
 def test_queue_overview_reads_only_the_claim_index(big_tables):
-    plan = explain(broker.OVERVIEW_SQL, [])
+    plan = explain(overview.OVERVIEW_SQL, [])
     [table] = tables(plan)
     assert (table["key"], table.get("using_index")) == ("mysqlq_msg_claim", True)
     assert "filesort" not in json.dumps(plan)
     ids = ", ".join(["%s"] * 4)
-    assert access(broker.ENQUEUED_AT_SQL.format(ids=ids), [1, 2, 3, 4]) == [
+    assert access(overview.ENQUEUED_AT_SQL.format(ids=ids), [1, 2, 3, 4]) == [
         ("mysqlq_message", "PRIMARY", "range")]
 
 
 def test_stuck_candidates_workers_and_purge_use_their_indexes(big_tables):
-    assert access(broker.STUCK_CANDIDATES_SQL, []) == [
+    assert access(operate.STUCK_CANDIDATES_SQL, []) == [
         ("mysqlq_message", "mysqlq_msg_lease", "ref")]
-    assert access(broker.WORKERS_ALIVE_SQL, [30_000_000]) == [
+    assert access(overview.WORKERS_ALIVE_SQL, [30_000_000]) == [
         ("mysqlq_worker", "mysqlq_wrk_heartbeat", "range")]
     cutoff = broker.database_now().replace(tzinfo=None)
-    purge = explain(broker.PURGE_SQL, [cutoff, 1000])
-    [table] = tables(purge)
+    plan = explain(purge.PURGE_SQL, [cutoff, 1000])
+    [table] = tables(plan)
     assert (table["key"], table["access_type"]) == ("mysqlq_att_finished", "range")
-    assert "filesort" not in json.dumps(purge)
+    assert "filesort" not in json.dumps(plan)
 
 
 def test_operator_row_locks_are_primary_key_lookups(big_tables):
     ids = ", ".join(["%s"] * 3)
-    sql = broker._LOCK_OPERABLE_SQL.format(ids=ids, statuses="%s, %s, %s")
+    sql = operate._LOCK_OPERABLE_SQL.format(ids=ids, statuses="%s, %s, %s")
     assert access(sql, [1, 2, 3, "ready", "scheduled", "dead"]) == [
         ("mysqlq_message", "PRIMARY", "range")]

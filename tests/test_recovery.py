@@ -10,7 +10,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from django_mysqlq import broker
-from django_mysqlq.broker import AttemptResult, Runner
+from django_mysqlq.messages import AttemptResult, Runner
 from django_mysqlq.models import Attempt, Message
 from tests.conftest import wait_for
 from tests.testapp import tasks

@@ -28,8 +28,8 @@ compat = pytest.importorskip("django_mysqlq.backend.compat",
 from django_mysqlq import ArgumentEncodingError, broker  # noqa: E402
 from django_mysqlq.backend import MySQLQueueBackend, MySQLQueueTask, WorkerLost  # noqa: E402
 from django_mysqlq.backend import checks as backend_checks  # noqa: E402
+from django_mysqlq.messages import NewMessage  # noqa: E402
 from django_mysqlq.models import Attempt, Message  # noqa: E402
-from django_mysqlq.tasks import NewMessage  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.testapp import djtasks  # noqa: E402
 from tests.testapp import tasks as queue_tasks  # noqa: E402

@@ -9,6 +9,7 @@ import pytest
 from django.db import transaction
 
 from django_mysqlq import broker
+from django_mysqlq.broker import park
 from django_mysqlq.models import Attempt, Worker
 from tests.conftest import wait_for
 from tests.testapp import tasks
@@ -60,4 +61,4 @@ def test_wake_skips_dead_listeners_and_reports_woken_ones():
     broker.register_worker("ghost", "h", 1, ["default"], 1)
     Worker.objects.filter(pk="ghost").update(listening=True, connection_id=2**31)
     assert broker.wake(["default"]) == 0  # unknown thread id: ignored
-    assert not broker._wake_state.disabled
+    assert not park._wake_state.disabled

@@ -13,7 +13,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from .. import broker
+from .. import broker, ops
 from ..models import Attempt, Message
 from . import actions
 from .readonly import ReadOnlyAdminMixin
@@ -151,7 +151,7 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
 
     def replay_one(self, request: HttpRequest, attempt_id: int) -> int | None:
         try:
-            new_id = broker.replay(attempt_id, actions.who(request))
+            new_id = ops.replay(attempt_id, actions.who(request))
         except (LookupError, ValueError) as exc:
             self.message_user(request, str(exc), messages.WARNING)
             return None

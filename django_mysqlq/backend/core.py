@@ -20,8 +20,8 @@ from django.db import transaction
 from .. import broker
 from ..conf import get_settings
 from ..exceptions import ArgumentEncodingError
+from ..messages import NewMessage
 from ..models import Message
-from ..tasks import NewMessage
 from . import checks, results, wire
 from .compat import (
     BaseTaskBackend,

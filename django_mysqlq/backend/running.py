@@ -19,8 +19,8 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import broker
-from ..broker import ClaimedMessage, Runner
 from ..exceptions import PayloadDecodeError, UnknownTask
+from ..messages import ClaimedMessage, Runner
 from ..models import Attempt, Outcome
 from ..tasks import QueueTask
 from . import results, wire

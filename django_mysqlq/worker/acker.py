@@ -14,7 +14,7 @@ import time
 from django.db import DatabaseError, connections
 
 from .. import broker
-from ..broker import AttemptResult, ClaimedMessage, Runner
+from ..messages import AttemptResult, ClaimedMessage, Runner
 from .executor import settle
 
 logger = logging.getLogger("django_mysqlq")

@@ -15,9 +15,9 @@ from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import broker, payload
-from ..broker import AttemptResult, ClaimedMessage, Runner
 from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
+from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from ..signals import task_finished, task_started
 from ..tasks import AttemptScope, QueueTask, registry

@@ -21,9 +21,9 @@ import uuid
 from django.db import DatabaseError, connections
 
 from .. import broker
-from ..broker import AttemptResult, ClaimedMessage, Runner
 from ..conf import QueueSettings, get_settings
 from ..exceptions import TaskTimeout
+from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from ..signals import task_overran, worker_started, worker_stopped
 from ..tasks import import_task_modules

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from django_mysqlq import broker
-from django_mysqlq.broker import AttemptResult, Runner
+from django_mysqlq.messages import AttemptResult, Runner
 
 from .. import db
 from ..context import Context

@@ -10,19 +10,25 @@ matching figure here, measured in the same run.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import time
 import uuid
 from typing import Any
 
 from django_mysqlq import broker
+from django_mysqlq.broker import history as history_module
 from django_mysqlq.models import Outcome
 
 from ..context import DEFAULT_QUEUE, NOOP_PAYLOAD, NOOP_TASK, Context
 from ..errors import BenchError
 
-_INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({broker._INSERT_COLUMNS}) VALUES "
+# By path: the package re-exports functions named like these two modules.
+claim_module = importlib.import_module("django_mysqlq.broker.claim")
+enqueue_module = importlib.import_module("django_mysqlq.broker.enqueue")
+
+_INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({enqueue_module._INSERT_COLUMNS}) VALUES "
 #: The row the library writes for a message that is ready at once.
-_INSERT_ROW = broker._INSERT_ROW_NOW_NO_KEY
+_INSERT_ROW = enqueue_module._INSERT_ROW_NOW_NO_KEY
 #: queue, task, payload, priority, max_attempts, backoff, timeout
 _ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None]
 
@@ -30,13 +36,13 @@ _ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None]
 def claim_statement(ctx: Context) -> str:
     """The broker's claim, with the queue column's collation read as the broker reads it."""
     cur = ctx.conn.cursor()
-    cur.execute(broker.QUEUE_COLLATION_SQL)
+    cur.execute(claim_module.QUEUE_COLLATION_SQL)
     row = cur.fetchone()
     return broker.claim_sql_for(row[0] if row else None)
 
 READ_SQL = broker.READ_CLAIMED_SQL
-_HISTORY_HEAD = broker._ATTEMPT_INSERT_HEAD
-_HISTORY_ROW = broker._ATTEMPT_ROW
+_HISTORY_HEAD = history_module.ATTEMPT_INSERT_HEAD
+_HISTORY_ROW = history_module.ATTEMPT_ROW
 SERVER_START = 0
 WORKER_ID = "bench:raw"
 LEASE_MICROS = 30_000_000
@@ -156,7 +162,7 @@ def _ack(cur: Any, rows: Any, token: str, history: bool) -> None:
     cur.fetchall()
     started_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     params: list[Any] = []
-    for row in rows:  # the columns of broker._attempt_params, in its order
+    for row in rows:  # the columns of history_module.attempt_params, in its order
         params += [row[0], row[1], row[2], row[5], Outcome.SUCCEEDED.value, row[4], row[9],
                    started_at, WORKER_ID, "bench", 1, row[10], "raw", "", "", "", None,
                    row[3]]

@@ -1,0 +1,95 @@
+"""Every statement that moves a message, one module per stage of its life.
+
+Nothing else in the package writes the queue tables. Statements are raw SQL where the
+ORM can't say them (``UPDATE … ORDER BY … LIMIT``, ``FORCE INDEX``, ``CONNECTION_ID()``),
+always parameterised, each named once in the module of its stage, and all times come
+from the database clock (``UTC_TIMESTAMP(6)``) so that producers and workers on hosts
+with skewed clocks agree on what is due.
+
+Delivery is at-least-once: a claim is one autocommit ``UPDATE … LIMIT n`` stamped with
+the claimer's connection id, the server's start time and a fresh token; the batch is read
+back by the token. Ack deletes the message and writes its history row in one transaction,
+guarded by the token so a late ack never touches a message a peer has since recovered.
+
+=============  ==============================================================
+``enqueue``    insert in the caller's transaction, wake parked workers after commit
+``claim``      the claim ``UPDATE … LIMIT`` and its read-back
+``settle``     ack, retry, dead, release of unstarted messages
+``promote``    scheduled messages that are due become ready
+``recover``    leases, and the claims of vanished workers back to the queue
+``park``       idle workers' wait, producers' wake-ups
+``workers``    the workers table
+``operate``    operator actions (admin, CLI)
+``overview``   read-only counts for the dashboard and the CLI
+``purge``      history retention
+=============  ==============================================================
+
+This package re-exports what the worker, the admin and the commands call, so they
+write ``broker.claim(...)``.
+"""
+
+from ..messages import AttemptResult, ClaimedMessage, NewMessage, Runner
+from .base import (
+    ATTEMPT_TABLE,
+    MESSAGE_TABLE,
+    QUEUE_TABLE,
+    WORKER_TABLE,
+    close_if_broken,
+    ensure_usable,
+    send_robust,
+    stats,
+    was_interrupted,
+)
+from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
+from .enqueue import enqueue
+from .operate import (
+    Operator,
+    Stuck,
+    cancel,
+    paused_queues,
+    release_stuck,
+    replay,
+    requeue,
+    set_paused,
+    set_priority,
+    stuck_messages,
+)
+from .overview import (
+    HistoryBucket,
+    QueueOverview,
+    estimated_history_rows,
+    has_pending,
+    history_window,
+    queue_counts,
+    queue_overview,
+    workers_alive,
+)
+from .park import idle_wait, listen, wake
+from .promote import promote_due
+from .purge import count_history_before, purge_history_batch
+from .recover import (
+    RECOVERY_LOCK_SQL,
+    RECOVERY_UNLOCK_SQL,
+    is_recovery_leader,
+    recover,
+    release_strays,
+    renew_leases,
+)
+from .session import connection_identity, database_now
+from .settle import ack, ack_many, ack_within, fail, release, retry_delay
+from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
+
+__all__ = [
+    "ATTEMPT_TABLE", "MESSAGE_TABLE", "QUEUE_TABLE", "READ_CLAIMED_SQL", "RECOVERY_LOCK_SQL",
+    "RECOVERY_UNLOCK_SQL", "WORKER_TABLE", "AttemptResult", "ClaimedMessage", "HistoryBucket",
+    "NewMessage", "Operator", "QueueOverview", "Runner", "Stuck", "ack", "ack_many",
+    "ack_within", "cancel", "claim", "claim_sql", "claim_sql_for", "close_if_broken",
+    "connection_identity", "count_history_before", "database_now", "deregister_worker",
+    "enqueue", "ensure_usable", "estimated_history_rows", "fail", "has_pending",
+    "heartbeat_worker", "history_window", "idle_wait", "is_recovery_leader", "listen",
+    "mark_stale_workers", "paused_queues", "promote_due", "purge_history_batch",
+    "queue_counts", "queue_overview", "recover", "register_worker", "release",
+    "release_strays", "release_stuck", "renew_leases", "replay", "requeue", "retry_delay",
+    "send_robust", "set_paused", "set_priority", "stats", "stuck_messages", "wake",
+    "was_interrupted", "workers_alive",
+]

@@ -1,0 +1,186 @@
+"""What every broker module shares: table names, the connection, lock-conflict retries.
+
+Nothing here moves a message; the stage modules beside it do, each with its own named
+statements.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.dispatch import Signal
+
+from ..conf import get_settings
+
+logger = logging.getLogger("django_mysqlq")
+
+T = TypeVar("T")
+
+MESSAGE_TABLE = "mysqlq_message"
+ATTEMPT_TABLE = "mysqlq_attempt"
+WORKER_TABLE = "mysqlq_worker"
+QUEUE_TABLE = "mysqlq_queue"
+
+#: MySQL error codes retried with jitter: deadlock, lock wait timeout.
+LOCK_ERRORS = frozenset({1213, 1205})
+#: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
+QUERY_INTERRUPTED = 1317
+LOCK_RETRY_LIMIT = 8
+
+#: Resets a message's claim columns (a release, a retry, a recovery, a death).
+CLEAR_CLAIM = (
+    "claim_token = NULL, owner_connection = NULL, owner_server_start = NULL, "
+    "worker_id = NULL, claimed_at = NULL, lease_expires_at = NULL"
+)
+
+
+class BrokerStats:
+    """Counters the worker reports: lock conflicts retried inside the broker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.deadlocks = 0
+        self.lock_waits = 0
+
+    def count(self, code: int) -> None:
+        with self._lock:
+            if code == 1213:
+                self.deadlocks += 1
+            else:
+                self.lock_waits += 1
+
+
+stats = BrokerStats()
+
+
+def default_alias() -> str:
+    return get_settings().DATABASE
+
+
+def connection_for(alias: str | None = None) -> BaseDatabaseWrapper:
+    return connections[alias or default_alias()]
+
+
+def naive_utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def error_code(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
+
+
+def was_interrupted(exc: BaseException) -> bool:
+    """Whether a statement was cut short by ``KILL QUERY`` (a wake-up that came late)."""
+    return isinstance(exc, OperationalError) and error_code(exc) == QUERY_INTERRUPTED
+
+
+def with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
+    """Run ``operation``; retry it on deadlock/lock-wait errors with jittered backoff.
+
+    Only valid outside the caller's transaction: inside one, a deadlock has already
+    rolled back everything else, so the error must reach the caller.
+    """
+    connection = connection_for(alias)
+    for attempt in range(LOCK_RETRY_LIMIT):
+        try:
+            return operation()
+        except OperationalError as exc:
+            code = error_code(exc)
+            if (
+                code not in LOCK_ERRORS | {QUERY_INTERRUPTED}
+                or connection.in_atomic_block
+                or attempt == LOCK_RETRY_LIMIT - 1
+            ):
+                raise
+            if code == QUERY_INTERRUPTED:
+                continue  # an autocommit statement killed by a late wake-up: harmless
+            stats.count(code)
+            time.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+    raise AssertionError("unreachable")
+
+
+def require_autocommit(alias: str, what: str) -> None:
+    if connection_for(alias).in_atomic_block:
+        raise RuntimeError(
+            f"{what} must run in autocommit mode, outside transaction.atomic(): a claim "
+            "held inside an open transaction is invisible to peers and can't be recovered."
+        )
+
+
+def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
+    """Run ``body(cursor)`` in one transaction, retried on deadlocks and lock waits.
+
+    In autocommit (the worker's case) the transaction is an explicit ``START TRANSACTION``
+    … ``COMMIT``: Django's ``atomic()`` would add two ``SET autocommit`` round trips,
+    a third of an ack batch's statements. Inside a caller's transaction, ``atomic()``
+    nests as usual.
+    """
+    connection = connection_for(alias)
+
+    def nested() -> T:
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            return body(cursor)
+
+    def explicit() -> T:
+        with connection.cursor() as cursor:
+            cursor.execute("START TRANSACTION")
+            try:
+                value = body(cursor)
+                cursor.execute("COMMIT")
+            except BaseException:
+                try:
+                    cursor.execute("ROLLBACK")
+                except DatabaseError:
+                    pass  # the connection is gone, and with it the transaction
+                raise
+            return value
+
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return with_lock_retry(alias, nested)
+    return with_lock_retry(alias, explicit)
+
+
+
+def placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send a signal; a failing receiver is logged and never breaks the queue's work."""
+    for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error("Receiver %r of a django_mysqlq signal failed", receiver,
+                         exc_info=response)
+
+
+def ensure_usable(alias: str | None = None) -> None:
+    """Ping this thread's connection and drop it if the server has gone away meanwhile.
+
+    Django only notices a dead idle connection when a query fails; a task must not pay
+    for an outage with one of its attempts.
+    """
+    connection = connection_for(alias)
+    if connection.connection is not None and not connection.is_usable():
+        connection.close()
+
+
+def close_if_broken(alias: str | None = None) -> None:
+    """Drop this thread's connection if it is unusable, so the next query reconnects."""
+    try:
+        connection_for(alias).close_if_unusable_or_obsolete()
+    except DatabaseError:
+        connection_for(alias).close()
+

@@ -1,0 +1,323 @@
+"""What the admin and the CLI do to messages.
+
+Every action locks the rows it may change (``FOR UPDATE``, only in the statuses it
+allows: never ``claimed``), writes one history row per message naming the operator, and
+changes the rows, in one transaction. A message a worker claims meanwhile is simply not
+matched: actions never touch a message a live worker runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, transaction
+
+from ..conf import get_settings
+from ..messages import NewMessage
+from ..models import OPERABLE_STATUSES, Outcome
+from .base import (
+    ATTEMPT_TABLE,
+    MESSAGE_TABLE,
+    QUEUE_TABLE,
+    connection_for,
+    default_alias,
+    in_transaction,
+    logger,
+    placeholders,
+    require_autocommit,
+)
+from .enqueue import enqueue
+from .park import wake
+from .recover import RECOVER_SQL, live_connections, loss_reason
+from .session import connection_identity
+
+#: Ids per operator transaction: bounds lock time and statement size.
+OPERATOR_CHUNK = 500
+
+_OPERATOR_HISTORY_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload, actor)
+SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
+       UTC_TIMESTAMP(6), '', %s, %s, NULL, '', '', %s, '', NULL, IF(%s, payload, ''), %s
+  FROM {MESSAGE_TABLE}
+ WHERE id IN ({{ids}})
+"""
+_LOCK_OPERABLE_SQL = f"""
+SELECT id, queue FROM {MESSAGE_TABLE}
+ WHERE id IN ({{ids}}) AND status IN ({{statuses}})
+ ORDER BY id
+   FOR UPDATE
+"""
+REQUEUE_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', run_at = UTC_TIMESTAMP(6), attempts = IF(%s, 0, attempts)
+ WHERE id IN ({{ids}})
+"""
+CANCEL_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})"
+PRIORITY_SQL = f"UPDATE {MESSAGE_TABLE} SET priority = %s WHERE id IN ({{ids}})"
+
+#: Every claimed message with what an operator needs to judge it (walks mysqlq_msg_lease).
+STUCK_CANDIDATES_SQL = f"""
+SELECT id, claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired,
+       timeout IS NOT NULL
+         AND claimed_at + INTERVAL ROUND(timeout * 1000000) MICROSECOND
+             < UTC_TIMESTAMP(6) AS overran
+  FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
+ WHERE status = 'claimed'
+"""
+_LOCK_CLAIMED_SQL = f"""
+SELECT claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6)
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s AND status = 'claimed'
+   FOR UPDATE
+"""
+
+SET_PAUSED_SQL = f"""
+INSERT INTO {QUEUE_TABLE} (queue, paused, changed_at, changed_by)
+VALUES (%s, %s, UTC_TIMESTAMP(6), %s)
+ON DUPLICATE KEY UPDATE paused = VALUES(paused), changed_at = VALUES(changed_at),
+       changed_by = VALUES(changed_by)
+"""
+PAUSED_QUEUES_SQL = f"SELECT queue FROM {QUEUE_TABLE} WHERE paused = 1"
+
+REPLAY_SOURCE_SQL = f"""
+SELECT message_id, queue, task_name, priority, payload FROM {ATTEMPT_TABLE} WHERE id = %s
+"""
+
+#: Per queue and status: count, and the smallest id (the oldest ready message). Covered
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """Who asked for an operator action; written into the history row's ``actor``."""
+
+    name: str
+    host: str = ""
+    pid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A claimed message that looks stuck, and whether releasing it is safe."""
+
+    id: int
+    reason: str
+    #: False when its worker is alive (only overrunning): releasing would run it twice.
+    releasable: bool
+
+
+def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
+             change: Callable[[Any, list[int]], None], *, keep_payload: bool = False,
+             statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
+    """Lock the operable rows among ``ids``, record ``outcome`` for each, apply ``change``.
+
+    Returns the ids changed; the others were gone, running or in another status.
+    """
+    alias = default_alias()
+    done: list[int] = []
+    queues: set[str] = set()
+    unique = sorted({int(i) for i in ids})
+    for start in range(0, len(unique), OPERATOR_CHUNK):
+        chunk = unique[start:start + OPERATOR_CHUNK]
+
+        def body(cursor: Any, chunk: list[int] = chunk) -> list[tuple[int, str]]:
+            cursor.execute(
+                _LOCK_OPERABLE_SQL.format(ids=placeholders(len(chunk)),
+                                          statuses=placeholders(len(statuses))),
+                [*chunk, *statuses],
+            )
+            locked = [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+            if not locked:
+                return []
+            locked_ids = [message_id for message_id, _ in locked]
+            cursor.execute(
+                _OPERATOR_HISTORY_SQL.format(ids=placeholders(len(locked_ids))),
+                [outcome, operator.host[:255], operator.pid, note, keep_payload,
+                 operator.name[:200], *locked_ids],
+            )
+            change(cursor, locked_ids)
+            return locked
+
+        for message_id, queue in in_transaction(alias, body):
+            done.append(message_id)
+            queues.add(queue)
+    if queues and outcome == Outcome.REQUEUED:
+        try:
+            wake(sorted(queues), alias)
+        except DatabaseError as exc:
+            logger.warning("Could not wake idle workers after a requeue (%s).", exc)
+    return done
+
+
+def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = False,
+            statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
+    """Make ready, scheduled or dead messages ready now; return the ids requeued.
+
+    Without ``reset_attempts`` a dead message gets one more attempt; with it, a full set.
+    ``statuses`` narrows which messages qualify (``("dead",)`` to retry dead ones only).
+    """
+    if not set(statuses) <= set(OPERABLE_STATUSES):
+        raise ValueError(f"Only ready, scheduled or dead messages can be requeued, not "
+                         f"{sorted(set(statuses) - set(OPERABLE_STATUSES))}.")
+    note = "requeued" + (" with attempts reset" if reset_attempts else "")
+
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(REQUEUE_SQL.format(ids=placeholders(len(locked))),
+                       [reset_attempts, *locked])
+
+    return _operate(ids, operator, Outcome.REQUEUED, note, change, statuses=statuses)
+
+
+def cancel(ids: Sequence[int], operator: Operator) -> list[int]:
+    """Delete ready, scheduled or dead messages, keeping their payload in history."""
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(CANCEL_SQL.format(ids=placeholders(len(locked))), locked)
+
+    return _operate(ids, operator, Outcome.CANCELLED, "cancelled", change, keep_payload=True)
+
+
+def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[int]:
+    """Change the priority of ready, scheduled or dead messages (history keeps the old one)."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValueError(f"priority must be an integer from -100 to 100, not {priority!r}.")
+
+    def change(cursor: Any, locked: list[int]) -> None:
+        cursor.execute(PRIORITY_SQL.format(ids=placeholders(len(locked))), [priority, *locked])
+
+    return _operate(ids, operator, Outcome.PRIORITY, f"priority set to {priority}", change)
+
+
+def stuck_messages(liveness: str | None = None) -> list[Stuck]:
+    """Claimed messages whose owner is gone, whose lease ran out, or past their timeout."""
+    liveness = liveness or get_settings().LIVENESS
+    _, server_start = connection_identity()
+    with connection_for().cursor() as cursor:
+        cursor.execute(STUCK_CANDIDATES_SQL)
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        live = live_connections(cursor, liveness)
+    stuck = []
+    for message_id, _token, owner, owner_start, expired, overran in rows:
+        reason = loss_reason(owner, owner_start, bool(expired), live, liveness, server_start)
+        if reason is not None:
+            stuck.append(Stuck(int(message_id), reason, True))
+        elif overran:
+            stuck.append(Stuck(int(message_id), "running past its timeout (worker alive)",
+                               False))
+    return stuck
+
+
+def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
+    """Give stuck claims back to the queue; return ``{id: reason}`` of those released.
+
+    A claim is released only if recovery would take it too (owner connection gone, server
+    restarted, or lease expired), judged again under the row lock. A message whose worker
+    is alive is refused even if it overran: the worker is still running it.
+    """
+    alias = default_alias()
+    liveness = get_settings().LIVENESS
+    require_autocommit(alias, "release_stuck()")
+    _, server_start = connection_identity(alias)
+    released: dict[int, str] = {}
+    for message_id in sorted({int(i) for i in ids}):
+        def body(cursor: Any, message_id: int = message_id) -> str | None:
+            cursor.execute(_LOCK_CLAIMED_SQL, [message_id])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            token, owner, owner_start, expired = row
+            live = live_connections(cursor, liveness)
+            reason = loss_reason(owner, owner_start, bool(expired), live, liveness,
+                                  server_start)
+            if reason is None:
+                return None
+            cursor.execute(f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
+                           "WHERE id = %s", [message_id])
+            out_of_attempts = bool(cursor.fetchone()[0])
+            outcome = Outcome.FAILED if out_of_attempts else Outcome.RELEASED
+            note = f"claim released by an operator: {reason}"
+            cursor.execute(_OPERATOR_HISTORY_SQL.format(ids="%s"),
+                           [outcome, operator.host[:255], operator.pid, note, out_of_attempts,
+                            operator.name[:200], message_id])
+            cursor.execute(RECOVER_SQL, [f"WorkerLost: {reason}", message_id, token])
+            return reason
+
+        reason = in_transaction(alias, body)
+        if reason is not None:
+            released[message_id] = reason
+    return released
+
+
+#: A task's attempts, backoff and timeout, as a replayed copy gets them.
+TaskLimits = tuple[int, float, float | None]
+
+
+def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None) -> int:
+    """Enqueue a copy of the message a history row finished; return the new message's id.
+
+    Only final rows keep the payload (succeeded, failed, cancelled). ``limits`` are the
+    task's current attempts, backoff and timeout (:func:`django_mysqlq.ops.replay` looks
+    them up); without them the settings' defaults apply.
+    """
+    alias = default_alias()
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(REPLAY_SOURCE_SQL, [attempt_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"History row {attempt_id} does not exist (purged?).")
+    message_id, queue, task_name, priority, payload = row
+    if not payload:
+        raise ValueError(
+            f"History row {attempt_id} keeps no arguments: only the final row of a message "
+            "(succeeded, failed or cancelled) can be replayed; pick that one.")
+    if limits is None:
+        conf = get_settings()
+        limits = (conf.MAX_ATTEMPTS, conf.RETRY_BACKOFF, None)
+    max_attempts, backoff, timeout = limits
+    message = NewMessage(task_name=task_name, queue=queue, priority=int(priority),
+                         payload=payload, run_at=None, delay=0.0, max_attempts=max_attempts,
+                         retry_backoff=backoff, timeout=timeout, dedup_key=None)
+    with transaction.atomic(using=alias):
+        [new_id] = enqueue([message])
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(
+                _OPERATOR_HISTORY_SQL.format(ids="%s"),
+                [Outcome.REPLAYED, operator.host[:255], operator.pid,
+                 f"replay of history row {attempt_id} (message #{message_id})", False,
+                 operator.name[:200], new_id])
+    return new_id
+
+
+def set_paused(queue: str, paused: bool, operator: Operator) -> None:
+    """Pause or resume a queue.
+
+    Busy workers re-read the paused set about every second; parked ones re-read it before
+    their next claim, and are woken here so that happens now.
+    """
+    with connection_for().cursor() as cursor:
+        cursor.execute(SET_PAUSED_SQL, [queue, paused, operator.name[:200]])
+
+    def wake_parked() -> None:
+        try:
+            wake([queue])
+        except DatabaseError as exc:
+            logger.warning("Could not wake idle workers after %s %s (%s).",
+                           "pausing" if paused else "resuming", queue, exc)
+
+    # After the commit: a worker woken earlier would read the old state and park again.
+    transaction.on_commit(wake_parked, using=default_alias())
+
+
+def paused_queues(alias: str | None = None) -> set[str]:
+    """Names of the queues an operator paused."""
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(PAUSED_QUEUES_SQL)
+        return {str(row[0]) for row in cursor.fetchall()}
+
+

@@ -1,0 +1,152 @@
+"""Idle workers park in one ``SELECT … SLEEP()``; producers wake them with ``KILL QUERY``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from django.db import OperationalError
+
+from ..conf import get_settings
+from ..models import CLAIM_INDEX
+from .base import (
+    MESSAGE_TABLE,
+    QUERY_INTERRUPTED,
+    QUEUE_TABLE,
+    WORKER_TABLE,
+    connection_for,
+    default_alias,
+    error_code,
+    logger,
+    micros,
+    with_lock_retry,
+)
+from .recover import RECOVERY_LOCK_NAME
+from .session import connection_identity
+
+LISTEN_SQL = f"""
+UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID() WHERE id = %s
+"""
+#: Parked workers of a queue. Only rows renewed within a lease and since the server
+#: started count: a dead worker's connection id may belong to someone else by now.
+LISTENERS_SQL = f"""
+SELECT connection_id FROM {WORKER_TABLE}
+ WHERE listening = 1 AND stopped_at IS NULL AND FIND_IN_SET(%s, queues)
+   AND last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND
+"""
+#: Parks an idle worker: returns at once if its queues have ready messages or a scheduled
+#: message is due, else sleeps (at most %s seconds, or until the next message is due)
+#: until a producer's KILL QUERY cuts the SLEEP short. The check and the sleep are one
+#: statement, so a wake-up can't fall between them.
+_IDLE_WAIT_SQL = f"""
+SELECT CASE
+         WHEN %s = 'leader' AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
+                                          WHERE status = 'claimed') THEN 'sweep'
+         WHEN %s = 'follower' AND IS_FREE_LOCK({RECOVERY_LOCK_NAME}) = 1 THEN 'sweep'
+         WHEN EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+                       WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
+         WHEN due.wait <= 0 THEN 'due'
+         WHEN SLEEP(LEAST(%s, due.wait)) = 1 THEN 'woken'
+         ELSE 'slept'
+       END,
+       (SELECT COALESCE(GROUP_CONCAT(queue ORDER BY queue SEPARATOR ','), '')
+          FROM {QUEUE_TABLE} WHERE paused = 1 AND queue IN ({{queues}}))
+  FROM (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at)) / 1000000,
+                        %s) AS wait
+          FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
+         WHERE status = 'scheduled') AS due
+"""
+
+
+def listen(worker_id: str, listening: bool) -> None:
+    """Say whether this worker is parked (and on which connection) for producers to wake."""
+    def run() -> None:
+        with connection_for().cursor() as cursor:
+            cursor.execute(LISTEN_SQL, [listening, worker_id])
+
+    with_lock_retry(default_alias(), run)
+
+
+def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
+              watched: Sequence[str] = ()) -> tuple[str, str | None]:
+    """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
+    (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
+    with the paused ones among the ``watched`` queues as they were when it returned
+    (comma-separated, None when interrupted), so a parked worker sees a pause for free.
+
+    ``sweep_check`` folds the recovery duty into the park, so an idle cluster pays no
+    separate sweep: ``leader`` returns ``sweep`` at once if any message is claimed (there
+    may be a dead owner to judge), ``follower`` if the recovery lock is free (the leader
+    is gone). Both are checked when the statement starts, before it sleeps.
+    """
+    watched = list(watched) or list(queues)
+    sql = _IDLE_WAIT_SQL.replace("{queues}", ", ".join(["%s"] * len(queues)), 1).replace(
+        "{queues}", ", ".join(["%s"] * len(watched)), 1)
+    try:
+        with connection_for().cursor() as cursor:
+            cursor.execute(sql, [sweep_check, sweep_check, *queues, seconds, *watched,
+                                 seconds])
+            state, paused = cursor.fetchone()
+            return str(state), str(paused)
+    except OperationalError as exc:
+        if error_code(exc) == QUERY_INTERRUPTED:  # killed before SLEEP itself began
+            return "interrupted", None
+        raise
+
+
+class _WakeState:
+    """Per producer process: when each queue was last seen without listeners."""
+
+    #: Seconds a 'nobody is listening' answer is trusted; parked workers' first sleeps
+    #: are shorter than this plus their recheck, so no message waits on a stale answer.
+    QUIET_SECONDS = 0.02
+
+    def __init__(self) -> None:
+        self.quiet_since: dict[tuple[str, str], float] = {}
+        self.disabled = False
+
+
+_wake_state = _WakeState()
+
+
+def wake(queues: Sequence[str], alias: str | None = None) -> int:
+    """Wake workers parked on these queues (after a commit); return how many were woken."""
+    alias = alias or default_alias()
+    state = _wake_state
+    conf = get_settings()
+    if state.disabled or not conf.WAKEUP:
+        return 0
+    now = time.monotonic()
+    # Most enqueues of a busy producer end here: nobody listened a moment ago.
+    unknown = [queue for queue in dict.fromkeys(queues)
+               if now - state.quiet_since.get((alias, queue), -1.0) >= state.QUIET_SECONDS]
+    if not unknown:
+        return 0
+    woken = 0
+    _, server_start = connection_identity(alias)
+    recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - server_start))
+    with connection_for(alias).cursor() as cursor:
+        for queue in unknown:
+            key = (alias, queue)
+            cursor.execute(LISTENERS_SQL, [queue, micros(recent)])
+            listeners = [int(row[0]) for row in cursor.fetchall() if row[0]]
+            if not listeners:
+                state.quiet_since[key] = now
+                continue
+            state.quiet_since.pop(key, None)
+            for connection_id in listeners:
+                try:
+                    cursor.execute("KILL QUERY %s", [connection_id])
+                    woken += 1
+                except OperationalError as exc:
+                    if error_code(exc) == 1094:  # that worker is gone already
+                        continue
+                    state.disabled = True
+                    logger.warning(
+                        "Can't wake idle workers (%s): this database user may not KILL "
+                        "their queries. Workers fall back to polling; give the user the "
+                        "CONNECTION ADMIN privilege, run workers as the same user, or set "
+                        "MYSQLQ['WAKEUP'] = False.", exc)
+                    return woken
+    return woken
+

@@ -1,0 +1,214 @@
+"""Leases and recovery: claims of vanished workers go back to the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..conf import get_settings
+from ..models import Outcome
+from ..signals import messages_recovered
+from .base import (
+    CLEAR_CLAIM,
+    MESSAGE_TABLE,
+    connection_for,
+    default_alias,
+    in_transaction,
+    logger,
+    micros,
+    require_autocommit,
+    send_robust,
+    with_lock_retry,
+)
+from .history import HISTORY_FROM_MESSAGE_SQL
+from .session import SERVER_START_SLACK, connection_identity
+
+#: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
+RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
+RECOVERY_LOCK_SQL = f"SELECT GET_LOCK({RECOVERY_LOCK_NAME}, 0)"
+RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))"
+
+
+#: Claims under a worker's id that it no longer knows about (see ``release_strays``).
+RELEASE_STRAYS_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+ WHERE worker_id = %s AND status = 'claimed' {{keep}}
+"""
+
+RENEW_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       owner_connection = CONNECTION_ID(), owner_server_start = %s
+ WHERE claim_token IN ({{tokens}}) AND status = 'claimed'
+"""
+
+CLAIMED_ROWS_SQL = f"""
+SELECT id, claim_token, owner_connection, owner_server_start,
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired
+  FROM {MESSAGE_TABLE}
+ WHERE status = 'claimed'
+"""
+
+RECOVER_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = IF(attempts >= max_attempts, 'dead', 'ready'),
+       dedup_key = IF(attempts >= max_attempts, NULL, dedup_key),
+       last_error = %s, {CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
+
+
+def renew_leases(tokens: Sequence[str], lease_seconds: float,
+                 alias: str | None = None) -> int:
+    """Extend the claims this worker still holds (by token) and re-stamp their owner.
+
+    Only the tokens the worker knows: a claim it lost track of expires and is recovered.
+    Re-stamping matters after a reconnect: the claims then belong to the new connection,
+    so peers don't mistake a live worker for a dead one.
+    """
+    if not tokens:
+        return 0
+    alias = alias or default_alias()
+    _, server_start = connection_identity(alias)
+    sql = RENEW_SQL.format(tokens=", ".join(["%s"] * len(tokens)))
+
+    def run() -> int:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(sql, [micros(lease_seconds), server_start, *tokens])
+            return int(cursor.rowcount)
+
+    return with_lock_retry(alias, run)
+
+
+def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None = None) -> int:
+    """Give back claims under this worker's id except those with the ``keep`` tokens.
+
+    A stopping worker calls this last, so nothing it claimed but never ran stays behind.
+    """
+    alias = alias or default_alias()
+    condition = ("AND claim_token NOT IN (" + ", ".join(["%s"] * len(keep)) + ")") if keep \
+        else ""
+    sql = RELEASE_STRAYS_SQL.format(keep=condition)
+
+    def run() -> int:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(sql, [worker_id, *keep])
+            return int(cursor.rowcount)
+
+    return with_lock_retry(alias, run)
+
+
+def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[int, str, str]]:
+    """``(id, token, reason)`` of claims whose owner is gone or whose lease ran out."""
+    # Read the claims before the process list: a claim visible now was made by a
+    # connection that exists now or died; one made later can't be judged wrongly.
+    cursor.execute(CLAIMED_ROWS_SQL)
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    live: set[int] = set()
+    if liveness == "connection":
+        cursor.execute(LIVE_CONNECTIONS_SQL)
+        live = {int(row[0]) for row in cursor.fetchall()}
+    lost = []
+    for message_id, token, owner, owner_start, expired in rows:
+        reason = loss_reason(owner, owner_start, expired, live, liveness, server_start)
+        if reason is not None:
+            lost.append((int(message_id), str(token), reason))
+    return lost
+
+
+def loss_reason(owner: int | None, owner_start: int | None, expired: bool, live: set[int],
+                 liveness: str, server_start: int) -> str | None:
+    """Why a claim is lost (its owner can't be running it any more), or None if it is not."""
+    if expired:
+        return "lease expired without a heartbeat"
+    if liveness != "connection":
+        return None
+    if owner_start is not None and owner_start < server_start - SERVER_START_SLACK:
+        return "claimed before the database server restarted"
+    if owner is not None and int(owner) not in live:
+        return f"owner connection {owner} is gone"
+    return None
+
+
+_LEADER_ATTRIBUTE = "_django_mysqlq_recovery_leader"
+
+
+def is_recovery_leader(alias: str | None = None) -> bool:
+    """Whether this thread's connection holds the recovery lock for good (see ``recover``)."""
+    raw = connection_for(alias).connection
+    return raw is not None and bool(getattr(raw, _LEADER_ATTRIBUTE, False))
+
+
+def recover(liveness: str | None = None, alias: str | None = None, *,
+            keep_lock: bool = False) -> list[int]:
+    """Give the claims of vanished workers back to the queue; return the recovered ids.
+
+    Only one sweeper runs at a time (``GET_LOCK``); others return at once. With
+    ``keep_lock`` the lock stays held by this connection, which becomes the one
+    sweeper until it disconnects (workers do this: peers then only retry the lock
+    now and then, and an idle cluster stays quiet). Each lost attempt gets a ``lost``
+    history row, or ``failed`` when it was the message's last attempt (a message that
+    keeps killing its workers ends up dead, not in a loop).
+    """
+    alias = alias or default_alias()
+    conf = get_settings()
+    liveness = liveness or conf.LIVENESS
+    require_autocommit(alias, "recover()")
+    _, server_start = connection_identity(alias)
+    connection = connection_for(alias)
+    held = is_recovery_leader(alias)
+    with connection.cursor() as cursor:
+        if not held:
+            cursor.execute(RECOVERY_LOCK_SQL)
+            if cursor.fetchone()[0] != 1:
+                return []
+            if keep_lock:
+                setattr(connection.connection, _LEADER_ATTRIBUTE, True)
+        try:
+            lost = _lost_claims(cursor, liveness, server_start)
+            recovered = [m for m in lost if _recover_one(alias, *m)]
+        finally:
+            if not keep_lock and not held:
+                cursor.execute(RECOVERY_UNLOCK_SQL)
+                cursor.fetchone()
+    ids = [message_id for message_id, _, _ in recovered]
+    if ids:
+        logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
+                       "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
+        send_robust(messages_recovered, None, message_ids=ids)
+    return ids
+
+
+
+def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
+    error = f"WorkerLost: {reason}"
+
+    def body(cursor: Any) -> bool:
+        cursor.execute(
+            f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
+            "WHERE id = %s AND claim_token = %s FOR UPDATE",
+            [message_id, token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return False  # acked or released meanwhile
+        outcome = Outcome.FAILED if row[0] else Outcome.LOST
+        cursor.execute(HISTORY_FROM_MESSAGE_SQL,
+                       [outcome, "WorkerLost", reason, outcome == Outcome.FAILED, message_id])
+        cursor.execute(RECOVER_SQL, [error, message_id, token])
+        return True
+
+    return in_transaction(alias, body)
+
+
+
+def live_connections(cursor: Any, liveness: str) -> set[int]:
+    if liveness != "connection":
+        return set()
+    cursor.execute(LIVE_CONNECTIONS_SQL)
+    return {int(row[0]) for row in cursor.fetchall()}
+

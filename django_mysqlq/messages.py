@@ -1,0 +1,67 @@
+"""The message types every layer passes around.
+
+They sit below ``tasks``, ``broker``, ``models`` and ``handles`` and import none of
+them, so those modules can all use them without importing one another in a circle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class NewMessage:
+    """Everything the broker needs to insert one message."""
+
+    task_name: str
+    queue: str
+    priority: int
+    payload: str
+    #: Absolute time to run at, or None for now + ``delay`` on the database clock.
+    run_at: dt.datetime | None
+    delay: float
+    max_attempts: int
+    retry_backoff: float
+    timeout: float | None
+    dedup_key: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedMessage:
+    """A message this worker holds, as read back by its claim token."""
+
+    id: int
+    queue: str
+    task_name: str
+    payload: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    retry_backoff: float
+    timeout: float | None
+    enqueued_at: dt.datetime
+    claim_token: str
+    connection_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """Who ran an attempt: written into its history row."""
+
+    worker_id: str
+    host: str
+    pid: int
+    thread: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    """How one attempt ended, as the worker saw it."""
+
+    started_at: dt.datetime
+    error_class: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    result: Any = None
