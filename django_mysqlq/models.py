@@ -46,6 +46,8 @@ class Outcome(models.TextChoices):
     RELEASED = "released", "Stuck claim released by an operator"
     PRIORITY = "priority", "Priority changed by an operator"
     REPLAYED = "replayed", "Replayed (a copy enqueued) by an operator"
+    #: A worker that didn't know the task gave the message back for later (rolling deploy).
+    DEFERRED = "deferred", "Given back: the worker didn't know its task"
 
 
 #: Outcomes that record an attempt run by a worker (the rest are operator actions).
@@ -105,6 +107,15 @@ class Message(models.Model):
     worker_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     claimed_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: When the current attempt started on its worker, as the worker recorded it (within
+    #: about a second of the start, or before the start for a message lost once): recovery
+    #: counts a lost attempt only for a message that started.
+    started_at = models.DateTimeField(null=True, blank=True)
+    #: Times a worker vanished while holding it. A message lost before runs alone in its
+    #: worker process, so a task that kills its process can't take neighbours down again.
+    losses = models.PositiveSmallIntegerField(default=0, db_default=0)
+    #: Times a worker that didn't know its task gave it back (rolling deploys).
+    deferrals = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     last_error = models.TextField(blank=True, default="")
 
