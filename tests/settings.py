@@ -56,6 +56,9 @@ DATABASES = {
         # Worker subprocesses get the test database's name through this variable.
         "NAME": os.environ.get("MYSQLQ_TEST_DB", "mysqlq"),
         "OPTIONS": {"charset": "utf8mb4"},
+        # "none" keeps connections open for good (persistent), as many sites run workers.
+        "CONN_MAX_AGE": (None if os.environ.get("MYSQLQ_TEST_CONN_MAX_AGE") == "none"
+                         else int(os.environ.get("MYSQLQ_TEST_CONN_MAX_AGE", "0"))),
         # One test database per checkout, so two clones can run the suite side by side.
         "TEST": {"NAME": _TEST_DB, "CHARSET": "utf8mb4"},
     }

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -36,13 +35,12 @@ from django_mysqlq import (
     payload,
 )
 from django_mysqlq.models import Attempt, Message
+from tests.burst import assert_dead, assert_succeeded, enqueue_good, run_burst
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: Seconds a --burst worker gets to drain a handful of messages before the test fails.
-PATIENCE = 20.0
 #: A shorter bound for cases that used to wedge the worker: fail fast if they regress.
 STUCK_PATIENCE = 12.0
 
@@ -79,45 +77,6 @@ NASTY_STRINGS = [
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def run_burst(start_worker, *args: str, patience: float = PATIENCE) -> tuple[dict[str, Any], str]:
-    """Run a --burst worker to its end; return its JSON summary and its log."""
-    worker = start_worker("--burst", "--json-summary", "--burst-wait", "2", *args)
-    try:
-        status = worker.wait(timeout=patience)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the --burst worker was still running after {patience}s; stuck rows: "
-                    f"{list(Message.objects.values('id', 'task_name', 'status'))}\n"
-                    f"{worker.output()[-3000:]}")
-    output = worker.output()
-    assert status == 0, output
-    line = next(line for line in reversed(output.splitlines()) if line.startswith("{"))
-    return json.loads(line), output
-
-
-def enqueue_good(label: str) -> int:
-    return tasks.record.enqueue(label).id
-
-
-def assert_succeeded(*message_ids: int) -> None:
-    """These messages finished with one successful attempt and left the hot table."""
-    for message_id in message_ids:
-        outcomes = list(Attempt.objects.for_message(message_id).values_list("outcome",
-                                                                            flat=True))
-        assert outcomes == ["succeeded"], (message_id, outcomes)
-    assert not Message.objects.filter(pk__in=message_ids).exists()
-
-
-def assert_dead(message_id: int, outcomes: list[str], error_class: str) -> Message:
-    """This message is dead after exactly these attempts, each recording ``error_class``."""
-    message = Message.objects.get(pk=message_id)
-    assert message.status == "dead", message.last_error
-    attempts = list(Attempt.objects.for_message(message_id))
-    assert [a.outcome for a in attempts] == outcomes
-    assert {a.error_class for a in attempts} == {error_class}
-    assert message.last_error.startswith(error_class)
-    return message
 
 
 def nested_list(depth: int) -> list[Any]:

@@ -1,13 +1,15 @@
-"""Who a broker connection is: its connection id and the server's start time."""
+"""A connection's session as the server sees it: its id, the server's start time, and
+whether a transaction was left open on it."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
 
+from django.db import OperationalError
 from django.utils import timezone
 
-from .base import connection_for
+from .base import connection_for, error_code
 
 #: Seconds of tolerance when comparing server start times (Uptime has 1 s resolution).
 SERVER_START_SLACK = 2
@@ -53,3 +55,42 @@ def database_now() -> dt.datetime:
     """Now on the database clock (estimated), so history times agree with ``enqueued_at``."""
     return timezone.now() + dt.timedelta(seconds=_clock_offset)
 
+
+
+# --------------------------------------------------------------------------- leaks
+
+#: Whether the session has a transaction open, and whether autocommit is on (MariaDB).
+SESSION_TRANSACTION_SQL = "SELECT @@in_transaction, @@autocommit"
+AUTOCOMMIT_SQL = "SELECT @@autocommit"
+#: Refused with error 1568 while a transaction is open, on MySQL and MariaDB alike; outside
+#: one it only sets the next transaction's access mode to the default.
+NEXT_TRANSACTION_SQL = "SET TRANSACTION READ WRITE"
+TRANSACTION_IN_PROGRESS = 1568
+
+
+def transaction_left_open(alias: str, via: str | None = None) -> bool:
+    """Whether this thread's connection has a transaction open on the server, or autocommit
+    off, whatever Django believes: a task may have sent ``START TRANSACTION`` or
+    ``SET autocommit = 0`` through a raw cursor.
+
+    ``via`` forces the ``mariadb`` (``@@in_transaction``) or ``mysql`` (error 1568 on
+    ``SET TRANSACTION``) way of asking; by default the server's own.
+    """
+    connection = connection_for(alias)
+    if via is None:
+        via = "mariadb" if connection.mysql_is_mariadb else "mysql"  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
+        if via == "mariadb":
+            cursor.execute(SESSION_TRANSACTION_SQL)
+            in_transaction, autocommit = cursor.fetchone()
+            return bool(in_transaction) or not autocommit
+        cursor.execute(AUTOCOMMIT_SQL)
+        if not cursor.fetchone()[0]:
+            return True
+        try:
+            cursor.execute(NEXT_TRANSACTION_SQL)
+        except OperationalError as exc:
+            if error_code(exc) == TRANSACTION_IN_PROGRESS:
+                return True
+            raise
+    return False

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import broker, payload
 from ..conf import get_settings
@@ -54,17 +55,17 @@ def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
 def _close_open_transactions() -> list[str]:
     """Roll back what a task left open, so the next task on this thread starts clean.
 
-    A task that enters ``transaction.atomic()`` without leaving it, or turns autocommit off,
-    would otherwise hold its locks and poison every later task on the thread. Closing the
-    connection rolls its work back; forgetting the wrapper drops Django's atomic state.
-    Returns the aliases that had a transaction open.
+    A task that enters ``transaction.atomic()`` without leaving it, turns autocommit off,
+    or sends ``START TRANSACTION`` / ``SET autocommit = 0`` through a raw cursor would
+    otherwise hold its locks and swallow the writes of every later task on the thread
+    (or, with ``ACK_BATCH_SIZE=1``, have them committed by the next ack). Django can't see
+    the raw cases, so the server is asked. Closing the connection rolls its work back;
+    forgetting the wrapper drops Django's atomic state. Returns the aliases that had a
+    transaction open.
     """
     left_open = []
     for connection in connections.all(initialized_only=True):
-        autocommit_off = (connection.connection is not None
-                          and not connection.in_atomic_block
-                          and not connection.autocommit)
-        if connection.in_atomic_block or autocommit_off:
+        if _left_open(connection):
             left_open.append(connection.alias)
             try:
                 connection.close()
@@ -72,6 +73,21 @@ def _close_open_transactions() -> list[str]:
                 pass
             del connections[connection.alias]
     return left_open
+
+
+def _left_open(connection: BaseDatabaseWrapper) -> bool:
+    if connection.connection is None:
+        return False  # never connected, or closed: nothing can be open
+    if connection.in_atomic_block or not connection.autocommit:
+        return True
+    if connection.vendor != "mysql":
+        return False
+    try:
+        return broker.transaction_left_open(connection.alias)
+    except DatabaseError:
+        # Can't ask: the connection is broken, and with it whatever was open.
+        broker.close_if_broken(connection.alias)
+        return False
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:

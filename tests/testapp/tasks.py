@@ -249,3 +249,36 @@ async def async_records_its_db_thread(label: str) -> str:
         return threading.current_thread().name
 
     return await sync_to_async(write)()
+
+
+# --------------------------------------------------------------------------- raw SQL leaks
+# Transactions opened with raw SQL, behind Django's back: Django's connection state says
+# autocommit and no atomic block, only the server knows (tests/test_transaction_leaks.py).
+
+
+def _raw_insert(label: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO testapp_ledger (label, pid, created_at) "
+                       "VALUES (%s, %s, UTC_TIMESTAMP(6))", [label, os.getpid()])
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def leaves_raw_transaction_open(label: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+    _raw_insert(label)
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def raw_transaction_then_raises(label: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+    _raw_insert(label)
+    raise ValueError(f"failed inside a raw transaction: {label}")
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def turns_autocommit_off_raw(label: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SET autocommit = 0")
+    _raw_insert(label)
