@@ -25,6 +25,7 @@ from .base import (
 )
 from .session import connection_identity
 
+#: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
 #: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
 #: sees ``queue`` as fixed and sorts every ready row of the queue (a filesort).
 CLAIM_SQL = f"""

@@ -47,7 +47,6 @@ _INSERT_ROW_NOW_NO_KEY = (
     "(%s, %s, %s, %s, %s, %s, %s, NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'ready', 0, '')"
 )
 
-#: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
 
 
 def _ready_now(message: NewMessage) -> bool:

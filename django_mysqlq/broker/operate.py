@@ -90,7 +90,6 @@ REPLAY_SOURCE_SQL = f"""
 SELECT message_id, queue, task_name, priority, payload FROM {ATTEMPT_TABLE} WHERE id = %s
 """
 
-#: Per queue and status: count, and the smallest id (the oldest ready message). Covered
 
 @dataclasses.dataclass(frozen=True)
 class Operator:

@@ -20,6 +20,7 @@ from .base import (
     placeholders,
 )
 
+#: Per queue and status: count, and the smallest id (the oldest ready message). Covered
 #: by the claim index, whose prefix is exactly (queue, status).
 OVERVIEW_SQL = f"""
 SELECT queue, status, COUNT(*), MIN(id)
