@@ -44,6 +44,8 @@ class ClaimedMessage:
     enqueued_at: dt.datetime
     claim_token: str
     connection_id: int
+    #: Times a worker vanished while holding it: a message lost before runs alone.
+    losses: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

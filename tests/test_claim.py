@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 
@@ -9,9 +10,12 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 
 from django_mysqlq import broker
-from django_mysqlq.broker import promote
+from django_mysqlq.broker import locked, promote
 from django_mysqlq.models import CLAIM_INDEX, Message
 from tests.testapp import tasks
+
+# By path: the package re-exports a function named like this module.
+claim_module = importlib.import_module("django_mysqlq.broker.claim")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,6 +65,19 @@ def test_claim_walks_the_claim_index_without_a_filesort(backlog):
     assert plan_problems(explain(broker.claim_sql(), claim_params())) == []
 
 
+def test_the_claim_around_locked_rows_walks_the_claim_index_too(backlog):
+    select = claim_module.with_queue_collation(claim_module.READY_UNLOCKED_SQL,
+                                               claim_module._queue_collation("default"))
+    plan = explain(select, ["default", 10])
+    [step] = plan["query_block"]["nested_loop"]
+    assert step["table"]["key"] == CLAIM_INDEX
+    assert step["table"]["access_type"] in ("ref", "range")
+    assert "filesort" not in json.dumps(plan)
+    by_id = claim_module.CLAIM_IDS_SQL.format(ids="%s, %s")
+    [table] = [explain(by_id, ["t", 1, WORKER, 30_000_000, 1, 2])["query_block"]["table"]]
+    assert (table["key"], table["access_type"]) == ("PRIMARY", "range")
+
+
 def test_the_plan_check_catches_a_claim_that_sorts(backlog):
     # Same statement with the priority direction flipped against the index: must be caught.
     flipped = broker.claim_sql().replace("priority DESC, id", "priority ASC, id")
@@ -68,9 +85,10 @@ def test_the_plan_check_catches_a_claim_that_sorts(backlog):
 
 
 def test_promotion_walks_the_due_index(backlog):
-    text = json.dumps(explain(promote.PROMOTE_SQL, [100]))
-    assert "mysqlq_msg_due" in text
-    assert "filesort" not in text
+    for sql in (promote.PROMOTE_SQL, promote.DUE_UNLOCKED_SQL):
+        text = json.dumps(explain(sql, [100]))
+        assert "mysqlq_msg_due" in text
+        assert "filesort" not in text
 
 
 def test_claim_takes_higher_priority_first_then_fifo():
@@ -152,7 +170,8 @@ def test_renewing_leases_extends_only_this_workers_claims():
     assert after[other] == before[other]
 
 
-def test_a_lock_wait_timeout_on_claim_is_retried_inside_the_broker_and_counted():
+def test_a_lock_wait_on_claim_steps_around_the_locked_row_and_is_counted():
+    """The claim waits about a second for a stranger's row lock, never InnoDB's 50 s."""
     handle = tasks.record.enqueue("locked")
     holding, release = threading.Event(), threading.Event()
 
@@ -160,25 +179,24 @@ def test_a_lock_wait_timeout_on_claim_is_retried_inside_the_broker_and_counted()
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT id FROM mysqlq_message WHERE id = %s FOR UPDATE", [handle.id])
             holding.set()
-            release.wait(10)
+            release.wait(30)
         connections.close_all()
 
     holder = threading.Thread(target=hold_row_lock)
     holder.start()
+    locked.LOCKED_ROWS.forget()
     try:
         assert holding.wait(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
         before = broker.stats.lock_waits
-        threading.Timer(1.5, release.set).start()  # let go after the first wait timed out
-        [message] = claim()
+        assert claim() == []  # the only ready row is locked: stepped over, not waited for
+        assert broker.stats.lock_waits == before + 1
+        assert locked.LOCKED_ROWS.around(("default", "default"))
     finally:
         release.set()
         holder.join()
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    [message] = claim()  # free again: taken by the SKIP LOCKED path while it lasts
     assert message.id == handle.id
-    assert broker.stats.lock_waits > before
+    locked.LOCKED_ROWS.forget()
 
 
 def test_an_interrupted_read_back_gives_the_batch_back():

@@ -29,8 +29,9 @@ ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
 QUEUE_TABLE = "mysqlq_queue"
 
+DEADLOCK = 1213
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
-LOCK_ERRORS = frozenset({1213, 1205})
+LOCK_ERRORS = frozenset({DEADLOCK, 1205})
 #: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
 QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
@@ -52,7 +53,7 @@ class BrokerStats:
 
     def count(self, code: int) -> None:
         with self._lock:
-            if code == 1213:
+            if code == DEADLOCK:
                 self.deadlocks += 1
             else:
                 self.lock_waits += 1
@@ -87,8 +88,10 @@ def was_interrupted(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) and error_code(exc) == QUERY_INTERRUPTED
 
 
-def with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
-    """Run ``operation``; retry it on deadlock/lock-wait errors with jittered backoff.
+def with_lock_retry(alias: str, operation: Callable[[], T],
+                    codes: frozenset[int] = LOCK_ERRORS) -> T:
+    """Run ``operation``; retry it on deadlock/lock-wait errors (``codes``) with jittered
+    backoff.
 
     Only valid outside the caller's transaction: inside one, a deadlock has already
     rolled back everything else, so the error must reach the caller.
@@ -100,7 +103,7 @@ def with_lock_retry(alias: str, operation: Callable[[], T]) -> T:
         except OperationalError as exc:
             code = error_code(exc)
             if (
-                code not in LOCK_ERRORS | {QUERY_INTERRUPTED}
+                code not in codes | {QUERY_INTERRUPTED}
                 or connection.in_atomic_block
                 or attempt == LOCK_RETRY_LIMIT - 1
             ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError
@@ -18,30 +18,54 @@ from .base import (
     close_if_broken,
     connection_for,
     default_alias,
+    in_transaction,
     logger,
     micros,
+    placeholders,
     require_autocommit,
     with_lock_retry,
 )
+from .locked import run_around_locks, short_wait
 from .session import connection_identity
+from .settle import bury
+
+#: The largest value of ``attempts`` (INT UNSIGNED): the claim never adds past it, so a
+#: tampered row can't make the statement fail for the whole queue (it goes dead instead).
+ATTEMPTS_MAX = 4294967295
+
+#: What a claim sets on each row it takes (the token, owner and lease parameters first).
+_CLAIM_SET = f"""
+   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
+       owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
+       lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, started_at = NULL,
+       attempts = IF(attempts < {ATTEMPTS_MAX}, attempts + 1, attempts)"""
 
 #: The claim. ``{queue_collation}`` becomes `` COLLATE <the queue column's collation>``
 #: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
 #: sees ``queue`` as fixed and sorts every ready row of the queue (a filesort).
 CLAIM_SQL = f"""
-UPDATE {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
-   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
-       owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
-       lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-       attempts = attempts + 1
+UPDATE {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX}){_CLAIM_SET}
  WHERE queue = CONVERT(%s USING utf8mb4){{queue_collation}} AND status = 'ready'
  ORDER BY priority DESC, id
  LIMIT %s
 """
+#: The claim's rows, stepping over any a stranger has locked (see ``locked``)...
+READY_UNLOCKED_SQL = f"""
+SELECT id FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+ WHERE queue = CONVERT(%s USING utf8mb4){{queue_collation}} AND status = 'ready'
+ ORDER BY priority DESC, id
+ LIMIT %s
+   FOR UPDATE SKIP LOCKED
+"""
+#: ... then claimed by id, in the same transaction.
+CLAIM_IDS_SQL = f"""
+UPDATE {MESSAGE_TABLE}{_CLAIM_SET}
+ WHERE id IN ({{ids}}) AND status = 'ready'
+"""
 
 READ_CLAIMED_SQL = f"""
 SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
-       timeout, enqueued_at, owner_connection
+       timeout, enqueued_at, owner_connection, losses
   FROM {MESSAGE_TABLE}
  WHERE claim_token = %s
  ORDER BY priority DESC, id
@@ -58,67 +82,105 @@ QUEUE_COLLATION_SQL = f"""
 SELECT COLLATION_NAME FROM information_schema.COLUMNS
  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{MESSAGE_TABLE}' AND COLUMN_NAME = 'queue'
 """
-_claim_sql_cache: dict[str, str] = {}
+_collation_cache: dict[str, str | None] = {}
 
 
-def claim_sql(alias: str | None = None) -> str:
-    """The claim statement for this database, with the queue column's own collation.
-
-    Read from the catalog once per process, so it matches whatever collation the
-    migration picked on this server.
-    """
-    alias = alias or default_alias()
-    sql = _claim_sql_cache.get(alias)
-    if sql is None:
+def _queue_collation(alias: str) -> str | None:
+    """The queue column's collation, read from the catalog once per process and database."""
+    if alias not in _collation_cache:
         with connection_for(alias).cursor() as cursor:
             cursor.execute(QUEUE_COLLATION_SQL)
             row = cursor.fetchone()
-        sql = _claim_sql_cache[alias] = claim_sql_for(row[0] if row else None)
-    return sql
+        _collation_cache[alias] = row[0] if row else None
+    return _collation_cache[alias]
+
+
+def with_queue_collation(sql: str, collation: str | None) -> str:
+    """``sql`` comparing the queue under ``collation`` (from QUEUE_COLLATION_SQL)."""
+    # A catalog value, never user data; checked anyway since it is spliced into SQL.
+    ok = collation is not None and collation.replace("_", "").isalnum()
+    return sql.replace("{queue_collation}", f" COLLATE {collation}" if ok else "")
+
+
+def claim_sql(alias: str | None = None) -> str:
+    """The claim statement for this database, with the queue column's own collation, so it
+    matches whatever collation the migration picked on this server."""
+    return with_queue_collation(CLAIM_SQL, _queue_collation(alias or default_alias()))
 
 
 def claim_sql_for(collation: str | None) -> str:
-    """The claim statement comparing the queue under ``collation`` (from QUEUE_COLLATION_SQL)."""
-    # A catalog value, never user data; checked anyway since it is spliced into SQL.
-    ok = collation is not None and collation.replace("_", "").isalnum()
-    return CLAIM_SQL.replace("{queue_collation}", f" COLLATE {collation}" if ok else "")
+    """The claim statement comparing the queue under ``collation``."""
+    return with_queue_collation(CLAIM_SQL, collation)
 
 
 def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
           alias: str | None = None) -> list[ClaimedMessage]:
-    """Claim up to ``limit`` ready messages, taking the queues in the order given."""
+    """Claim up to ``limit`` ready messages, taking the queues in the order given.
+
+    A row that can't be run as it stands (a tampered value) goes dead with its reason
+    instead of being returned.
+    """
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
     _, server_start = connection_identity(alias)
+    connection = connection_for(alias)
+    collation = _queue_collation(alias)
     claimed: list[ClaimedMessage] = []
     for queue in queues:
         wanted = limit - len(claimed)
         if wanted <= 0:
             break
         token = uuid.uuid4().hex
+        stamp = [token, server_start, worker_id, micros(lease_seconds)]
 
-        def run(queue: str = queue, wanted: int = wanted, token: str = token) -> int:
-            with connection_for(alias).cursor() as cursor:
-                cursor.execute(claim_sql(alias), [token, server_start, worker_id,
-                                           micros(lease_seconds), queue, wanted])
+        def fast(queue: str = queue, wanted: int = wanted, stamp: list[Any] = stamp) -> int:
+            with connection.cursor() as cursor:
+                cursor.execute(short_wait(connection, with_queue_collation(CLAIM_SQL, collation)),
+                               [*stamp, queue, wanted])
                 return int(cursor.rowcount)
 
-        if with_lock_retry(alias, run) == 0:
+        def body(cursor: Any, queue: str = queue, wanted: int = wanted,
+                 stamp: list[Any] = stamp) -> int:
+            cursor.execute(with_queue_collation(READY_UNLOCKED_SQL, collation), [queue, wanted])
+            ids = [int(row[0]) for row in cursor.fetchall()]
+            if not ids:
+                return 0
+            cursor.execute(CLAIM_IDS_SQL.format(ids=placeholders(len(ids))), [*stamp, *ids])
+            return int(cursor.rowcount)
+
+        def around(body: Callable[[Any], int] = body) -> int:
+            return in_transaction(alias, body)
+
+        if not run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around):
             continue
-        rows = _read_claimed(alias, token)
-        for row in rows:
-            enqueued_at = row[9]
-            if timezone.is_naive(enqueued_at):
-                enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
-            claimed.append(ClaimedMessage(
-                id=int(row[0]), queue=row[1], task_name=row[2], payload=row[3],
-                priority=int(row[4]), attempt=int(row[5]), max_attempts=int(row[6]),
-                retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
-                enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
-            ))
+        for row in _read_claimed(alias, token):
+            message = _message(row, token)
+            if isinstance(message, ClaimedMessage):
+                claimed.append(message)
+            else:
+                bury(alias, int(row[0]), token, message)
     return claimed
 
 
+def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
+    """The claimed row as a message, or why it can't be run as it stands."""
+    try:
+        attempt = int(row[5])
+        if attempt >= ATTEMPTS_MAX:
+            return (f"its attempts counter is at the column's maximum ({ATTEMPTS_MAX}): "
+                    "the row was changed by hand; requeue it with its attempts reset")
+        enqueued_at = row[9]
+        if timezone.is_naive(enqueued_at):
+            enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
+        return ClaimedMessage(
+            id=int(row[0]), queue=str(row[1]), task_name=str(row[2]), payload=str(row[3]),
+            priority=int(row[4]), attempt=attempt, max_attempts=int(row[6]),
+            retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
+            enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
+            losses=int(row[11]),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"
 def _read_claimed(alias: str, token: str) -> list[Any]:
     """Read a committed claim back; if that fails, give the batch back before raising.
 

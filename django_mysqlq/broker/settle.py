@@ -19,9 +19,40 @@ from .base import (
     micros,
     with_lock_retry,
 )
-from .history import ATTEMPT_INSERT_HEAD, ATTEMPT_ROW, INSERT_ATTEMPT_SQL, attempt_params
+from .history import (
+    ATTEMPT_INSERT_HEAD,
+    ATTEMPT_ROW,
+    HISTORY_FROM_MESSAGE_SQL,
+    INSERT_ATTEMPT_SQL,
+    attempt_params,
+)
 
 ACK_DELETE_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s"
+#: (id, claim_token) pairs are a derived table joined to the message table by primary key
+#: (eq_ref: one lookup per pair), so these statements read no other row and never wait on
+#: one a stranger has locked. A plain ``DELETE … WHERE id IN (…)`` on a small table may
+#: scan it all instead, and a DELETE, unlike an UPDATE, waits on every locked row it reads.
+DELETE_PAIRS_SQL = f"""
+DELETE m FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
+    ON m.id = o.id AND m.claim_token = o.token
+"""
+LOCK_PAIRS_SQL = f"""
+SELECT m.id FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
+    ON m.id = o.id AND m.claim_token = o.token
+   FOR UPDATE
+"""
+
+
+def _pairs(messages: Sequence[ClaimedMessage]) -> tuple[str, list[Any]]:
+    """The derived table of these messages' (id, token) pairs, and its parameters."""
+    rows = ["SELECT %s AS id, %s AS token", *["SELECT %s, %s"] * (len(messages) - 1)]
+    params = [value for message in messages for value in (message.id, message.claim_token)]
+    return "(" + " UNION ALL ".join(rows) + ")", params
+
+
+class _ClaimsLost(Exception):
+    """Some of an ack batch's claims were lost: roll back and ack the careful way."""
+
 
 RETRY_SQL = f"""
 UPDATE {MESSAGE_TABLE}
@@ -30,6 +61,9 @@ UPDATE {MESSAGE_TABLE}
        last_error = %s, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
+
+#: Locks one claimed row, if it is still this claim's.
+LOCK_CLAIM_SQL = f"SELECT 1 FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s FOR UPDATE"
 
 DEAD_SQL = f"""
 UPDATE {MESSAGE_TABLE}
@@ -56,38 +90,46 @@ def ack(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
 def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -> set[int]:
     """Ack many finished messages in one transaction; return the ids that were still ours.
 
-    One ``DELETE … RETURNING`` (MariaDB) and one multi-row history ``INSERT`` whatever
-    the batch size: batching acks is where burn-down throughput comes from.
+    Two statements whatever the batch size (one ``DELETE`` of the batch's (id, token)
+    pairs, one multi-row history ``INSERT``): batching acks is where burn-down throughput
+    comes from. Matching pairs, a message this worker re-claimed under a new token is never
+    taken for the old claim's. When some claims were lost, the batch is done again the
+    careful way, locking first to learn which rows are still ours.
     """
     if not finished:
         return set()
     alias = default_alias()
-    mariadb = connection_for(alias).mysql_is_mariadb  # type: ignore[attr-defined]
 
-    def body(cursor: Any) -> set[int]:
-        owned: set[int] = set()
-        if mariadb:
-            ids = [message.id for message, _, _ in finished]
-            tokens = sorted({message.claim_token for message, _, _ in finished})
-            cursor.execute(
-                f"DELETE FROM {MESSAGE_TABLE} WHERE id IN ({', '.join(['%s'] * len(ids))}) "
-                f"AND claim_token IN ({', '.join(['%s'] * len(tokens))}) RETURNING id",
-                [*ids, *tokens],
-            )
-            owned = {int(row[0]) for row in cursor.fetchall()}
-        else:  # MySQL: no DELETE … RETURNING, so one statement per message
-            for message, _, _ in finished:
-                cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
-                if cursor.rowcount:
-                    owned.add(message.id)
+    messages = [message for message, _, _ in finished]
+    pairs, pair_params = _pairs(messages)
+
+    def record(cursor: Any) -> None:
         params: list[Any] = []
         for message, runner, result in finished:
             params.extend(attempt_params(message, Outcome.SUCCEEDED, runner, result, True))
         cursor.execute(ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(finished)),
                        params)
+
+    def body(cursor: Any) -> set[int]:
+        cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), pair_params)
+        if cursor.rowcount != len(messages):
+            raise _ClaimsLost
+        record(cursor)
+        return {message.id for message in messages}
+
+    def careful(cursor: Any) -> set[int]:
+        """Learn which claims are still ours (locked), then delete those."""
+        cursor.execute(LOCK_PAIRS_SQL.format(pairs=pairs), pair_params)
+        owned = {int(row[0]) for row in cursor.fetchall()}
+        if owned:
+            cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), pair_params)
+        record(cursor)
         return owned
 
-    owned = in_transaction(alias, body)
+    try:
+        owned = in_transaction(alias, body)
+    except _ClaimsLost:
+        owned = in_transaction(alias, careful)
     for message, _, _ in finished:
         if message.id not in owned:
             logger.warning("%s #%s finished after its claim was recovered by a peer; it will "
@@ -162,3 +204,28 @@ def release(messages: Sequence[ClaimedMessage]) -> int:
         released += with_lock_retry(alias, run)
     return released
 
+
+
+#: Error class recorded for a row that can't be run as it stands (see ``bury``).
+UNRUNNABLE = "UnrunnableMessage"
+
+
+def bury(alias: str, message_id: int, token: str, reason: str) -> bool:
+    """Make a claimed row that can't be run (a tampered value) dead, with ``reason``.
+
+    The history row is copied on the server from the message row itself, so nothing of it
+    has to be read into Python first. Returns False if the claim was lost meanwhile.
+    """
+    logger.error("Message #%s can't be run: %s. It is now dead.", message_id, reason)
+
+    def body(cursor: Any) -> bool:
+        cursor.execute(LOCK_CLAIM_SQL, [message_id, token])
+        if cursor.fetchone() is None:
+            return False
+        # History first: it copies the claim's columns, which DEAD_SQL clears.
+        cursor.execute(HISTORY_FROM_MESSAGE_SQL, [Outcome.FAILED, UNRUNNABLE, reason, True,
+                                                  message_id])
+        cursor.execute(DEAD_SQL, [f"{UNRUNNABLE}: {reason}", message_id, token])
+        return True
+
+    return in_transaction(alias, body)
