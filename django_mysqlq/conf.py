@@ -62,6 +62,11 @@ class QueueSettings:
     GRACE_SECONDS: float = 30.0
     #: Seconds between the worker's one-line summaries in the log (0 turns them off).
     SUMMARY_SECONDS: float = 60.0
+    #: InnoDB history list length past which the worker summary, ``queuestats`` and the
+    #: dashboard warn of purge lag (0 turns that warning off).
+    PURGE_LAG_WARNING: int = 100_000
+    #: Age in seconds of the oldest open transaction past which they warn (0: off).
+    PURGE_LAG_WARNING_SECONDS: float = 300.0
     #: Largest encoded payload (args + kwargs as JSON) accepted at enqueue.
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Modules to import at worker start besides every installed app's ``tasks`` module.
@@ -106,6 +111,8 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         positive(name)
     positive("RETRY_BACKOFF", allow_zero=True)
     positive("SUMMARY_SECONDS", allow_zero=True)
+    positive("PURGE_LAG_WARNING_SECONDS", allow_zero=True)
+    positive("PURGE_LAG_WARNING", integer=True, allow_zero=True)
     for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES", "ACK_BATCH_SIZE"):
         positive(name, integer=True)
 

@@ -209,11 +209,15 @@ class Dashboard:
     #: Attempts per minute, oldest first (index 59 = the current minute), and failures.
     per_minute: list[int]
     failures_per_minute: list[int]
+    #: The server's purge lag (it slows every claim) and its warning, if past a threshold.
+    purge_lag: broker.PurgeLag
+    purge_warning: str | None
 
     def as_json(self) -> dict[str, object]:
         return {
             "workers_alive": self.workers_alive,
             "stuck": self.stuck,
+            "purge_lag": {**self.purge_lag.as_json(), "warning": self.purge_warning},
             "queues": [
                 {**{k: v for k, v in dataclasses.asdict(q).items() if k != "throughput"},
                  "throughput": {f"{m}m": q.throughput.get(m, 0) for m in WINDOWS},
@@ -260,6 +264,8 @@ def dashboard(top: int = 10) -> Dashboard:
             if failed:
                 failures_per_minute[slot] += bucket.count
     top_failing = sorted(failing.items(), key=lambda item: (-item[1], item[0]))[:top]
+    lag = broker.purge_lag()
     return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
-                     per_minute=per_minute, failures_per_minute=failures_per_minute)
+                     per_minute=per_minute, failures_per_minute=failures_per_minute,
+                     purge_lag=lag, purge_warning=lag.warning())

@@ -71,7 +71,8 @@ MYSQLQ = {
     "POLL_SECONDS": 0.2,
     "RETRY_BACKOFF": 0.1,
     "GRACE_SECONDS": float(os.environ.get("MYSQLQ_TEST_GRACE", "10")),
-    "SUMMARY_SECONDS": 0,
+    "SUMMARY_SECONDS": float(os.environ.get("MYSQLQ_TEST_SUMMARY", "0")),
+    "PURGE_LAG_WARNING_SECONDS": float(os.environ.get("MYSQLQ_TEST_PURGE_LAG_SECONDS", "300")),
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
 }

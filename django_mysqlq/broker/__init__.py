@@ -11,7 +11,6 @@ the claimer's connection id, the server's start time and a fresh token; the batc
 back by the token. Ack deletes the message and writes its history row in one transaction,
 guarded by the token so a late ack never touches a message a peer has since recovered.
 
-=============  ==============================================================
 ``enqueue``    insert in the caller's transaction, wake parked workers after commit
 ``claim``      the claim ``UPDATE … LIMIT`` and its read-back
 ``settle``     ack, retry, dead, release of unstarted messages
@@ -22,7 +21,6 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
 ``purge``      history retention
-=============  ==============================================================
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -56,10 +54,13 @@ from .operate import (
 )
 from .overview import (
     HistoryBucket,
+    OldestTransaction,
+    PurgeLag,
     QueueOverview,
     estimated_history_rows,
     has_pending,
     history_window,
+    purge_lag,
     queue_counts,
     queue_overview,
     workers_alive,
@@ -91,7 +92,9 @@ __all__ = [
     "ClaimedMessage",
     "HistoryBucket",
     "NewMessage",
+    "OldestTransaction",
     "Operator",
+    "PurgeLag",
     "QueueOverview",
     "Runner",
     "Stuck",
@@ -121,6 +124,7 @@ __all__ = [
     "paused_queues",
     "promote_due",
     "purge_history_batch",
+    "purge_lag",
     "queue_counts",
     "queue_overview",
     "recover",

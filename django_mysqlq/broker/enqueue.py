@@ -156,7 +156,7 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        queues = [message.queue for message in messages]
+        queues = [message.queue for message in messages]  # one per message: wake() counts
         transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
     return ids
 

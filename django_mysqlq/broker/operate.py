@@ -119,7 +119,7 @@ def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
     """
     alias = default_alias()
     done: list[int] = []
-    queues: set[str] = set()
+    queues: list[str] = []  # one entry per message changed: wake() wakes as many
     unique = sorted({int(i) for i in ids})
     for start in range(0, len(unique), OPERATOR_CHUNK):
         chunk = unique[start:start + OPERATOR_CHUNK]
@@ -144,10 +144,10 @@ def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
 
         for message_id, queue in in_transaction(alias, body):
             done.append(message_id)
-            queues.add(queue)
+            queues.append(queue)
     if queues and outcome == Outcome.REQUEUED:
         try:
-            wake(sorted(queues), alias)
+            wake(queues, alias)
         except DatabaseError as exc:
             logger.warning("Could not wake idle workers after a requeue (%s).", exc)
     return done
@@ -304,7 +304,7 @@ def set_paused(queue: str, paused: bool, operator: Operator) -> None:
 
     def wake_parked() -> None:
         try:
-            wake([queue])
+            wake([queue], everyone=True)  # every parked worker must re-read the paused set
         except DatabaseError as exc:
             logger.warning("Could not wake idle workers after %s %s (%s).",
                            "pausing" if paused else "resuming", queue, exc)

@@ -7,15 +7,17 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import OperationalError
 from django.utils import timezone
 
-from ..conf import get_settings
+from ..conf import QueueSettings, get_settings
 from ..models import ATTEMPT_OUTCOMES, CLAIM_INDEX, MessageStatus
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
     WORKER_TABLE,
     connection_for,
+    error_code,
     micros,
     placeholders,
 )
@@ -47,6 +49,30 @@ SELECT TABLE_ROWS FROM information_schema.TABLES
  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s
 """
 
+#: InnoDB's history list length: committed changes whose undo InnoDB has not purged yet.
+#: MariaDB has it as a status variable, readable without any privilege.
+HISTORY_LENGTH_SQL = "SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'"
+#: The same figure where that variable is missing (MySQL 8); needs the PROCESS privilege.
+HISTORY_LENGTH_METRIC_SQL = """
+SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len'
+"""
+#: The longest-open InnoDB transaction, with its age in seconds and whose it is (the user
+#: and host only when its process list row is visible). ``trx_started`` is the server's
+#: *system* local time (InnoDB fills it with localtime_r, whatever the session's
+#: time_zone), so it is converted from 'SYSTEM' to UTC and compared with UTC on the server.
+#: Needs the PROCESS privilege.
+OLDEST_TRANSACTION_SQL = """
+SELECT trx.trx_mysql_thread_id,
+       TIMESTAMPDIFF(SECOND, CONVERT_TZ(trx.trx_started, 'SYSTEM', '+00:00'),
+                     UTC_TIMESTAMP()),
+       COALESCE(proc.USER, ''), COALESCE(proc.HOST, '')
+  FROM information_schema.INNODB_TRX AS trx
+  LEFT JOIN information_schema.PROCESSLIST AS proc ON proc.ID = trx.trx_mysql_thread_id
+ ORDER BY trx.trx_started, trx.trx_id
+ LIMIT 1
+"""
+#: "Access denied; you need the PROCESS privilege", and "SELECT command denied".
+_NO_PRIVILEGE = frozenset({1227, 1142})
 
 
 def queue_counts(queues: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
@@ -147,3 +173,140 @@ def estimated_history_rows() -> int:
         row = cursor.fetchone()
     return int(row[0] or 0) if row else 0
 
+
+@dataclasses.dataclass(frozen=True)
+class OldestTransaction:
+    """The longest-open InnoDB transaction on the server: purge can't pass its snapshot."""
+
+    connection_id: int
+    seconds: int
+    #: Empty when this user can't see that connection in the process list.
+    user: str = ""
+    host: str = ""
+
+    def describe(self) -> str:
+        who = f" ({self.user}@{self.host})" if self.user else ""
+        return f"connection {self.connection_id}{who}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PurgeLag:
+    """How far InnoDB's purge is behind, and the open transaction that holds it back.
+
+    Deleted messages stay in the claim index as delete-marked entries until purge removes
+    them, and purge can't remove what an older read snapshot may still see: one long
+    transaction anywhere on the server (a ``mysqldump --single-transaction``, a report)
+    makes every claim walk past more of them.
+    """
+
+    #: None: the server doesn't tell this user (MySQL 8 without PROCESS).
+    history_length: int | None
+    #: None: no InnoDB transaction is open, or they can't be seen (``visible``).
+    oldest: OldestTransaction | None
+    #: False: this user lacks the PROCESS privilege, so the oldest transaction is unknown.
+    visible: bool
+
+    @property
+    def oldest_seconds(self) -> int | None:
+        return self.oldest.seconds if self.oldest is not None else None
+
+    def _age_text(self) -> str:
+        if not self.visible:
+            return "unknown"
+        return "none" if self.oldest is None else f"{self.oldest.seconds}s"
+
+    def fields(self) -> str:
+        """``history_len=… oldest_trx=…`` for the worker's summary line."""
+        length = "unknown" if self.history_length is None else str(self.history_length)
+        return f"history_len={length} oldest_trx={self._age_text()}"
+
+    def describe(self) -> str:
+        """One line for people: the figures, and whose the oldest transaction is."""
+        length = "unknown" if self.history_length is None else f"{self.history_length:,}"
+        if not self.visible:
+            oldest = "unknown (needs the PROCESS privilege)"
+        elif self.oldest is None:
+            oldest = "none open"
+        else:
+            oldest = f"{self.oldest.seconds}s, {self.oldest.describe()}"
+        return f"InnoDB history list length {length}; oldest open transaction {oldest}"
+
+    def warning(self, conf: QueueSettings | None = None) -> str | None:
+        """What it means and what to do, once a threshold is passed; else None."""
+        conf = conf or get_settings()
+        over = []
+        limit, seconds, oldest = conf.PURGE_LAG_WARNING, conf.PURGE_LAG_WARNING_SECONDS, self.oldest
+        if limit and self.history_length is not None and self.history_length > limit:
+            over.append(f"InnoDB's history list length is {self.history_length:,} "
+                        f"(over MYSQLQ['PURGE_LAG_WARNING'] = {limit:,})")
+        if seconds and oldest is not None and oldest.seconds > seconds:
+            over.append(f"a transaction has been open for {oldest.seconds}s "
+                        f"(over MYSQLQ['PURGE_LAG_WARNING_SECONDS'] = {seconds:g})")
+        if not over:
+            return None
+        return (f"Purge lag: {' and '.join(over)}. InnoDB can't purge deleted rows that an "
+                "open read snapshot may still see, so every claim walks past more of them "
+                f"and slows down. {self._culprit(seconds)}; run backups (mysqldump "
+                "--single-transaction) and reports on a replica, not on the queue's database.")
+
+    def _culprit(self, seconds: float) -> str:
+        """Which transaction to end, if one is to blame."""
+        oldest = self.oldest
+        if oldest is not None and (not seconds or oldest.seconds > seconds):
+            return (f"The oldest open transaction is {oldest.describe()}, open for "
+                    f"{oldest.seconds}s: end it (KILL {oldest.connection_id} if it is stuck)")
+        if not self.visible:
+            return ("This database user can't see which transaction holds it back (grant it "
+                    "PROCESS, or look in information_schema.INNODB_TRX as an admin): end it")
+        youngest_blame = (f"no transaction has been open over {seconds:g}s (the oldest: "
+                          f"{oldest.describe()}, {oldest.seconds}s)" if oldest is not None
+                          else "no transaction is open now")
+        return (f"But {youngest_blame}: purge is catching up after a burst of changes or a "
+                "long transaction that just ended (if it stays high, it can't keep up with "
+                "the write rate: see innodb_purge_threads)")
+
+    def as_json(self) -> dict[str, object]:
+        oldest = self.oldest
+        return {
+            "history_length": self.history_length,
+            "oldest_transaction_seconds": self.oldest_seconds,
+            "oldest_transaction": None if oldest is None else {
+                "connection_id": oldest.connection_id, "user": oldest.user,
+                "host": oldest.host},
+            "transactions_visible": self.visible,
+        }
+
+
+def purge_lag(alias: str | None = None) -> PurgeLag:
+    """Read the history list length and the oldest open transaction (see ``PurgeLag``).
+
+    Figures this database user may not read come back as unknown, never as an error.
+    """
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(HISTORY_LENGTH_SQL)
+        row = cursor.fetchone()
+        length = int(row[1]) if row is not None else _history_metric(cursor)
+        try:
+            cursor.execute(OLDEST_TRANSACTION_SQL)
+        except OperationalError as exc:
+            if error_code(exc) not in _NO_PRIVILEGE:
+                raise
+            return PurgeLag(length, None, visible=False)
+        row = cursor.fetchone()
+    if row is None:
+        return PurgeLag(length, None, visible=True)
+    connection_id, seconds, user, host = row
+    return PurgeLag(length, OldestTransaction(int(connection_id), max(0, int(seconds)),
+                                              str(user), str(host)), visible=True)
+
+
+def _history_metric(cursor: Any) -> int | None:
+    """The history list length from INNODB_METRICS (MySQL 8), or None if it is hidden."""
+    try:
+        cursor.execute(HISTORY_LENGTH_METRIC_SQL)
+    except OperationalError as exc:
+        if error_code(exc) in _NO_PRIVILEGE:
+            return None
+        raise
+    row = cursor.fetchone()
+    return int(row[0]) if row is not None else None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from django.db import OperationalError
@@ -34,6 +36,8 @@ SELECT connection_id FROM {WORKER_TABLE}
  WHERE listening = 1 AND stopped_at IS NULL AND FIND_IN_SET(%s, queues)
    AND last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND
 """
+#: Ends a parked worker's SLEEP (the statement only: its connection stays).
+KILL_QUERY_SQL = "KILL QUERY %s"
 #: Parks an idle worker: returns at once if its queues have ready messages or a scheduled
 #: message is due, else sleeps (at most %s seconds, or until the next message is due)
 #: until a producer's KILL QUERY cuts the SLEEP short. The check and the sleep are one
@@ -109,20 +113,30 @@ class _WakeState:
 _wake_state = _WakeState()
 
 
-def wake(queues: Sequence[str], alias: str | None = None) -> int:
-    """Wake workers parked on these queues (after a commit); return how many were woken."""
+def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = False) -> int:
+    """Wake workers parked on these queues (after a commit); return how many were woken.
+
+    Each entry of ``queues`` stands for one new message there. Per queue, at most that
+    many listeners plus one are woken, picked at random so no worker is always the one:
+    one woken worker claims a whole batch, and waking every listener for each message
+    only makes the rest wake, find nothing and park again (a KILL per listener per
+    message). The one spare covers a listener that is stopping or just left its park.
+    ``everyone`` wakes every listener instead: a pause or resume, which all of them must
+    re-read.
+    """
     alias = alias or default_alias()
     state = _wake_state
     conf = get_settings()
     if state.disabled or not conf.WAKEUP:
         return 0
     now = time.monotonic()
+    new_messages = Counter(queues)
     # Most enqueues of a busy producer end here: nobody listened a moment ago.
-    unknown = [queue for queue in dict.fromkeys(queues)
+    unknown = [queue for queue in new_messages
                if now - state.quiet_since.get((alias, queue), -1.0) >= state.QUIET_SECONDS]
     if not unknown:
         return 0
-    woken = 0
+    woken: set[int] = set()
     _, server_start = connection_identity(alias)
     recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - server_start))
     with connection_for(alias).cursor() as cursor:
@@ -134,10 +148,16 @@ def wake(queues: Sequence[str], alias: str | None = None) -> int:
                 state.quiet_since[key] = now
                 continue
             state.quiet_since.pop(key, None)
+            random.shuffle(listeners)
+            wanted = len(listeners) if everyone else new_messages[queue] + 1
             for connection_id in listeners:
+                if wanted <= 0:
+                    break
+                if connection_id in woken:  # woken for another queue: it claims from both
+                    wanted -= 1
+                    continue
                 try:
-                    cursor.execute("KILL QUERY %s", [connection_id])
-                    woken += 1
+                    cursor.execute(KILL_QUERY_SQL, [connection_id])
                 except OperationalError as exc:
                     if error_code(exc) == 1094:  # that worker is gone already
                         continue
@@ -147,6 +167,7 @@ def wake(queues: Sequence[str], alias: str | None = None) -> int:
                         "their queries. Workers fall back to polling; give the user the "
                         "CONNECTION ADMIN privilege, run workers as the same user, or set "
                         "MYSQLQ['WAKEUP'] = False.", exc)
-                    return woken
-    return woken
-
+                    return len(woken)
+                woken.add(connection_id)
+                wanted -= 1
+    return len(woken)

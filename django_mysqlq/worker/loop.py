@@ -272,7 +272,7 @@ class Worker:
             due.promote = now + conf.POLL_SECONDS
         self._report_overruns()
         if now >= due.summary:
-            logger.info("Worker %s: %s", self.id, self.stats.summary())
+            self.stats.log_summary(self.id)  # with the server's purge lag
             due.summary = now + conf.SUMMARY_SECONDS
 
     def _sweep(self, now: float) -> None:

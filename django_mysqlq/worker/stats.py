@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from .. import broker
+
+logger = logging.getLogger("django_mysqlq")
 
 
 class WorkerStats:
@@ -53,11 +56,22 @@ class WorkerStats:
             "rate": round(self.rate(), 1),
         }
 
-    def summary(self) -> str:
+    def summary(self, lag: broker.PurgeLag | None = None) -> str:
+        """The counters on one line; with ``lag``, the server's purge lag before the rate."""
         d = self.as_dict()
+        server = f"{lag.fields()} " if lag is not None else ""
         return (
             f"processed={d['processed']} succeeded={d['succeeded']} failed={d['failed']} "
             f"retried={d['retried']} dead={d['dead']} recovered={d['recovered']} "
             f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
-            f"db_errors={d['db_errors']} rate={d['rate']}/s in {d['seconds']}s"
+            f"db_errors={d['db_errors']} {server}rate={d['rate']}/s in {d['seconds']}s"
         )
+
+    def log_summary(self, worker_id: str) -> None:
+        """Log the periodic summary, reading the purge lag now (only as often as this runs),
+        and a WARNING while it is past ``PURGE_LAG_WARNING`` / ``…_SECONDS``."""
+        lag = broker.purge_lag()
+        logger.info("Worker %s: %s", worker_id, self.summary(lag))
+        warning = lag.warning()
+        if warning is not None:
+            logger.warning("Worker %s: %s", worker_id, warning)

@@ -28,6 +28,9 @@ def _table(data: ops.Dashboard) -> str:
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.append(f"workers alive: {data.workers_alive}   stuck: {data.stuck}")
+    lines.append(f"purge lag: {data.purge_lag.describe()}")
+    if data.purge_warning:
+        lines.append(f"WARNING: {data.purge_warning}")
     if data.top_failing:
         lines.append("top failing (60 min): " + ", ".join(f"{t} ({n})"
                                                             for t, n in data.top_failing[:5]))
@@ -35,7 +38,8 @@ def _table(data: ops.Dashboard) -> str:
 
 
 class Command(BaseCommand):
-    help = "Per-queue counts, oldest ready age, throughput and failure rate; workers alive."
+    help = ("Per-queue counts, oldest ready age, throughput and failure rate; workers alive; "
+            "the server's purge lag.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")
