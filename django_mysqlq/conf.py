@@ -69,6 +69,10 @@ class QueueSettings:
     PURGE_LAG_WARNING_SECONDS: float = 300.0
     #: Largest encoded payload (args + kwargs as JSON) accepted at enqueue.
     MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Times a message whose task a worker doesn't know (a rolling deploy: an old worker
+    #: claimed a new task's message) is given back for later, 5 s then doubling up to
+    #: 5 minutes apart (12: about 35 minutes), before it goes dead. Its attempts are kept.
+    UNKNOWN_TASK_RETRIES: int = 12
     #: Modules to import at worker start besides every installed app's ``tasks`` module.
     TASK_MODULES: tuple[str, ...] = ()
 
@@ -115,6 +119,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     positive("PURGE_LAG_WARNING", integer=True, allow_zero=True)
     for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES", "ACK_BATCH_SIZE"):
         positive(name, integer=True)
+    positive("UNKNOWN_TASK_RETRIES", integer=True, allow_zero=True)
 
     if "WAKEUP" in values and not isinstance(values["WAKEUP"], bool):
         problems.append(f"MYSQLQ['WAKEUP'] must be True or False, not {values['WAKEUP']!r}.")

@@ -6,6 +6,7 @@ import threading
 
 from django.contrib.auth.models import Permission, User
 from django.db import connections
+from django.utils import timezone
 
 from django_mysqlq import broker
 from django_mysqlq.broker import Operator
@@ -36,12 +37,14 @@ def make_dead(task: QueueTask = tasks.always_fails, label: str = "x") -> int:
 
 
 def claim_in_peer(handle_id: int, lease_seconds: float = 30) -> ClaimedMessage:
-    """Claim on another connection, which then closes: a worker that died mid-task."""
+    """Claim and start on another connection, which then closes: a worker that died
+    mid-task (its start recorded, as a worker records it within about a second)."""
     box: dict[str, ClaimedMessage] = {}
 
     def run() -> None:
         try:
             [box["message"]] = broker.claim(["default"], 1, "dead-peer:2:xyz", lease_seconds)
+            broker.mark_started([(box["message"], timezone.now())])
         finally:
             connections.close_all()
 

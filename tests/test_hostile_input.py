@@ -354,7 +354,9 @@ def test_queue_names_a_worker_could_not_serve_are_refused(queue):
 
 
 @pytest.mark.worker
-def test_unknown_task_names_die_alone_and_import_nothing(start_worker):
+def test_unknown_task_names_are_deferred_alone_and_import_nothing(start_worker):
+    """Never run, never imported; given back for a worker that knows them (a rolling
+    deploy: tests/test_deploys.py), here on their last deferral, so they die."""
     before = enqueue_good("before")
     names = [
         "this.main",  # importing the stdlib module `this` would print the Zen of Python
@@ -370,7 +372,7 @@ def test_unknown_task_names_die_alone_and_import_nothing(start_worker):
     bad = {}
     for name in names:
         bad[name] = tasks.record.enqueue("should-not-run").id
-        corrupt(bad[name], task_name=name)
+        corrupt(bad[name], task_name=name, deferrals=12)
     after = enqueue_good("after")
     counts, output = run_burst(start_worker)
     assert (counts["succeeded"], counts["dead"], counts["retried"]) == (2, len(names), 0)

@@ -55,12 +55,13 @@ def test_claims_of_a_closed_connection_are_recovered_as_lost():
     for handle in handles:
         row = Message.objects.get(pk=handle.id)
         assert (row.status, row.claim_token, row.owner_connection) == ("ready", None, None)
-        assert row.attempts == 1
+        assert (row.attempts, row.losses) == (0, 1)  # never started: attempt given back
         assert "WorkerLost" in row.last_error
         [attempt] = Attempt.objects.for_message(handle.id)
         assert attempt.outcome == "lost"
         assert attempt.error_class == "WorkerLost"
         assert "is gone" in attempt.error_message
+        assert "had not started" in attempt.error_message
         assert attempt.worker_id == "peer"
         assert attempt.connection_id == claimed[0].connection_id
 
@@ -100,10 +101,17 @@ def test_lease_mode_ignores_connections_and_waits_for_the_lease():
     assert broker.recover(liveness="lease") == [handle.id]
 
 
+def started_peer_claim():
+    """A peer that claims and starts its messages (and records the starts)."""
+    claimed = peer_claim()
+    broker.mark_started([(m, timezone.now()) for m in claimed])
+    return claimed
+
+
 def test_a_message_lost_on_its_last_attempt_becomes_dead():
     handle = tasks.record.enqueue("a")
     Message.objects.filter(pk=handle.id).update(max_attempts=1)
-    in_thread(peer_claim)
+    in_thread(started_peer_claim)
     assert recover_until_found() == [handle.id]
     row = Message.objects.get(pk=handle.id)
     assert row.status == "dead"

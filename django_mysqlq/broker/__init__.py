@@ -71,13 +71,24 @@ from .purge import count_history_before, purge_history_batch
 from .recover import (
     RECOVERY_LOCK_SQL,
     RECOVERY_UNLOCK_SQL,
+    claims_held,
     is_recovery_leader,
     recover,
     release_strays,
     renew_leases,
 )
 from .session import connection_identity, database_now, transaction_left_open
-from .settle import ack, ack_many, ack_within, fail, release, retry_delay
+from .settle import (
+    Deferral,
+    ack,
+    ack_many,
+    ack_within,
+    defer,
+    fail,
+    mark_started,
+    release,
+    retry_delay,
+)
 from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
 
 __all__ = [
@@ -90,6 +101,7 @@ __all__ = [
     "WORKER_TABLE",
     "AttemptResult",
     "ClaimedMessage",
+    "Deferral",
     "HistoryBucket",
     "NewMessage",
     "OldestTransaction",
@@ -105,10 +117,12 @@ __all__ = [
     "claim",
     "claim_sql",
     "claim_sql_for",
+    "claims_held",
     "close_if_broken",
     "connection_identity",
     "count_history_before",
     "database_now",
+    "defer",
     "deregister_worker",
     "enqueue",
     "ensure_usable",
@@ -121,6 +135,7 @@ __all__ = [
     "is_recovery_leader",
     "listen",
     "mark_stale_workers",
+    "mark_started",
     "paused_queues",
     "promote_due",
     "purge_history_batch",

@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -155,6 +155,16 @@ def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
         return with_lock_retry(alias, nested)
     return with_lock_retry(alias, explicit)
 
+
+
+def rows_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+    """A derived table of parameter rows, ``(SELECT %s AS a, %s AS b UNION ALL …)``, and
+    its parameters: joined by primary key (``STRAIGHT_JOIN … ON m.id = o.id``) it lets a
+    statement touch exactly these rows, one lookup each, never a scan."""
+    first = "SELECT " + ", ".join(f"%s AS {name}" for name in columns)
+    other = "SELECT " + ", ".join(["%s"] * len(columns))
+    sql = "(" + " UNION ALL ".join([first, *[other] * (len(rows) - 1)]) + ")"
+    return sql, [value for row in rows for value in row]
 
 
 def placeholders(count: int) -> str:

@@ -30,7 +30,7 @@ from .base import (
 )
 from .enqueue import enqueue
 from .park import wake
-from .recover import RECOVER_SQL, live_connections, loss_reason
+from .recover import LOCK_LOST_SQL, NOT_STARTED, RECOVER_SQL, live_connections, loss_reason
 from .session import connection_identity
 
 #: Ids per operator transaction: bounds lock time and statement size.
@@ -236,11 +236,13 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
                                   server_start)
             if reason is None:
                 return None
-            cursor.execute(f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
-                           "WHERE id = %s", [message_id])
-            out_of_attempts = bool(cursor.fetchone()[0])
+            cursor.execute(LOCK_LOST_SQL, [message_id, token])
+            started, last_attempt = (bool(value) for value in cursor.fetchone())
+            out_of_attempts = started and last_attempt
             outcome = Outcome.FAILED if out_of_attempts else Outcome.RELEASED
             note = f"claim released by an operator: {reason}"
+            if not started:
+                note = f"{note}; {NOT_STARTED}"
             cursor.execute(_OPERATOR_HISTORY_SQL.format(ids="%s"),
                            [outcome, operator.host[:255], operator.pid, note, out_of_attempts,
                             operator.name[:200], message_id])

@@ -17,11 +17,15 @@ from .base import (
     logger,
     micros,
     require_autocommit,
+    rows_table,
     send_robust,
     with_lock_retry,
 )
 from .history import HISTORY_FROM_MESSAGE_SQL
 from .session import SERVER_START_SLACK, connection_identity
+
+#: The largest value of ``losses`` (SMALLINT UNSIGNED): counting never adds past it.
+LOSSES_MAX = 65535
 
 #: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
 RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
@@ -50,14 +54,35 @@ SELECT id, claim_token, owner_connection, owner_server_start,
  WHERE status = 'claimed'
 """
 
+#: A lost claim back to the queue. Only a message that had started spends its attempt
+#: (and goes dead when that was its last); one still waiting in its worker gets the
+#: attempt back. Either way it counts one more loss, so it runs alone next time.
+#: Assignments are applied left to right: ``attempts`` and ``started_at`` change last.
 RECOVER_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = IF(attempts >= max_attempts, 'dead', 'ready'),
-       dedup_key = IF(attempts >= max_attempts, NULL, dedup_key),
-       last_error = %s, {CLEAR_CLAIM}
+   SET status = IF(started_at IS NOT NULL AND attempts >= max_attempts, 'dead', 'ready'),
+       dedup_key = IF(started_at IS NOT NULL AND attempts >= max_attempts, NULL, dedup_key),
+       attempts = IF(started_at IS NULL AND attempts > 0, attempts - 1, attempts),
+       losses = IF(losses < {LOSSES_MAX}, losses + 1, losses),
+       last_error = %s, started_at = NULL, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
+#: Locks a lost claim and says what its recovery will do with it.
+LOCK_LOST_SQL = f"""
+SELECT started_at IS NOT NULL, attempts >= max_attempts
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s AND claim_token = %s
+   FOR UPDATE
+"""
+#: Note added to the trace of a lost message that had not started.
+NOT_STARTED = "it had not started, so the attempt is not counted"
 LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
+#: Which of these (id, token) pairs are still claimed by that token.
+CLAIMS_HELD_SQL = f"""
+SELECT m.id, m.claim_token FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
+    ON m.id = o.id AND m.claim_token = o.token
+ WHERE m.status = 'claimed'
+"""
 
 
 def renew_leases(tokens: Sequence[str], lease_seconds: float,
@@ -80,6 +105,17 @@ def renew_leases(tokens: Sequence[str], lease_seconds: float,
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)
+
+
+def claims_held(pairs: Sequence[tuple[int, str]],
+                alias: str | None = None) -> set[tuple[int, str]]:
+    """The (id, token) pairs among ``pairs`` that are still claimed under that token."""
+    if not pairs:
+        return set()
+    table, params = rows_table(("id", "token"), pairs)
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(CLAIMS_HELD_SQL.format(pairs=table), params)
+        return {(int(row[0]), str(row[1])) for row in cursor.fetchall()}
 
 
 def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None = None) -> int:
@@ -185,25 +221,20 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
 
 
 def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
-    error = f"WorkerLost: {reason}"
-
     def body(cursor: Any) -> bool:
-        cursor.execute(
-            f"SELECT attempts >= max_attempts FROM {MESSAGE_TABLE} "
-            "WHERE id = %s AND claim_token = %s FOR UPDATE",
-            [message_id, token],
-        )
+        cursor.execute(LOCK_LOST_SQL, [message_id, token])
         row = cursor.fetchone()
         if row is None:
             return False  # acked or released meanwhile
-        outcome = Outcome.FAILED if row[0] else Outcome.LOST
+        started, last_attempt = bool(row[0]), bool(row[1])
+        outcome = Outcome.FAILED if started and last_attempt else Outcome.LOST
+        note = reason if started else f"{reason}; {NOT_STARTED}"
         cursor.execute(HISTORY_FROM_MESSAGE_SQL,
-                       [outcome, "WorkerLost", reason, outcome == Outcome.FAILED, message_id])
-        cursor.execute(RECOVER_SQL, [error, message_id, token])
+                       [outcome, "WorkerLost", note, outcome == Outcome.FAILED, message_id])
+        cursor.execute(RECOVER_SQL, [f"WorkerLost: {note}", message_id, token])
         return True
 
     return in_transaction(alias, body)
-
 
 
 def live_connections(cursor: Any, liveness: str) -> set[int]:

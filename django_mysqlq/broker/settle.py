@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +19,8 @@ from .base import (
     in_transaction,
     logger,
     micros,
+    naive_utc,
+    rows_table,
     with_lock_retry,
 )
 from .history import (
@@ -45,9 +49,15 @@ SELECT m.id FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 
 def _pairs(messages: Sequence[ClaimedMessage]) -> tuple[str, list[Any]]:
     """The derived table of these messages' (id, token) pairs, and its parameters."""
-    rows = ["SELECT %s AS id, %s AS token", *["SELECT %s, %s"] * (len(messages) - 1)]
-    params = [value for message in messages for value in (message.id, message.claim_token)]
-    return "(" + " UNION ALL ".join(rows) + ")", params
+    return rows_table(("id", "token"), [(m.id, m.claim_token) for m in messages])
+
+
+#: When each attempt started, for the rows still claimed by these (id, token) pairs.
+MARK_STARTED_SQL = f"""
+UPDATE {{starts}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
+    ON m.id = o.id AND m.claim_token = o.token
+   SET m.started_at = o.started_at
+"""
 
 
 class _ClaimsLost(Exception):
@@ -191,6 +201,68 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     return str(outcome)
 
 
+#: A deferral: back to the queue later, the attempt given back, one more deferral counted.
+DEFER_SQL = f"""
+UPDATE {MESSAGE_TABLE}
+   SET status = 'scheduled', run_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       attempts = IF(attempts > 0, attempts - 1, 0),
+       deferrals = IF(deferrals < 65535, deferrals + 1, deferrals),
+       last_error = %s, started_at = NULL, {CLEAR_CLAIM}
+ WHERE id = %s AND claim_token = %s
+"""
+LOCK_DEFERRALS_SQL = f"""
+SELECT deferrals FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s FOR UPDATE
+"""
+#: First and longest wait before a deferred message is tried again (it doubles).
+DEFER_FIRST_SECONDS = 5.0
+DEFER_LONGEST_SECONDS = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferral:
+    """What ``defer`` did: ``deferred`` (with the delay and the count so far), ``failed``
+    (out of deferrals: dead) or ``lost`` (a peer recovered the message meanwhile)."""
+
+    outcome: str
+    deferrals: int = 0
+    delay: float = 0.0
+
+
+def defer_delay(deferrals: int) -> float:
+    """5 s, 10 s, 20 s … up to 5 minutes: twelve deferrals span about 35 minutes."""
+    return min(DEFER_LONGEST_SECONDS, DEFER_FIRST_SECONDS * 2.0 ** min(deferrals, 32))
+
+
+def defer(message: ClaimedMessage, runner: Runner, result: AttemptResult,
+          limit: int) -> Deferral:
+    """Give back a message whose task this worker doesn't know, for a later try elsewhere.
+
+    Its attempt is not counted. After ``limit`` deferrals it goes dead with ``result``'s
+    error instead, like a failure on its last attempt.
+    """
+    alias = default_alias()
+    summary = f"{result.error_class}: {result.error_message}".strip(": ")
+
+    def body(cursor: Any) -> Deferral:
+        cursor.execute(LOCK_DEFERRALS_SQL, [message.id, message.claim_token])
+        row = cursor.fetchone()
+        if row is None:
+            return Deferral(str(Outcome.LOST))
+        done = int(row[0])
+        if done >= limit:
+            cursor.execute(DEAD_SQL, [summary, message.id, message.claim_token])
+            cursor.execute(INSERT_ATTEMPT_SQL,
+                           attempt_params(message, Outcome.FAILED, runner, result, True))
+            return Deferral(str(Outcome.FAILED), done)
+        delay = defer_delay(done)
+        cursor.execute(DEFER_SQL, [micros(delay), summary, message.id, message.claim_token])
+        cursor.execute(INSERT_ATTEMPT_SQL,
+                       attempt_params(message, Outcome.DEFERRED, runner, result, False))
+        return Deferral(str(Outcome.DEFERRED), done + 1, delay)
+
+    return in_transaction(alias, body)
+
+
 def release(messages: Sequence[ClaimedMessage]) -> int:
     """Give claimed-but-unstarted messages back to the queue, as if never claimed."""
     alias = default_alias()
@@ -229,3 +301,26 @@ def bury(alias: str, message_id: int, token: str, reason: str) -> bool:
         return True
 
     return in_transaction(alias, body)
+
+
+def mark_started(starts: Sequence[tuple[ClaimedMessage, dt.datetime]],
+                 alias: str | None = None) -> int:
+    """Record when these claimed messages started running; return how many rows took it.
+
+    Recovery counts a lost attempt only for a message that started: a claimed message
+    still waiting in a vanished worker gets its attempt back. The worker records starts
+    about once a second (a message that started since is taken for unstarted and runs
+    alone next time), and before a message that was lost once starts at all.
+    """
+    if not starts:
+        return 0
+    alias = alias or default_alias()
+    table, params = rows_table(("id", "token", "started_at"),
+                               [(m.id, m.claim_token, naive_utc(at)) for m, at in starts])
+
+    def run() -> int:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(MARK_STARTED_SQL.format(starts=table), params)
+            return int(cursor.rowcount)
+
+    return with_lock_retry(alias, run)

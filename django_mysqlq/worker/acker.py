@@ -45,10 +45,10 @@ class Acker:
         """Successes not acked yet (their claims must keep being renewed)."""
         return len(self._pending)
 
-    def held_tokens(self) -> list[str]:
-        """Claim tokens of successes not acked yet (being written or waiting)."""
+    def held_pairs(self) -> list[tuple[int, str]]:
+        """(id, token) of successes not acked yet (being written or waiting)."""
         with self._cond:
-            return [m.claim_token for m, _, _ in [*self._writing, *self._pending]]
+            return [(m.id, m.claim_token) for m, _, _ in [*self._writing, *self._pending]]
 
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
         """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""

@@ -153,8 +153,11 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     started_at = broker.database_now()
     try:
         task = registry.get(message.task_name)
+    except UnknownTask as exc:
+        return _defer_unknown(message, runner, _describe(exc, started_at), give_up)
+    try:
         args, kwargs = payload.decode(message.payload)
-    except (UnknownTask, PayloadDecodeError) as exc:
+    except PayloadDecodeError as exc:
         # Not the task's fault and no retry can fix it: straight to dead, with the reason.
         logger.error("%s #%s can't run: %s", message.task_name, message.id, exc)
         result = _describe(exc, started_at)
@@ -209,6 +212,29 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     # Not acked: the message stays queued and runs again, so say so.
     return _finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
                      None, value)
+
+
+def _defer_unknown(message: ClaimedMessage, runner: Runner, result: AttemptResult,
+                   give_up: threading.Event) -> str:
+    """A task this worker doesn't know: give the message back for later, a bounded number of
+    times, then dead. During a rolling deploy an old worker may claim a new task's message;
+    a worker that knows the task will take it then."""
+    limit = get_settings().UNKNOWN_TASK_RETRIES
+    written = settle(lambda: broker.defer(message, runner, result, limit),
+                     _describe_message(message), give_up)
+    if written is None:
+        return str(Outcome.LOST)
+    deferral = written.deferrals
+    if written.outcome == Outcome.DEFERRED:
+        logger.warning("%s #%s: no task of that name is registered in this worker (a rolling "
+                       "deploy? a module missing from MYSQLQ['TASK_MODULES']?); gave it back "
+                       "to run in %.0fs (deferral %d of %d).", message.task_name, message.id,
+                       written.delay, deferral, limit)
+    elif written.outcome == Outcome.FAILED:
+        logger.error("%s #%s can't run: no task of that name is registered in this worker, "
+                     "and it was given back %d times already; it is now dead.",
+                     message.task_name, message.id, limit)
+    return str(written.outcome)
 
 
 def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,

@@ -9,46 +9,32 @@ and settle them on their own connections. The loop holds no SQL: it calls the br
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import os
-import queue
 import socket
 import threading
 import time
 import uuid
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from .. import broker
 from ..conf import QueueSettings, get_settings
-from ..exceptions import TaskTimeout
-from ..messages import AttemptResult, ClaimedMessage, Runner
-from ..models import Outcome
-from ..signals import task_overran, worker_started, worker_stopped
+from ..signals import task_overran, worker_started
 from ..tasks import import_task_modules
+from . import draining
 from .acker import Acker
-from .executor import execute
+from .gate import SoloGate
+from .holdings import Holdings
 from .options import WorkerOptions
 from .stats import WorkerStats
 from .stopping import StopRequest
+from .threads import run_task_thread
 
 logger = logging.getLogger("django_mysqlq")
 
-#: Exit status of a worker process ended because a task ran past its timeout.
-EXIT_TIMEOUT = 75
-
-
-@dataclasses.dataclass
-class RunningTask:
-    message: ClaimedMessage
-    started: float  # monotonic
-    started_at: dt.datetime  # database clock, for history
-    reported: bool = False
-
-
-def _qualified_name(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+#: Re-exported for the supervisor, which reads a child's exit status.
+EXIT_TIMEOUT = draining.EXIT_TIMEOUT
 
 
 def resident_memory_mb() -> float:
@@ -60,6 +46,7 @@ def resident_memory_mb() -> float:
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
+
 #: Shortest and longest pause after a failed loop step (database down).
 ERROR_BACKOFF = (0.2, 5.0)
 #: First pause after an empty claim; doubles up to ``MYSQLQ['POLL_SECONDS']``.
@@ -68,6 +55,9 @@ IDLE_BACKOFF_START = 0.02
 PARK_START = 0.025
 #: Seconds between two reads of the paused queues: how soon a pause or resume takes effect.
 PAUSE_CHECK_SECONDS = 1.0
+#: Seconds between two records of which messages started (recovery counts the attempt of a
+#: lost message only if it started; one that started since is taken for unstarted).
+MARK_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -75,6 +65,9 @@ class Due:
     """Monotonic times at which the control loop's periodic duties are next due."""
 
     beat: float
+    #: Next check that the claims waiting here are still ours (while some wait).
+    verify: float
+    mark: float
     recovery: float
     stale_check: float
     promote: float
@@ -86,8 +79,8 @@ class Due:
         now = time.monotonic()
         summary = now + settings.SUMMARY_SECONDS if settings.SUMMARY_SECONDS else float("inf")
         # Sweep at once: a restarted worker frees its previous life's claims.
-        return cls(beat=now + settings.HEARTBEAT_SECONDS, recovery=now, stale_check=now,
-                   promote=now, summary=summary, paused_check=now)
+        return cls(beat=now + settings.HEARTBEAT_SECONDS, verify=now, mark=now, recovery=now,
+                   stale_check=now, promote=now, summary=summary, paused_check=now)
 
 
 class Worker:
@@ -100,14 +93,12 @@ class Worker:
         self.pid = os.getpid()
         self.id = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
-        self._wakeup = threading.Event()
-        self.stop_request = StopRequest(self._wakeup)
-        self._give_up = threading.Event()
-        self._inbox: queue.Queue[ClaimedMessage | None] = queue.Queue()
-        self._in_flight = 0
-        self._running: dict[int, RunningTask] = {}
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self.wakeup = threading.Event()
+        self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
+        self.give_up = threading.Event()
+        self.holdings = Holdings(self.stop_request.event)
+        self.gate = SoloGate(self.stop_request.event)
+        self.threads: list[threading.Thread] = []
         self._claimed_total = 0
         self._due = Due.starting_now(self.settings)
         self._poll = IDLE_BACKOFF_START
@@ -122,58 +113,10 @@ class Worker:
         self._active: list[str] = list(options.queues)
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
-        self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
+        self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up) \
             if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
-        self._outages = 0
-
-    # ------------------------------------------------------------------ task threads
-
-    def _task_thread(self) -> None:
-        thread = threading.current_thread().name
-        runner = Runner(worker_id=self.id, host=self.host, pid=self.pid, thread=thread)
-        last_used = time.monotonic()
-        outages_seen = self._outages
-        try:
-            while True:
-                message = self._inbox.get()
-                if message is None:
-                    return
-                if outages_seen != self._outages or time.monotonic() - last_used > 1.0:
-                    # An idle connection may have died with the server: check it first,
-                    # so the task's first query doesn't fail on it and spend an attempt.
-                    outages_seen = self._outages
-                    try:
-                        broker.ensure_usable()
-                    except DatabaseError:
-                        broker.close_if_broken()
-                with self._lock:
-                    self._running[message.id] = RunningTask(message, time.monotonic(),
-                                                            broker.database_now())
-                try:
-                    outcome = execute(message, runner, self._give_up, self._acker)
-                except Exception:
-                    # execute() records every task failure itself; this is a bug or an
-                    # outage it could not ride out. The claim stays; a peer recovers it.
-                    logger.exception("Unexpected error while running %s #%s",
-                                     message.task_name, message.id)
-                    outcome = ""
-                self._count(outcome)
-                with self._lock:
-                    self._running.pop(message.id, None)
-                    self._in_flight -= 1
-                self._wakeup.set()
-                last_used = time.monotonic()
-        finally:
-            connections.close_all()
-
-    def _count(self, outcome: str) -> None:
-        if outcome == Outcome.SUCCEEDED:
-            self.stats.add(succeeded=1)
-        elif outcome == Outcome.RETRIED:
-            self.stats.add(retried=1)
-        elif outcome == Outcome.FAILED:
-            self.stats.add(dead=1)
+        self.outages = 0
 
     # ------------------------------------------------------------------ control loop
 
@@ -185,19 +128,19 @@ class Worker:
         try:
             self._loop()
         finally:
-            status = self._drain()
+            status = draining.drain(self)
         return status
 
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
-        if self._acker is not None:
-            self._acker.start()
+        if self.acker is not None:
+            self.acker.start()
         for index in range(self.options.concurrency):
-            thread = threading.Thread(target=self._task_thread, name=f"mysqlq-task-{index}",
-                                      daemon=True)
+            thread = threading.Thread(target=run_task_thread, args=(self,),
+                                      name=f"mysqlq-task-{index}", daemon=True)
             thread.start()
-            self._threads.append(thread)
+            self.threads.append(thread)
         logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
@@ -216,17 +159,21 @@ class Worker:
 
     def _database_trouble(self, exc: DatabaseError, delay: float) -> None:
         self.stats.add(db_errors=1)
-        self._outages += 1
+        self.outages += 1
+        # The claims' owner connection may be gone: a peer may be recovering them. Nothing
+        # new starts until a lease renewal on a new connection says which are still ours.
+        self.holdings.unverified()
+        self._due.beat = 0.0
         logger.warning("Database error in the worker loop (%s); retrying in %.1fs.", exc, delay)
         broker.close_if_broken()
-        self._wakeup.wait(delay)
-        self._wakeup.clear()
+        self.wakeup.wait(delay)
+        self.wakeup.clear()
 
     def _loop(self) -> None:
         error_delay = ERROR_BACKOFF[0]
         while not self.stop_request.is_set():
             # Cleared before looking, so a task finishing meanwhile wakes the next wait.
-            self._wakeup.clear()
+            self.wakeup.clear()
             try:
                 self._upkeep()
                 claimed = 0 if self._nothing_ready else self._claim()
@@ -255,8 +202,16 @@ class Worker:
             broker.listen(self.id, False)
             self._reconnected = False
         if now >= due.beat:
-            self._heartbeat()
-            due.beat = now + conf.HEARTBEAT_SECONDS
+            self.heartbeat()
+            due.beat = due.verify = now + conf.HEARTBEAT_SECONDS
+        elif now >= due.verify and self.holdings.has_unstarted():
+            # Claims wait here: check them more often than a peer sweeps, so a lost one
+            # is known before it would start.
+            self._renew()
+            due.verify = now + conf.RECOVERY_SECONDS / 2
+        if now >= due.mark:
+            self._mark_starts()
+            due.mark = now + MARK_SECONDS
         if now >= due.recovery and not self._listening:
             # (A parked worker's next park checks whether a sweep is needed at all.)
             self._sweep(now)
@@ -297,8 +252,7 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        with self._lock:
-            busy = self._in_flight > 0
+        busy = self.holdings.in_flight > 0
         now = time.monotonic()
         parking = not busy and conf.WAKEUP and bool(self._active)
         sweep_check = ""
@@ -313,7 +267,7 @@ class Worker:
         if not parking:
             until_upkeep = min(until_upkeep, max(0.0, due.paused_check - now))
             # Tasks finishing set the event; otherwise poll with a growing pause.
-            self._wakeup.wait(min(self._poll, until_upkeep))
+            self.wakeup.wait(min(self._poll, until_upkeep))
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
             return
         if not self._listening:
@@ -347,9 +301,8 @@ class Worker:
     def _claim(self) -> int:
         """Claim as many messages as there is room for; hand them to the task threads."""
         options = self.options
-        with self._lock:
-            in_flight = self._in_flight
-        if in_flight >= options.concurrency or self._over_memory():
+        in_flight = self.holdings.in_flight
+        if in_flight >= options.concurrency or self._over_memory() or self.gate.solo_pending:
             return 0
         room = max(options.concurrency, options.claim_batch) - in_flight
         wanted = min(options.claim_batch, room)
@@ -359,18 +312,13 @@ class Worker:
             return 0
         messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
         if messages:
-            with self._lock:
-                self._in_flight += len(messages)
+            self.holdings.add(messages)
             self._claimed_total += len(messages)
-            for message in messages:
-                self._inbox.put(message)
         return len(messages)
 
     def _finished(self, claimed: int) -> bool:
         """Whether a burst or max-tasks worker has nothing left to do."""
-        with self._lock:
-            busy = self._in_flight > 0
-        if busy or claimed:
+        if self.holdings.in_flight > 0 or claimed:
             return False
         if self.options.max_tasks is not None and self._claimed_total >= self.options.max_tasks:
             logger.info("Worker %s reached --max-tasks %d.", self.id, self.options.max_tasks)
@@ -381,65 +329,60 @@ class Worker:
                                                               self.options.burst_wait)
         return False
 
-    def _held_tokens(self) -> list[str]:
+    def held_tokens(self) -> list[str]:
         """Claim tokens of every message this worker holds: queued, running or unacked."""
-        with self._inbox.mutex:
-            queued = [m.claim_token for m in self._inbox.queue if m is not None]
-        with self._lock:
-            running = [task.message.claim_token for task in self._running.values()]
-        unacked = self._acker.held_tokens() if self._acker is not None else []
-        return sorted({*queued, *running, *unacked})
+        return sorted({token for _, token in self._held_pairs()})
 
-    def _heartbeat(self) -> None:
-        broker.renew_leases(self._held_tokens(), self.settings.LEASE_SECONDS)
+    def _held_pairs(self) -> list[tuple[int, str]]:
+        unacked = self.acker.held_pairs() if self.acker is not None else []
+        return [*self.holdings.held_pairs(), *unacked]
+
+    def heartbeat(self) -> None:
+        """Renew the leases (checking them) and the worker's row."""
+        self._renew()
         broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed,
                                 self._listening)
+
+    def _renew(self) -> None:
+        """Renew the held claims' leases; any a peer took meanwhile must not start here.
+
+        The renewal's row count says whether every claim is still ours; only when it
+        falls short is the database asked which ones.
+        """
+        held = self._held_pairs()
+        tokens = sorted({token for _, token in held})
+        if broker.renew_leases(tokens, self.settings.LEASE_SECONDS) < len(held):
+            lost = set(held) - broker.claims_held(held)
+            unstarted = self.holdings.claims_lost(lost)
+            if unstarted:
+                logger.warning("Worker %s: %d claimed message(s) were recovered by a peer "
+                               "before they started here (this worker's connection was lost, "
+                               "or its lease ran out); they won't run here.", self.id,
+                               unstarted)
+        self.holdings.verified()
+
+    def _mark_starts(self) -> None:
+        """Record in the database which held messages started since the last time."""
+        starts = self.holdings.unmarked_starts()
+        if starts:
+            broker.mark_started(starts)
+            self.holdings.marked([message for message, _ in starts])
 
     def _report_overruns(self) -> None:
         """Log (once) and signal tasks past their timeout; in process mode, end them."""
         now = time.monotonic()
-        with self._lock:
-            overdue = [task for task in self._running.values()
-                       if not task.reported and task.message.timeout is not None
-                       and now - task.started > task.message.timeout]
-            for task in overdue:
-                task.reported = True
+        overdue = [task for task in self.holdings.running()
+                   if not task.reported and task.message.timeout is not None
+                   and now - task.started > task.message.timeout]
         for task in overdue:
+            task.reported = True
             message, elapsed = task.message, now - task.started
             logger.warning("%s #%s has run %.0fs, past its timeout of %.0fs.",
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
             if self.options.kill_on_timeout:
-                self._abort_for_timeout(task, elapsed)
-
-    def _abort_for_timeout(self, task: RunningTask, elapsed: float) -> None:
-        """Fail the overdue message (so it is retried) and end this process at once.
-
-        A thread can't be stopped from outside, so the process goes: the supervisor
-        starts a fresh one. Other tasks running here are recovered by peers as lost.
-        """
-        message = task.message
-        logger.error("%s #%s ran %.0fs, past its timeout of %.0fs: failing the attempt and "
-                     "restarting this worker process.", message.task_name, message.id,
-                     elapsed, message.timeout)
-        runner = Runner(worker_id=self.id, host=self.host, pid=self.pid,
-                        thread=threading.current_thread().name)
-        error = TaskTimeout(f"ran {elapsed:.1f}s, past its timeout of {message.timeout}s; "
-                            "its worker process was restarted")
-        result = AttemptResult(started_at=task.started_at, error_class=_qualified_name(error),
-                               error_message=str(error))
-        try:
-            broker.fail(message, runner, result)
-            self._release_unstarted()
-            if self._acker is not None:
-                self._acker.stop()  # tasks that did finish are not run again
-            broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
-        except DatabaseError as exc:
-            logger.warning("Could not record the timeout (%s); peers will recover the claims.",
-                           exc)
-        logging.shutdown()
-        os._exit(EXIT_TIMEOUT)
+                draining.abort_for_timeout(self, task, elapsed)
 
     def _over_memory(self) -> bool:
         """Whether to stop claiming and drain, to be replaced: past ``--max-memory``.
@@ -458,81 +401,3 @@ class Worker:
                         "to be replaced.", self.id, used, limit)
             self.stop_request.set("max-memory")
         return True
-
-    # ------------------------------------------------------------------ stopping
-
-    def _wait_for_threads(self, deadline: float) -> None:
-        """Join the task threads by ``deadline``, renewing leases meanwhile.
-
-        A task finishing during the grace period keeps its claim: without heartbeats
-        its lease would run out and a peer would start it a second time.
-        """
-        next_beat = time.monotonic()
-        for thread in self._threads:
-            while thread.is_alive() and time.monotonic() < deadline:
-                if time.monotonic() >= next_beat:
-                    try:
-                        self._heartbeat()
-                    except DatabaseError as exc:
-                        logger.warning("Heartbeat failed while stopping (%s).", exc)
-                        broker.close_if_broken()
-                    next_beat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
-                thread.join(max(0.0, min(deadline, next_beat) - time.monotonic()))
-
-    def _release_unstarted(self) -> None:
-        """Give back the claimed messages no task thread has taken yet."""
-        unstarted: list[ClaimedMessage] = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                unstarted.append(item)
-        if not unstarted:
-            return
-        with self._lock:
-            self._in_flight -= len(unstarted)
-        try:
-            count = broker.release(unstarted)
-            logger.info("Released %d claimed but unstarted message(s).", count)
-        except DatabaseError as exc:
-            logger.warning("Could not release %d unstarted message(s) (%s); peers will "
-                           "recover them.", len(unstarted), exc)
-
-    def _drain(self) -> int:
-        """Release unstarted claims, wait for running tasks, deregister."""
-        self._release_unstarted()
-        for _ in self._threads:
-            self._inbox.put(None)
-        deadline = time.monotonic() + self.settings.GRACE_SECONDS
-        with self._lock:
-            running = len(self._running)
-        if running:
-            logger.info("Waiting up to %.0fs for %d running task(s).",
-                        self.settings.GRACE_SECONDS, running)
-        self._wait_for_threads(deadline)
-        if self._acker is not None:
-            self._acker.stop()  # ack what finished, before deregistering
-        abandoned = sum(thread.is_alive() for thread in self._threads)
-        try:
-            # Anything still claimed under our id that we don't hold (say, a claim whose
-            # read-back failed) goes back now instead of waiting for its lease.
-            strays = broker.release_strays(self.id, keep=self._held_tokens())
-            if strays:
-                logger.warning("Released %d claim(s) this worker had lost track of.", strays)
-        except DatabaseError as exc:
-            logger.warning("Could not release stray claims (%s); their leases will run out.",
-                           exc)
-        self._give_up.set()
-        if abandoned:
-            logger.error("%d task(s) still running after the %.0fs grace period; exiting "
-                         "anyway, peers will recover them.", abandoned,
-                         self.settings.GRACE_SECONDS)
-        try:
-            broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
-        except DatabaseError as exc:
-            logger.warning("Could not deregister worker %s (%s).", self.id, exc)
-        logger.info("Worker %s stopped: %s", self.id, self.stats.summary())
-        broker.send_robust(worker_stopped, self)
-        return 1 if abandoned else 0

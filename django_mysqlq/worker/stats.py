@@ -21,6 +21,14 @@ class WorkerStats:
         self.dead = 0
         self.recovered = 0
         self.db_errors = 0
+        #: Given back because this worker didn't know the task (a rolling deploy).
+        self.deferred = 0
+        #: Finished, but the claim had been recovered by a peer meanwhile (it runs again).
+        self.lost = 0
+        #: Recovered by a peer before they started here: not run here.
+        self.skipped = 0
+        #: Claimed but not started when the worker stopped: given back with their attempt.
+        self.released = 0
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -49,6 +57,10 @@ class WorkerStats:
             "retried": self.retried,
             "dead": self.dead,
             "recovered": self.recovered,
+            "deferred": self.deferred,
+            "lost": self.lost,
+            "skipped": self.skipped,
+            "released": self.released,
             "deadlocks_retried": broker.stats.deadlocks,
             "lock_waits_retried": broker.stats.lock_waits,
             "db_errors": self.db_errors,
@@ -63,6 +75,8 @@ class WorkerStats:
         return (
             f"processed={d['processed']} succeeded={d['succeeded']} failed={d['failed']} "
             f"retried={d['retried']} dead={d['dead']} recovered={d['recovered']} "
+            f"deferred={d['deferred']} lost={d['lost']} skipped={d['skipped']} "
+            f"released={d['released']} "
             f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
             f"db_errors={d['db_errors']} {server}rate={d['rate']}/s in {d['seconds']}s"
         )

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 logger = logging.getLogger("django_mysqlq")
@@ -17,17 +18,20 @@ FORCED_EXIT_STATUS = 1
 class StopRequest:
     """Set by the first signal; the worker loop polls ``is_set`` and wakes on ``wakeup``."""
 
-    def __init__(self, wakeup: threading.Event) -> None:
-        self._event = threading.Event()
+    def __init__(self, wakeup: threading.Event,
+                 on_force: Callable[[], None] | None = None) -> None:
+        #: Set once a stop is asked for: what waiting task threads watch.
+        self.event = threading.Event()
         self._wakeup = wakeup
+        self._on_force = on_force
         self.signal_name = ""
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.event.is_set()
 
     def set(self, reason: str) -> None:
         self.signal_name = reason
-        self._event.set()
+        self.event.set()
         self._wakeup.set()
 
     def install(self) -> None:
@@ -39,8 +43,11 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self._event.is_set():
-            logger.warning("Second %s: exiting now; peers will recover the claims held.", name)
+        if self.event.is_set():
+            logger.warning("Second %s: exiting now; claimed messages that had not started go "
+                           "back to the queue, peers will recover the running ones.", name)
+            if self._on_force is not None:
+                self._on_force()  # releases what had not started, deregisters, exits
             logging.shutdown()
             os._exit(FORCED_EXIT_STATUS)
         logger.info("%s received: no new claims; finishing in-flight tasks "

@@ -18,7 +18,8 @@ from types import FrameType
 
 from django.db import connections
 
-from .loop import EXIT_TIMEOUT, Worker
+from .draining import EXIT_TIMEOUT
+from .loop import Worker
 from .options import WorkerOptions
 
 logger = logging.getLogger("django_mysqlq")

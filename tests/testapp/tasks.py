@@ -282,3 +282,19 @@ def turns_autocommit_off_raw(label: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET autocommit = 0")
     _raw_insert(label)
+
+
+# --------------------------------------------------------------------------- crashes
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def exits_process(label: str) -> None:
+    """Kill the whole worker process at once, as an OOM kill or a segfault would."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    os._exit(1)
+
+
+@queue_task(max_attempts=1)
+def record_once(label: str) -> None:
+    """One attempt only: a neighbour charged for someone else's crash would go dead."""
+    Ledger.objects.create(label=label, pid=os.getpid())

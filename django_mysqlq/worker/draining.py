@@ -1,0 +1,158 @@
+"""How a worker process ends: gracefully, after a task overran, or at once on a second signal.
+
+Whatever the way out, claimed messages that no task thread started go back to the queue
+with their attempt, and the worker's row says it stopped: nothing waits for a lease to run
+out when the worker can still say so itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+
+from .. import broker
+from ..exceptions import TaskTimeout
+from ..messages import AttemptResult, Runner
+from ..signals import worker_stopped
+from .holdings import RunningTask
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+logger = logging.getLogger("django_mysqlq")
+
+#: Exit status of a worker process ended because a task ran past its timeout.
+EXIT_TIMEOUT = 75
+#: Exit status after a second signal: running tasks' claims are left to peers.
+FORCED_EXIT_STATUS = 1
+#: Longest a second signal waits for the unstarted claims to be released.
+FORCED_EXIT_SECONDS = 3.0
+
+
+def release_unstarted(worker: Worker) -> int:
+    """Give back the claimed messages no task thread started; return how many."""
+    unstarted = worker.holdings.take_unstarted()
+    if not unstarted:
+        return 0
+    try:
+        count = broker.release(unstarted)
+    except DatabaseError as exc:
+        logger.warning("Could not release %d unstarted message(s) (%s); peers will recover "
+                       "them.", len(unstarted), exc)
+        return 0
+    logger.info("Released %d claimed but unstarted message(s).", count)
+    worker.stats.add(released=count)
+    return count
+
+
+def _wait_for_threads(worker: Worker, deadline: float) -> None:
+    """Join the task threads by ``deadline``, renewing leases meanwhile.
+
+    A task finishing during the grace period keeps its claim: without heartbeats its
+    lease would run out and a peer would start it a second time.
+    """
+    next_beat = time.monotonic()
+    for thread in worker.threads:
+        while thread.is_alive() and time.monotonic() < deadline:
+            if time.monotonic() >= next_beat:
+                try:
+                    worker.heartbeat()
+                except DatabaseError as exc:
+                    logger.warning("Heartbeat failed while stopping (%s).", exc)
+                    broker.close_if_broken()
+                next_beat = time.monotonic() + worker.settings.HEARTBEAT_SECONDS
+            thread.join(max(0.0, min(deadline, next_beat) - time.monotonic()))
+
+
+def drain(worker: Worker) -> int:
+    """Release unstarted claims, wait for running tasks, deregister; the exit status."""
+    release_unstarted(worker)
+    worker.holdings.close(len(worker.threads))
+    grace = worker.settings.GRACE_SECONDS
+    running = len(worker.holdings.running())
+    if running:
+        logger.info("Waiting up to %.0fs for %d running task(s).", grace, running)
+    _wait_for_threads(worker, time.monotonic() + grace)
+    release_unstarted(worker)  # what threads took but gave back unstarted meanwhile
+    if worker.acker is not None:
+        worker.acker.stop()  # ack what finished, before deregistering
+    abandoned = sum(thread.is_alive() for thread in worker.threads)
+    try:
+        # Anything still claimed under our id that we don't hold (say, a claim whose
+        # read-back failed) goes back now instead of waiting for its lease.
+        strays = broker.release_strays(worker.id, keep=worker.held_tokens())
+        if strays:
+            logger.warning("Released %d claim(s) this worker had lost track of.", strays)
+    except DatabaseError as exc:
+        logger.warning("Could not release stray claims (%s); their leases will run out.", exc)
+    worker.give_up.set()
+    if abandoned:
+        logger.error("%d task(s) still running after the %.0fs grace period; exiting anyway, "
+                     "peers will recover them.", abandoned, grace)
+    _deregister(worker)
+    logger.info("Worker %s stopped: %s", worker.id, worker.stats.summary())
+    broker.send_robust(worker_stopped, worker)
+    return 1 if abandoned else 0
+
+
+def _deregister(worker: Worker) -> None:
+    try:
+        broker.deregister_worker(worker.id, worker.stats.processed, worker.stats.failed)
+    except DatabaseError as exc:
+        logger.warning("Could not deregister worker %s (%s).", worker.id, exc)
+
+
+def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None:
+    """Fail the overdue message (so it is retried) and end this process at once.
+
+    A thread can't be stopped from outside, so the process goes: the supervisor starts a
+    fresh one. Other tasks running here are recovered by peers as lost.
+    """
+    message = task.message
+    logger.error("%s #%s ran %.0fs, past its timeout of %.0fs: failing the attempt and "
+                 "restarting this worker process.", message.task_name, message.id, elapsed,
+                 message.timeout)
+    runner = Runner(worker_id=worker.id, host=worker.host, pid=worker.pid,
+                    thread=threading.current_thread().name)
+    error = TaskTimeout(f"ran {elapsed:.1f}s, past its timeout of {message.timeout}s; its "
+                        "worker process was restarted")
+    result = AttemptResult(started_at=task.started_at,
+                           error_class=f"{type(error).__module__}.{type(error).__qualname__}",
+                           error_message=str(error))
+    try:
+        broker.fail(message, runner, result)
+        release_unstarted(worker)
+        if worker.acker is not None:
+            worker.acker.stop()  # tasks that did finish are not run again
+        broker.deregister_worker(worker.id, worker.stats.processed, worker.stats.failed)
+    except DatabaseError as exc:
+        logger.warning("Could not record the timeout (%s); peers will recover the claims.",
+                       exc)
+    logging.shutdown()
+    os._exit(EXIT_TIMEOUT)
+
+
+def exit_now(worker: Worker) -> None:
+    """A second signal: release what had not started, deregister, and exit at once.
+
+    Runs on a thread of its own (a connection of its own: the main thread may be in the
+    middle of a statement on its connection), bounded by ``FORCED_EXIT_SECONDS``. The
+    claims of running tasks are left: peers recover them.
+    """
+    def release_and_deregister() -> None:
+        try:
+            release_unstarted(worker)
+            _deregister(worker)
+        finally:
+            connections.close_all()
+
+    helper = threading.Thread(target=release_and_deregister, name="mysqlq-exit", daemon=True)
+    helper.start()
+    helper.join(FORCED_EXIT_SECONDS)
+    logging.shutdown()
+    os._exit(FORCED_EXIT_STATUS)

@@ -1,0 +1,178 @@
+"""What a worker process holds: claimed messages waiting for a task thread, and running ones.
+
+The control thread adds claims, checks them against the database through lease renewals
+and records which started; task threads take messages one at a time and ask, just before
+starting one, whether it is still theirs to run. A claim a peer recovered (this worker's
+connection was killed, its lease ran out) must not start here too: the peer runs it.
+Bookkeeping only, no SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import queue
+import threading
+import time
+
+from ..messages import ClaimedMessage
+
+Pair = tuple[int, str]
+
+
+@dataclasses.dataclass
+class RunningTask:
+    message: ClaimedMessage
+    started: float  # monotonic
+    started_at: dt.datetime  # database clock, for history
+    reported: bool = False
+    #: Its start is recorded in the database (recovery then counts its attempt).
+    marked: bool = False
+
+
+class Verdict(enum.Enum):
+    START = "start"
+    #: A peer recovered the claim: the message is not ours to run any more.
+    LOST = "lost"
+    #: The worker is stopping: give the message back unstarted.
+    STOPPING = "stopping"
+
+
+def pair(message: ClaimedMessage) -> Pair:
+    return (message.id, message.claim_token)
+
+
+class Holdings:
+    """Claimed messages from their claim to their end, as this process knows them."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+        self._inbox: queue.Queue[ClaimedMessage | None] = queue.Queue()
+        self._lock = threading.Lock()
+        #: Taken by a task thread, not started yet (waiting for its turn).
+        self._waiting: dict[int, ClaimedMessage] = {}
+        self._running: dict[int, RunningTask] = {}
+        self._given_back: list[ClaimedMessage] = []
+        self._in_flight = 0
+        self._lost: set[Pair] = set()
+        #: Cleared when the control connection failed: until the claims are checked again
+        #: on a new connection, nothing new starts (a peer may be recovering them).
+        self._verified = threading.Event()
+        self._verified.set()
+
+    # ------------------------------------------------------------------ control thread
+
+    @property
+    def in_flight(self) -> int:
+        """Messages claimed and not finished: queued, waiting or running."""
+        with self._lock:
+            return self._in_flight
+
+    def add(self, messages: list[ClaimedMessage]) -> None:
+        with self._lock:
+            self._in_flight += len(messages)
+        for message in messages:
+            self._inbox.put(message)
+
+    def held_pairs(self) -> list[Pair]:
+        """(id, token) of every claim held here and not finished."""
+        with self._inbox.mutex:
+            queued = [pair(m) for m in self._inbox.queue if m is not None]
+        with self._lock:
+            return [*queued, *(pair(m) for m in self._waiting.values()),
+                    *(pair(t.message) for t in self._running.values())]
+
+    def has_unstarted(self) -> bool:
+        with self._lock:
+            return self._in_flight > len(self._running)
+
+    def claims_lost(self, pairs: set[Pair]) -> int:
+        """Remember claims a peer took; return how many of them had not started here."""
+        with self._lock:
+            self._lost |= pairs
+            running = {pair(t.message) for t in self._running.values()}
+        return len(pairs - running)
+
+    def unverified(self) -> None:
+        self._verified.clear()
+
+    def verified(self) -> None:
+        self._verified.set()
+
+    def unmarked_starts(self) -> list[tuple[ClaimedMessage, dt.datetime]]:
+        """Running messages whose start is not recorded in the database yet."""
+        with self._lock:
+            return [(t.message, t.started_at) for t in self._running.values() if not t.marked]
+
+    def marked(self, messages: list[ClaimedMessage]) -> None:
+        with self._lock:
+            for message in messages:
+                task = self._running.get(message.id)
+                if task is not None and task.message.claim_token == message.claim_token:
+                    task.marked = True
+
+    def running(self) -> list[RunningTask]:
+        with self._lock:
+            return list(self._running.values())
+
+    def take_unstarted(self) -> list[ClaimedMessage]:
+        """Empty the inbox (and what threads gave back) for release; frees their slots."""
+        unstarted: list[ClaimedMessage] = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                unstarted.append(item)
+        with self._lock:
+            unstarted.extend(self._given_back)
+            self._given_back.clear()
+            self._in_flight -= len(unstarted)
+        return unstarted
+
+    def close(self, threads: int) -> None:
+        """Tell every task thread to end once the inbox is empty."""
+        for _ in range(threads):
+            self._inbox.put(None)
+
+    # ------------------------------------------------------------------ task threads
+
+    def next(self) -> ClaimedMessage | None:
+        """The next claimed message for a task thread, or None: the thread ends."""
+        message = self._inbox.get()
+        if message is not None:
+            with self._lock:
+                self._waiting[message.id] = message
+        return message
+
+    def begin(self, message: ClaimedMessage, started_at: dt.datetime,
+              marked: bool = False) -> Verdict:
+        """Just before running: is this claim still ours? Waits while it can't be known."""
+        while not self._verified.wait(0.2):
+            if self._stopping.is_set():
+                break
+        with self._lock:
+            if pair(message) in self._lost:
+                self._lost.discard(pair(message))
+                self._waiting.pop(message.id, None)
+                return Verdict.LOST  # its slot is freed by finish()
+            if self._stopping.is_set() or not self._verified.is_set():
+                return Verdict.STOPPING
+            self._waiting.pop(message.id, None)
+            self._running[message.id] = RunningTask(message, time.monotonic(), started_at,
+                                                    marked=marked)
+        return Verdict.START
+
+    def give_back(self, message: ClaimedMessage) -> None:
+        """Not started after all (stopping): released with the inbox's leftovers."""
+        with self._lock:
+            self._waiting.pop(message.id, None)
+            self._given_back.append(message)
+
+    def finish(self, message: ClaimedMessage) -> None:
+        """Done with this message (run, skipped or given back): its slot is free."""
+        with self._lock:
+            self._running.pop(message.id, None)
+            self._in_flight -= 1

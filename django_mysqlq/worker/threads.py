@@ -1,0 +1,123 @@
+"""Task threads: each takes a claimed message, checks it is still its to run, and runs it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+
+from .. import broker
+from ..messages import ClaimedMessage, Runner
+from ..models import Outcome
+from .executor import execute, settle
+from .holdings import Verdict
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+logger = logging.getLogger("django_mysqlq")
+
+#: An idle thread's connection is checked before its next task after this many seconds.
+IDLE_CHECK_SECONDS = 1.0
+#: What each recorded outcome adds to the worker's counters.
+COUNTERS: dict[str, str] = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.RETRIED: "retried",
+    Outcome.FAILED: "dead",
+    Outcome.DEFERRED: "deferred",
+    Outcome.LOST: "lost",
+}
+
+
+def run_task_thread(worker: Worker) -> None:
+    """Run messages until the worker closes the inbox."""
+    runner = Runner(worker_id=worker.id, host=worker.host, pid=worker.pid,
+                    thread=threading.current_thread().name)
+    last_used = time.monotonic()
+    outages_seen = worker.outages
+    try:
+        while (message := worker.holdings.next()) is not None:
+            if outages_seen != worker.outages or time.monotonic() - last_used > IDLE_CHECK_SECONDS:
+                # An idle connection may have died with the server: check it first, so
+                # the task's first query doesn't fail on it and spend an attempt.
+                outages_seen = worker.outages
+                try:
+                    broker.ensure_usable()
+                except DatabaseError:
+                    broker.close_if_broken()
+            _run_one(worker, message, runner)
+            worker.wakeup.set()
+            last_used = time.monotonic()
+    finally:
+        connections.close_all()
+
+
+def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
+    # A message lost with its worker before runs alone (see gate.SoloGate).
+    solo = message.losses > 0
+    with worker.gate.enter(solo) as entered:
+        if not entered:
+            worker.holdings.give_back(message)  # stopping
+            return
+        verdict = worker.holdings.begin(message, broker.database_now())
+        if verdict is Verdict.STOPPING:
+            worker.holdings.give_back(message)
+            return
+        if verdict is Verdict.LOST:
+            _skip_lost(worker, message)
+            return
+        if solo:
+            recorded = _record_start(worker, message)
+            if recorded is None:
+                _release(worker, message)
+                return
+            if not recorded:
+                _skip_lost(worker, message)
+                return
+        try:
+            outcome = execute(message, runner, worker.give_up, worker.acker)
+        except Exception:
+            # execute() records every task failure itself; this is a bug or an outage it
+            # could not ride out. The claim stays; a peer recovers it.
+            logger.exception("Unexpected error while running %s #%s", message.task_name,
+                             message.id)
+            outcome = ""
+        counter = COUNTERS.get(outcome)
+        if counter is not None:
+            worker.stats.add(**{counter: 1})
+        worker.holdings.finish(message)
+
+
+def _record_start(worker: Worker, message: ClaimedMessage) -> bool | None:
+    """Record a solo message's start before it runs, so that if it takes the process down,
+    recovery counts the attempt it spent. False if the claim is no longer ours, None if
+    the database could not be reached."""
+    [(_, started_at)] = [start for start in worker.holdings.unmarked_starts()
+                         if start[0].id == message.id]
+    written = settle(lambda: broker.mark_started([(message, started_at)]),
+                     f"the start of {message.task_name} #{message.id}", worker.give_up)
+    if written is None:
+        return None
+    worker.holdings.marked([message])
+    return bool(written)
+
+
+def _release(worker: Worker, message: ClaimedMessage) -> None:
+    """Not run after all: give the claim back (or leave it to its lease and a peer)."""
+    try:
+        broker.release([message])
+    except DatabaseError as exc:
+        logger.warning("Could not give %s #%s back (%s); its lease will run out and a peer "
+                       "will recover it.", message.task_name, message.id, exc)
+    worker.holdings.finish(message)
+
+
+def _skip_lost(worker: Worker, message: ClaimedMessage) -> None:
+    logger.warning("%s #%s: a peer recovered this worker's claim before it started here (the "
+                   "worker's connection was lost, or its lease ran out); it runs there, not "
+                   "here.", message.task_name, message.id)
+    worker.stats.add(skipped=1)
+    worker.holdings.finish(message)
