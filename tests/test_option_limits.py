@@ -198,3 +198,14 @@ def test_retention_settings_default_and_accept_none(settings):
     assert check_settings() == []
     conf = get_settings()
     assert (conf.DEAD_RETENTION_SECONDS, conf.WORKER_RETENTION_SECONDS) == (30 * 86400, None)
+
+
+# --------------------------------------------------------------------------- worker queues
+
+
+@pytest.mark.parametrize("queue", ["caf\udce9", "x" * 65, ""])
+def test_a_worker_refuses_queue_names_that_can_never_be_queues(queue):
+    from django_mysqlq.worker import WorkerOptions
+
+    with pytest.raises(ValueError, match="without commas or surrounding whitespace"):
+        WorkerOptions.build([queue])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from .. import limits
 from ..conf import get_settings
 
 
@@ -31,8 +32,9 @@ class WorkerOptions:
         if not self.queues:
             raise ValueError("Give at least one queue to work on.")
         for name in self.queues:
-            if not name or len(name) > 64:
-                raise ValueError(f"Queue names are 1 to 64 characters long: {name!r}.")
+            problem = limits.queue_problem(name, "A queue name")
+            if problem:
+                raise ValueError(problem)
         if len(set(self.queues)) != len(self.queues):
             raise ValueError(f"A queue is listed twice: {', '.join(self.queues)}.")
         if self.concurrency < 1:
