@@ -163,19 +163,41 @@ def cancel_matching(selection: MessageFilter | Sequence[int], who: Operator, *,
     return _apply(selection, lambda ids: broker.cancel(ids, who), progress)
 
 
-def purge_history(older_than: dt.timedelta, *, batch: int = 1000,
-                  progress: Progress | None = None) -> int:
-    """Delete history finished more than ``older_than`` ago, ``batch`` rows per statement."""
-    before = broker.database_now() - older_than
-    total = broker.count_history_before(before)
+def _purge(total: int, delete_batch: Callable[[], int], batch: int,
+           progress: Progress | None) -> int:
+    """Call ``delete_batch`` until a batch comes back short; return how many went."""
     deleted = 0
     while True:
-        count = broker.purge_history_batch(before, batch)
+        count = delete_batch()
         deleted += count
         if progress is not None and count:
             progress(deleted, max(total, deleted))
         if count < batch:
             return deleted
+
+
+def purge_history(older_than: dt.timedelta, *, batch: int = 1000,
+                  progress: Progress | None = None) -> int:
+    """Delete history finished more than ``older_than`` ago, ``batch`` rows per statement."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_history_before(before),
+                  lambda: broker.purge_history_batch(before, batch), batch, progress)
+
+
+def purge_dead(older_than: dt.timedelta, who: Operator, *, batch: int = 1000,
+               progress: Progress | None = None) -> int:
+    """Delete messages that died more than ``older_than`` ago, keeping a history row each."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_dead_before(before),
+                  lambda: broker.purge_dead_batch(before, batch, who), batch, progress)
+
+
+def purge_workers(older_than: dt.timedelta, *, batch: int = 1000,
+                  progress: Progress | None = None) -> int:
+    """Delete rows of workers stopped and silent for more than ``older_than``."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_workers_before(before),
+                  lambda: broker.purge_workers_batch(before, batch), batch, progress)
 
 
 # --------------------------------------------------------------------------- dashboard

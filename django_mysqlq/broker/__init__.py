@@ -21,7 +21,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
-``purge``      history retention
+``purge``      retention: history, dead messages, stopped workers' rows
 =============  ==============================================================
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -66,7 +66,14 @@ from .overview import (
 )
 from .park import idle_wait, listen, wake
 from .promote import promote_due
-from .purge import count_history_before, purge_history_batch
+from .purge import (
+    count_dead_before,
+    count_history_before,
+    count_workers_before,
+    purge_dead_batch,
+    purge_history_batch,
+    purge_workers_batch,
+)
 from .recover import (
     RECOVERY_LOCK_SQL,
     RECOVERY_UNLOCK_SQL,
@@ -84,10 +91,12 @@ __all__ = [
     "RECOVERY_UNLOCK_SQL", "WORKER_TABLE", "AttemptResult", "ClaimedMessage", "HistoryBucket",
     "NewMessage", "Operator", "QueueOverview", "Runner", "Stuck", "ack", "ack_many",
     "ack_within", "cancel", "claim", "claim_sql", "claim_sql_for", "close_if_broken",
-    "connection_identity", "count_history_before", "database_now", "deregister_worker",
+    "connection_identity", "count_dead_before", "count_history_before",
+    "count_workers_before", "database_now", "deregister_worker",
     "enqueue", "ensure_usable", "estimated_history_rows", "fail", "has_pending",
     "heartbeat_worker", "history_window", "idle_wait", "is_recovery_leader", "listen",
-    "mark_stale_workers", "paused_queues", "promote_due", "purge_history_batch",
+    "mark_stale_workers", "paused_queues", "promote_due", "purge_dead_batch",
+    "purge_history_batch", "purge_workers_batch",
     "queue_counts", "queue_overview", "recover", "register_worker", "release",
     "release_strays", "release_stuck", "renew_leases", "replay", "requeue", "retry_delay",
     "send_robust", "set_paused", "set_priority", "stats", "stuck_messages", "wake",

@@ -50,10 +50,13 @@ SELECT id, claim_token, owner_connection, owner_server_start,
  WHERE status = 'claimed'
 """
 
+#: Back to ready, or dead when that was the last attempt (run_at then records the death,
+#: as in settle.DEAD_SQL).
 RECOVER_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET status = IF(attempts >= max_attempts, 'dead', 'ready'),
        dedup_key = IF(attempts >= max_attempts, NULL, dedup_key),
+       run_at = IF(attempts >= max_attempts, UTC_TIMESTAMP(6), run_at),
        last_error = %s, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """

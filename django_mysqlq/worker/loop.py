@@ -27,6 +27,7 @@ from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from ..signals import task_overran, worker_started, worker_stopped
 from ..tasks import import_task_modules
+from . import retention
 from .acker import Acker
 from .executor import execute
 from .options import WorkerOptions
@@ -262,6 +263,7 @@ class Worker:
             self._sweep(now)
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
+            retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
