@@ -209,3 +209,16 @@ def test_a_worker_refuses_queue_names_that_can_never_be_queues(queue):
 
     with pytest.raises(ValueError, match="without commas or surrounding whitespace"):
         WorkerOptions.build([queue])
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"burst_wait": math.nan}, "burst_wait"),
+    ({"burst_wait": math.inf}, "burst_wait"),
+    ({"burst_wait": 1e300}, "burst_wait"),
+    ({"batch": 10**12}, "from 1 to 10000"),
+])
+def test_worker_options_the_database_cant_hold_are_refused(options, fragment):
+    from django_mysqlq.worker import WorkerOptions
+
+    with pytest.raises(ValueError, match=fragment):
+        WorkerOptions.build(["default"], **options)
