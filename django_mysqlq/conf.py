@@ -8,17 +8,22 @@ system check ``django_mysqlq.E001`` reports the same problems, all at once.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from . import limits
+
 LivenessMode = Literal["connection", "lease"]
 
 SETTING_NAME = "MYSQLQ"
+#: Largest BATCH_SIZE and ACK_BATCH_SIZE: rows per claim or ack statement.
+MAX_BATCH = 10_000
+#: Largest MAX_PAYLOAD_BYTES: the server's largest max_allowed_packet (1 GiB).
+MAX_PAYLOAD_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +59,8 @@ class QueueSettings:
     #: Messages claimed by one statement (bounds what a crash can re-run).
     BATCH_SIZE: int = 10
     #: Successes acked together in one transaction; 1 acks each at once. A crash re-runs
-    #: at most twice this many finished-but-unacked tasks.
+    #: at most this many finished-but-unacked tasks: task threads wait while this many
+    #: successes are unacked.
     ACK_BATCH_SIZE: int = 20
     #: Longest a success waits for its batch to fill before it is acked anyway.
     ACK_DELAY_SECONDS: float = 0.02
@@ -75,6 +81,13 @@ class QueueSettings:
     UNKNOWN_TASK_RETRIES: int = 12
     #: Modules to import at worker start besides every installed app's ``tasks`` module.
     TASK_MODULES: tuple[str, ...] = ()
+    #: Dead messages that died longer ago than this many seconds are deleted by the
+    #: recovery leader (history keeps a ``cancelled`` row with their arguments). None:
+    #: keep them until an operator acts.
+    DEAD_RETENTION_SECONDS: float | None = None
+    #: Rows of stopped workers last heard from longer ago than this are deleted by the
+    #: recovery leader. None: keep them forever.
+    WORKER_RETENTION_SECONDS: float | None = 7 * 86400.0
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(QueueSettings)}
@@ -98,28 +111,36 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             continue
         values[key] = value
 
-    def positive(name: str, integer: bool = False, allow_zero: bool = False) -> None:
-        if name not in values:
-            return
-        value = values[name]
-        kind = int if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-            expected = "an integer" if integer else "a finite number of seconds"
-            problems.append(f"MYSQLQ[{name!r}] must be {expected}, not {value!r}.")
-        elif value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "> 0"
-            problems.append(f"MYSQLQ[{name!r}] must be {bound}, not {value!r}.")
+    def check(name: str, problem: Callable[[object, str], str | None]) -> None:
+        if name in values:
+            found = problem(values[name], f"MYSQLQ[{name!r}]")
+            if found:
+                problems.append(found)
+
+    def seconds(zero: bool) -> Callable[[object, str], str | None]:
+        return lambda value, option: limits.seconds_problem(value, option, zero=zero)
+
+    def whole(high: int) -> Callable[[object, str], str | None]:
+        return lambda value, option: limits.whole_problem(value, option, 1, high)
 
     for name in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "RECOVERY_SECONDS", "POLL_SECONDS",
                  "GRACE_SECONDS", "RETRY_BACKOFF_MAX", "ACK_DELAY_SECONDS"):
-        positive(name)
-    positive("RETRY_BACKOFF", allow_zero=True)
-    positive("SUMMARY_SECONDS", allow_zero=True)
-    positive("PURGE_LAG_WARNING_SECONDS", allow_zero=True)
-    positive("PURGE_LAG_WARNING", integer=True, allow_zero=True)
-    for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "MAX_PAYLOAD_BYTES", "ACK_BATCH_SIZE"):
-        positive(name, integer=True)
-    positive("UNKNOWN_TASK_RETRIES", integer=True, allow_zero=True)
+        check(name, seconds(zero=False))
+    check("RETRY_BACKOFF", seconds(zero=True))
+    check("SUMMARY_SECONDS", seconds(zero=True))
+    check("MAX_ATTEMPTS", limits.max_attempts_problem)
+    check("BATCH_SIZE", whole(MAX_BATCH))
+    check("ACK_BATCH_SIZE", whole(MAX_BATCH))
+    check("MAX_PAYLOAD_BYTES", whole(MAX_PAYLOAD_BYTES))
+    check("DEAD_RETENTION_SECONDS", limits.optional_seconds_problem)
+    check("WORKER_RETENTION_SECONDS", limits.optional_seconds_problem)
+    check("DEFAULT_QUEUE", limits.queue_problem)
+    check("DEFAULT_PRIORITY", limits.priority_problem)
+    check("PURGE_LAG_WARNING_SECONDS", seconds(zero=True))
+    check("PURGE_LAG_WARNING", lambda value, option: limits.whole_problem(
+        value, option, 0, 2**63 - 1))
+    check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
+        value, option, 0, 1000))
 
     if "WAKEUP" in values and not isinstance(values["WAKEUP"], bool):
         problems.append(f"MYSQLQ['WAKEUP'] must be True or False, not {values['WAKEUP']!r}.")
@@ -127,18 +148,10 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         problems.append(
             f"MYSQLQ['LIVENESS'] must be 'connection' or 'lease', not {values['LIVENESS']!r}."
         )
-    for name, longest in (("DATABASE", 1000), ("DEFAULT_QUEUE", 64)):
-        value = values.get(name, "x")
-        if not isinstance(value, str) or not value or len(value) > longest:
-            problems.append(
-                f"MYSQLQ[{name!r}] must be a non-empty string of at most {longest} "
-                f"characters, not {value!r}.")
-    if "DEFAULT_PRIORITY" in values:
-        value = values["DEFAULT_PRIORITY"]
-        if isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100:
-            problems.append(
-                f"MYSQLQ['DEFAULT_PRIORITY'] must be an integer from -100 to 100, not {value!r}."
-            )
+    database = values.get("DATABASE", "default")
+    if not isinstance(database, str) or not database or len(database) > 1000:
+        problems.append("MYSQLQ['DATABASE'] must be a non-empty string of at most 1000 "
+                        f"characters, not {database!r}.")
     if "TASK_MODULES" in values:
         modules = values["TASK_MODULES"]
         if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker
+from . import broker, limits
 from .broker import Operator
 from .conf import get_settings
 from .exceptions import UnknownTask
@@ -60,28 +60,38 @@ def replay(attempt_id: int, who: Operator) -> int:
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The longest duration as the largest whole number of weeks, for error messages.
+_LONGEST = f"{limits.MAX_SECONDS // _UNITS['w']}w"
 
 
 def parse_duration(text: str) -> dt.timedelta:
-    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` → a timedelta."""
+    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` → a timedelta of at most 100 years."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"expected a duration like 90s, 15m, 12h, 30d or 2w, not {text!r}")
-    return dt.timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    seconds = float(match[1]) * _UNITS[match[2]]  # inf for absurdly many digits
+    if not seconds <= limits.MAX_SECONDS:
+        raise ValueError(f"expected a duration of at most 100 years ({_LONGEST}), "
+                         f"not {text!r}")
+    return dt.timedelta(seconds=seconds)
 
 
 def parse_since(text: str) -> dt.datetime:
     """A duration ago (``2h``) or an ISO date/time (UTC when it has no offset)."""
-    try:
+    if _DURATION.match(text):
         return timezone.now() - parse_duration(text)
-    except ValueError:
-        pass
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(f"expected a duration (2h, 3d) or an ISO date/time "
                          f"(2026-11-23T08:00), not {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:
+        raise ValueError(f"expected a date/time from year 1 to 9999 once in UTC, "
+                         f"not {text!r}") from None
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +163,41 @@ def cancel_matching(selection: MessageFilter | Sequence[int], who: Operator, *,
     return _apply(selection, lambda ids: broker.cancel(ids, who), progress)
 
 
-def purge_history(older_than: dt.timedelta, *, batch: int = 1000,
-                  progress: Progress | None = None) -> int:
-    """Delete history finished more than ``older_than`` ago, ``batch`` rows per statement."""
-    before = broker.database_now() - older_than
-    total = broker.count_history_before(before)
+def _purge(total: int, delete_batch: Callable[[], int], batch: int,
+           progress: Progress | None) -> int:
+    """Call ``delete_batch`` until a batch comes back short; return how many went."""
     deleted = 0
     while True:
-        count = broker.purge_history_batch(before, batch)
+        count = delete_batch()
         deleted += count
         if progress is not None and count:
             progress(deleted, max(total, deleted))
         if count < batch:
             return deleted
+
+
+def purge_history(older_than: dt.timedelta, *, batch: int = 1000,
+                  progress: Progress | None = None) -> int:
+    """Delete history finished more than ``older_than`` ago, ``batch`` rows per statement."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_history_before(before),
+                  lambda: broker.purge_history_batch(before, batch), batch, progress)
+
+
+def purge_dead(older_than: dt.timedelta, who: Operator, *, batch: int = 1000,
+               progress: Progress | None = None) -> int:
+    """Delete messages that died more than ``older_than`` ago, keeping a history row each."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_dead_before(before),
+                  lambda: broker.purge_dead_batch(before, batch, who), batch, progress)
+
+
+def purge_workers(older_than: dt.timedelta, *, batch: int = 1000,
+                  progress: Progress | None = None) -> int:
+    """Delete rows of workers stopped and silent for more than ``older_than``."""
+    before = broker.database_now() - older_than
+    return _purge(broker.count_workers_before(before),
+                  lambda: broker.purge_workers_batch(before, batch), batch, progress)
 
 
 # --------------------------------------------------------------------------- dashboard

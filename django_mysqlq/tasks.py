@@ -13,18 +13,16 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from . import payload
+from . import limits, payload
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
+from .limits import DEDUP_KEY_MAX
+from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-QUEUE_NAME_MAX = 64
-DEDUP_KEY_MAX = 255
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,66 +44,38 @@ class TaskCall:
     kwargs: dict[str, Any]
 
 
-def _is_utf8(text: str) -> bool:
-    """False for lone surrogates (e.g. from os.fsdecode), which utf8mb4 can't store."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _checked(problem: str | None) -> None:
+    if problem is not None:
+        raise InvalidTaskOptions(problem)
 
 
 def _validate_queue(queue: object) -> str:
-    if (
-        not isinstance(queue, str)
-        or not queue
-        or len(queue) > QUEUE_NAME_MAX
-        or "," in queue
-        or queue != queue.strip()
-        or not _is_utf8(queue)
-    ):
-        raise InvalidTaskOptions(
-            f"queue must be a non-empty string of at most {QUEUE_NAME_MAX} characters, "
-            "without commas or surrounding whitespace (runqueueworker --queues takes a "
-            f"comma-separated list and strips each name), in valid UTF-8, not {queue!r}."
-        )
+    _checked(limits.queue_problem(queue))
+    assert isinstance(queue, str)
     return queue
 
 
 def _validate_priority(priority: object) -> int:
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
-    ):
-        raise InvalidTaskOptions(
-            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} "
-            f"(higher runs first), not {priority!r}."
-        )
+    _checked(limits.priority_problem(priority))
+    assert isinstance(priority, int)
     return priority
 
 
 def _validate_delay(delay: object) -> float:
-    if isinstance(delay, dt.timedelta):
-        delay = delay.total_seconds()
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-        raise InvalidTaskOptions(
-            f"delay must be a number of seconds >= 0 or a timedelta, not {delay!r}."
-        )
-    return float(delay)
+    _checked(limits.delay_problem(delay))
+    assert isinstance(delay, dt.timedelta | int | float)
+    return delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
 
 
 def _validate_run_at(run_at: object) -> dt.datetime:
-    if not isinstance(run_at, dt.datetime) or timezone.is_naive(run_at):
-        raise InvalidTaskOptions(
-            f"run_at must be a timezone-aware datetime (use django.utils.timezone.now() + ...), "
-            f"not {run_at!r}."
-        )
+    _checked(limits.run_at_problem(run_at, timezone.now()))
+    assert isinstance(run_at, dt.datetime)
     return run_at
 
 
 def _validate_dedup_key(key: object) -> str:
-    if not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX or not _is_utf8(key):
+    if (not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX
+            or not limits.is_utf8(key)):
         raise InvalidTaskOptions(
             f"dedup_key must be a non-empty string of at most {DEDUP_KEY_MAX} characters "
             f"in valid UTF-8 (no lone surrogates), not {key!r}."
@@ -348,19 +318,11 @@ def queue_task(
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
         conf = get_settings()
         attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise InvalidTaskOptions(f"max_attempts must be an integer >= 1, not {attempts!r}.")
         backoff = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
-        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
-            raise InvalidTaskOptions(
-                f"retry_backoff must be a number of seconds >= 0, not {backoff!r}."
-            )
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise InvalidTaskOptions(
-                f"timeout must be a number of seconds > 0 or None, not {timeout!r}."
-            )
+        _checked(limits.max_attempts_problem(attempts))
+        _checked(limits.seconds_problem(backoff, "retry_backoff"))
+        if timeout is not None:
+            _checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if atomic and inspect.iscoroutinefunction(function):
             raise InvalidTaskOptions(
                 f"{_qualified(function)} is async: atomic=True needs a plain function, whose "

@@ -76,6 +76,8 @@ MYSQLQ: dict[str, Any] = {
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
 }
+if os.environ.get("MYSQLQ_TEST_DEAD_RETENTION"):  # tests/test_retention.py's worker
+    MYSQLQ["DEAD_RETENTION_SECONDS"] = float(os.environ["MYSQLQ_TEST_DEAD_RETENTION"])
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,

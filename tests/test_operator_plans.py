@@ -3,6 +3,7 @@ dashboard load stays cheap however long the history grows (timings: bench/dashbo
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -102,3 +103,41 @@ def test_operator_row_locks_are_primary_key_lookups(big_tables):
     sql = operate._LOCK_OPERABLE_SQL.format(ids=ids, statuses="%s, %s, %s")
     assert access(sql, [1, 2, 3, "ready", "scheduled", "dead"]) == [
         ("mysqlq_message", "PRIMARY", "range")]
+
+
+@pytest.fixture
+def many_workers():
+    """5,000 worker rows, one in five stopped, heartbeats spread over a month."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO mysqlq_worker (id, host, pid, queues, concurrency, started_at,
+                   last_heartbeat, stopped_at, listening, processed, failed)
+            SELECT CONCAT('w', seq), 'h', seq, 'default', 1, t, t, IF(seq % 5 = 0, t, NULL),
+                   0, 0, 0
+              FROM (SELECT seq, UTC_TIMESTAMP(6) - INTERVAL seq * 500 SECOND AS t
+                      FROM seq_1_to_5000) AS s""")
+        cursor.execute("ANALYZE TABLE mysqlq_worker")
+        cursor.fetchall()
+
+
+def test_retention_of_dead_messages_walks_the_due_index(big_tables):
+    cutoff = broker.database_now().replace(tzinfo=None)
+    plan = explain(purge.DEAD_BEFORE_SQL, [cutoff, 200])
+    [table] = tables(plan)
+    # ref on status = 'dead' or range on (status, run_at): either reads index entries in
+    # run_at order and stops at the LIMIT, without touching the rows.
+    assert (table["key"], table.get("using_index")) == ("mysqlq_msg_due", True)
+    assert table["access_type"] in ("ref", "range")
+    assert "filesort" not in json.dumps(plan)
+    [(_, key, kind)] = access(purge.DEAD_COUNT_SQL, [cutoff])
+    assert key == "mysqlq_msg_due" and kind in ("ref", "range")
+
+
+def test_retention_of_worker_rows_walks_the_heartbeat_index(many_workers):
+    cutoff = (broker.database_now() - dt.timedelta(days=7)).replace(tzinfo=None)
+    plan = explain(purge.PURGE_WORKERS_SQL, [cutoff, 200])
+    [table] = tables(plan)
+    assert (table.get("key"), table["access_type"]) == ("mysqlq_wrk_heartbeat", "range")
+    assert "filesort" not in json.dumps(plan)
+    assert access(purge.WORKERS_COUNT_SQL, [cutoff]) == [
+        ("mysqlq_worker", "mysqlq_wrk_heartbeat", "range")]

@@ -218,11 +218,11 @@ def test_the_worker_summary_shows_the_lag_and_warns(start_worker):
 
 
 @pytest.mark.parametrize("value, fragment", [
-    ({"PURGE_LAG_WARNING": -1}, "must be >= 0"),
+    ({"PURGE_LAG_WARNING": -1}, "must be an integer from 0"),
     ({"PURGE_LAG_WARNING": 1.5}, "must be an integer"),
     ({"PURGE_LAG_WARNING": True}, "must be an integer"),
     ({"PURGE_LAG_WARNING_SECONDS": "300"}, "finite number of seconds"),
-    ({"PURGE_LAG_WARNING_SECONDS": -5}, "must be >= 0"),
+    ({"PURGE_LAG_WARNING_SECONDS": -5}, "finite number of seconds from 0"),
 ])
 def test_bad_thresholds_are_refused_with_the_rule(settings, value, fragment):
     from django_mysqlq.checks import check_settings

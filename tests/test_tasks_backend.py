@@ -223,6 +223,38 @@ def test_invalid_tasks_are_refused(settings):
         task(backend="commas", queue_name="a,b")(module_level)
 
 
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"max_attempts": 2**40}, "from 1 to 1000000"),
+    ({"retry_backoff": float("nan")}, "retry_backoff"),
+    ({"retry_backoff": 1e300}, "from 0 to 3155760000"),
+    ({"timeout": float("inf")}, "timeout"),
+    ({"timeout": 1e300}, "at most 3155760000"),
+])
+def test_task_options_the_database_cant_hold_are_invalid_tasks(options, fragment):
+    with pytest.raises(InvalidTask, match=fragment):
+        task(**options)(module_level)
+    assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize("run_after", [
+    dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+    dt.datetime(9000, 1, 1, tzinfo=dt.UTC),
+])
+def test_a_run_after_out_of_range_is_an_invalid_task(run_after):
+    with pytest.raises(InvalidTask, match="run_after must lie between year 1"):
+        djtasks.add.using(run_after=run_after).enqueue(1, 2)
+    assert not Message.objects.exists()
+
+
+def test_backend_options_the_database_cant_hold_refuse_to_enqueue(settings):
+    settings.TASKS = {**settings.TASKS, "huge": {
+        "BACKEND": backend_checks.BACKEND_PATH, "OPTIONS": {"max_attempts": 2**40}}}
+    with pytest.raises(compat.InvalidTaskBackend, match="from 1 to 1000000"):
+        djtasks.add.using(backend="huge").enqueue(1, 1)
+    assert not Message.objects.exists()
+
+
 # --------------------------------------------------------------------------- checks
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from django.core.checks import CheckMessage
 from django.db import transaction
+from django.utils import timezone
 
 from .. import broker
 from ..conf import get_settings
@@ -33,7 +34,13 @@ from .compat import (
     normalize_json,
     task_enqueued,
 )
-from .options import VALIDATORS, BackendOptions, queue_problem, value_problem
+from .options import (
+    VALIDATORS,
+    BackendOptions,
+    queue_problem,
+    run_after_problem,
+    value_problem,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -91,6 +98,9 @@ class MySQLQueueBackend(BaseTaskBackend):
             problem = value_problem(option, getattr(task, option, None))
             if problem:
                 raise InvalidTask(problem)
+        problem = run_after_problem(task.run_after, timezone.now())
+        if problem:
+            raise InvalidTask(problem)
 
     # ----------------------------------------------------------------- enqueue
 

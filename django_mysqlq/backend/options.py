@@ -7,38 +7,25 @@ Both take the same keys; a per-task value wins over the backend's, which wins ov
 from __future__ import annotations
 
 import dataclasses
-import math
+import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import limits
 from ..conf import get_settings
-from ..tasks import QUEUE_NAME_MAX
-
-
-def _max_attempts_problem(value: object) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return f"max_attempts must be an integer >= 1 (total runs, the first included), " \
-               f"not {value!r}."
-    return None
-
-
-def _retry_backoff_problem(value: object) -> str | None:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0):
-        return f"retry_backoff must be a number of seconds >= 0, not {value!r}."
-    return None
 
 
 def _timeout_problem(value: object) -> str | None:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value <= 0):
-        return f"timeout must be a number of seconds > 0, not {value!r}."
-    return None
+    return limits.seconds_problem(value, "timeout", zero=False)
+
+
+def _retry_backoff_problem(value: object) -> str | None:
+    return limits.seconds_problem(value, "retry_backoff")
 
 
 #: Option name -> its validator (a problem sentence, or None when the value is fine).
 VALIDATORS: dict[str, Callable[[object], str | None]] = {
-    "max_attempts": _max_attempts_problem,
+    "max_attempts": limits.max_attempts_problem,
     "retry_backoff": _retry_backoff_problem,
     "timeout": _timeout_problem,
 }
@@ -51,10 +38,12 @@ def value_problem(name: str, value: object) -> str | None:
 
 def queue_problem(queue: object) -> str | None:
     """What is wrong with a queue name, for this queue (workers take comma lists)."""
-    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_NAME_MAX or "," in queue:
-        return (f"Queue names must be non-empty strings of at most {QUEUE_NAME_MAX} "
-                f"characters without commas, not {queue!r}.")
-    return None
+    return limits.queue_problem(queue, "A queue name")
+
+
+def run_after_problem(run_after: object, now: dt.datetime) -> str | None:
+    """What is wrong with a ``run_after`` the framework let through (None: run now)."""
+    return None if run_after is None else limits.run_at_problem(run_after, now, "run_after")
 
 
 @dataclasses.dataclass(frozen=True)

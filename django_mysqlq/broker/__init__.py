@@ -21,6 +21,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
 ``purge``      history retention
+``purge``      retention: history, dead messages, stopped workers' rows
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -67,7 +68,14 @@ from .overview import (
 )
 from .park import idle_wait, listen, wake
 from .promote import promote_due
-from .purge import count_history_before, purge_history_batch
+from .purge import (
+    count_dead_before,
+    count_history_before,
+    count_workers_before,
+    purge_dead_batch,
+    purge_history_batch,
+    purge_workers_batch,
+)
 from .recover import (
     RECOVERY_LOCK_SQL,
     RECOVERY_UNLOCK_SQL,
@@ -120,7 +128,9 @@ __all__ = [
     "claims_held",
     "close_if_broken",
     "connection_identity",
+    "count_dead_before",
     "count_history_before",
+    "count_workers_before",
     "database_now",
     "defer",
     "deregister_worker",
@@ -138,8 +148,10 @@ __all__ = [
     "mark_started",
     "paused_queues",
     "promote_due",
+    "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
+    "purge_workers_batch",
     "queue_counts",
     "queue_overview",
     "recover",

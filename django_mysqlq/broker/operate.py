@@ -172,12 +172,22 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
     return _operate(ids, operator, Outcome.REQUEUED, note, change, statuses=statuses)
 
 
-def cancel(ids: Sequence[int], operator: Operator) -> list[int]:
-    """Delete ready, scheduled or dead messages, keeping their payload in history."""
+def cancel(ids: Sequence[int], operator: Operator, *, note: str = "cancelled",
+           statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
+    """Delete ready, scheduled or dead messages, keeping their payload in history.
+
+    ``note`` is the history row's message; ``statuses`` narrows which messages qualify
+    (retention deletes only dead ones).
+    """
+    if not set(statuses) <= set(OPERABLE_STATUSES):
+        raise ValueError(f"Only ready, scheduled or dead messages can be cancelled, not "
+                         f"{sorted(set(statuses) - set(OPERABLE_STATUSES))}.")
+
     def change(cursor: Any, locked: list[int]) -> None:
         cursor.execute(CANCEL_SQL.format(ids=placeholders(len(locked))), locked)
 
-    return _operate(ids, operator, Outcome.CANCELLED, "cancelled", change, keep_payload=True)
+    return _operate(ids, operator, Outcome.CANCELLED, note, change, keep_payload=True,
+                    statuses=statuses)
 
 
 def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[int]:

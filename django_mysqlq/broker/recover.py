@@ -55,13 +55,16 @@ SELECT id, claim_token, owner_connection, owner_server_start,
 """
 
 #: A lost claim back to the queue. Only a message that had started spends its attempt
-#: (and goes dead when that was its last); one still waiting in its worker gets the
-#: attempt back. Either way it counts one more loss, so it runs alone next time.
-#: Assignments are applied left to right: ``attempts`` and ``started_at`` change last.
+#: (and goes dead when that was its last: run_at then records the death, as in
+#: settle.DEAD_SQL); one still waiting in its worker gets the attempt back. Either way it
+#: counts one more loss, so it runs alone next time. Assignments are applied left to
+#: right: ``attempts`` and ``started_at`` change last.
 RECOVER_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET status = IF(started_at IS NOT NULL AND attempts >= max_attempts, 'dead', 'ready'),
        dedup_key = IF(started_at IS NOT NULL AND attempts >= max_attempts, NULL, dedup_key),
+       run_at = IF(started_at IS NOT NULL AND attempts >= max_attempts, UTC_TIMESTAMP(6),
+                   run_at),
        attempts = IF(started_at IS NULL AND attempts > 0, attempts - 1, attempts),
        losses = IF(losses < {LOSSES_MAX}, losses + 1, losses),
        last_error = %s, started_at = NULL, {CLEAR_CLAIM}

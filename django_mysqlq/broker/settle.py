@@ -75,9 +75,11 @@ UPDATE {MESSAGE_TABLE}
 #: Locks one claimed row, if it is still this claim's.
 LOCK_CLAIM_SQL = f"SELECT 1 FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s FOR UPDATE"
 
+#: A dead message's run_at becomes the time it died: retention ages dead messages by it.
 DEAD_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'dead', last_error = %s, dedup_key = NULL, {CLEAR_CLAIM}
+   SET status = 'dead', run_at = UTC_TIMESTAMP(6), last_error = %s, dedup_key = NULL,
+       {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
 

@@ -22,7 +22,7 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..signals import task_overran, worker_started
 from ..tasks import import_task_modules
-from . import draining
+from . import draining, retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -217,6 +217,7 @@ class Worker:
             self._sweep(now)
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
+            retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)

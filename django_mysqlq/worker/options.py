@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ..conf import get_settings
+from .. import limits
+from ..conf import MAX_BATCH, get_settings
+
+
+def _check(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,20 +37,18 @@ class WorkerOptions:
         if not self.queues:
             raise ValueError("Give at least one queue to work on.")
         for name in self.queues:
-            if not name or len(name) > 64:
-                raise ValueError(f"Queue names are 1 to 64 characters long: {name!r}.")
+            _check(limits.queue_problem(name, "A queue name"))
         if len(set(self.queues)) != len(self.queues):
             raise ValueError(f"A queue is listed twice: {', '.join(self.queues)}.")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {self.concurrency}.")
-        if self.batch is not None and self.batch < 1:
-            raise ValueError(f"batch must be at least 1, not {self.batch}.")
+        if self.batch is not None:
+            _check(limits.whole_problem(self.batch, "batch", 1, MAX_BATCH))
         if self.max_tasks is not None and self.max_tasks < 1:
             raise ValueError(f"max_tasks must be at least 1, not {self.max_tasks}.")
         if self.max_memory_mb is not None and self.max_memory_mb < 1:
             raise ValueError(f"max_memory must be at least 1 MiB, not {self.max_memory_mb}.")
-        if self.burst_wait < 0:
-            raise ValueError(f"burst_wait must be >= 0, not {self.burst_wait}.")
+        _check(limits.seconds_problem(self.burst_wait, "burst_wait"))
 
     @classmethod
     def build(cls, queues: Sequence[str] | None = None, **kwargs: object) -> WorkerOptions:

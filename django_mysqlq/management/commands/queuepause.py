@@ -7,8 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_mysqlq import broker, ops
-from django_mysqlq.tasks import QUEUE_NAME_MAX
+from django_mysqlq import broker, limits, ops
 
 
 class Command(BaseCommand):
@@ -21,9 +20,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         for queue in options["queues"]:
-            if len(queue) > QUEUE_NAME_MAX:
-                raise CommandError(f"{queue!r} is longer than {QUEUE_NAME_MAX} characters: "
-                                   "no such queue can exist.")
+            problem = limits.queue_problem(queue, "a queue name")
+            if problem:
+                raise CommandError(f"{queue!r} can never be a queue: {problem}")
         operator = ops.cli_operator()
         for queue in options["queues"]:
             broker.set_paused(queue, not options["resume"], operator)
