@@ -55,7 +55,10 @@ DATABASES = {
         "PASSWORD": os.environ.get("MYSQLQ_TEST_PASSWORD", ""),
         # Worker subprocesses get the test database's name through this variable.
         "NAME": os.environ.get("MYSQLQ_TEST_DB", "mysqlq"),
-        "OPTIONS": {"charset": "utf8mb4"},
+        # MYSQLQ_TEST_ISOLATION="repeatable read" runs a process (a worker) at that level.
+        "OPTIONS": {"charset": "utf8mb4",
+                    **({"isolation_level": os.environ["MYSQLQ_TEST_ISOLATION"]}
+                       if os.environ.get("MYSQLQ_TEST_ISOLATION") else {})},
         # One test database per checkout, so two clones can run the suite side by side.
         "TEST": {"NAME": _TEST_DB, "CHARSET": "utf8mb4"},
     }

@@ -42,6 +42,7 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .enqueue import enqueue
+from .isolation import own_connection
 from .operate import (
     Operator,
     Stuck,
@@ -87,7 +88,8 @@ __all__ = [
     "connection_identity", "count_history_before", "database_now", "deregister_worker",
     "enqueue", "ensure_usable", "estimated_history_rows", "fail", "has_pending",
     "heartbeat_worker", "history_window", "idle_wait", "is_recovery_leader", "listen",
-    "mark_stale_workers", "paused_queues", "promote_due", "purge_history_batch",
+    "mark_stale_workers", "own_connection", "paused_queues", "promote_due",
+    "purge_history_batch",
     "queue_counts", "queue_overview", "recover", "register_worker", "release",
     "release_strays", "release_stuck", "renew_leases", "replay", "requeue", "retry_delay",
     "send_robust", "set_paused", "set_priority", "stats", "stuck_messages", "wake",

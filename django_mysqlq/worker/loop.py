@@ -180,6 +180,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
         self._start()
         try:

@@ -249,3 +249,12 @@ async def async_records_its_db_thread(label: str) -> str:
         return threading.current_thread().name
 
     return await sync_to_async(write)()
+
+
+@queue_task()
+def records_isolation(label: str) -> None:
+    """Records the isolation level of the task's own session (the user's, not the broker's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@tx_isolation")
+        [level] = cursor.fetchone()
+    Ledger.objects.create(label=f"{label}:{level}", pid=os.getpid())
