@@ -54,7 +54,7 @@ def backlog():
 
 
 def claim_params(limit=10):
-    return ["token", 1, WORKER, 30_000_000, "default", limit]
+    return ["token", True, 1, WORKER, 30_000_000, "default", limit]
 
 
 def test_claim_walks_the_claim_index_without_a_filesort(backlog):

@@ -135,3 +135,13 @@ def test_a_server_without_a_clock_is_measured_by_this_host_s_clock_with_one_warn
 def test_an_uptime_wrapped_by_a_session_clock_before_the_server_start_is_signed():
     # Uptime = session clock - server start, sent unsigned: 5 s early wraps to 2**64 - 5.
     assert session.server_start(1_000.0, 2**64 - 5, 1_000.0) == 1_005
+
+
+def test_a_start_up_to_a_minute_apart_is_the_same_server_beyond_it_a_restart():
+    handle = tasks.record.enqueue("a")
+    [claimed] = broker.claim(["default"], 1, "worker-x", 30)
+    _, server_start = broker.connection_identity()
+    Message.objects.filter(pk=handle.id).update(owner_server_start=server_start - 59)
+    assert broker.recover() == []  # a slow measurement, not a restart
+    Message.objects.filter(pk=handle.id).update(owner_server_start=server_start - 61)
+    assert broker.recover() == [claimed.id]

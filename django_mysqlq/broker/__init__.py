@@ -76,7 +76,7 @@ from .recover import (
     release_strays,
     renew_leases,
 )
-from .session import connection_identity, database_now
+from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import ack, ack_many, ack_within, fail, release, retry_delay
 from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
 
@@ -85,7 +85,8 @@ __all__ = [
     "RECOVERY_UNLOCK_SQL", "WORKER_TABLE", "AttemptResult", "ClaimedMessage", "HistoryBucket",
     "NewMessage", "Operator", "QueueOverview", "Runner", "Stuck", "ack", "ack_many",
     "ack_within", "cancel", "claim", "claim_sql", "claim_sql_for", "close_if_broken",
-    "connection_identity", "count_history_before", "database_now", "deregister_worker",
+    "connection_identity", "connection_session", "count_history_before", "database_now",
+    "deregister_worker",
     "enqueue", "ensure_usable", "estimated_history_rows", "fail", "has_pending",
     "heartbeat_worker", "history_window", "idle_wait", "is_recovery_leader", "listen",
     "mark_stale_workers", "own_connection", "paused_queues", "promote_due",
@@ -93,5 +94,5 @@ __all__ = [
     "queue_counts", "queue_overview", "recover", "register_worker", "release",
     "release_strays", "release_stuck", "renew_leases", "replay", "requeue", "retry_delay",
     "send_robust", "set_paused", "set_priority", "stats", "stuck_messages", "wake",
-    "was_interrupted", "workers_alive",
+    "wakeups_possible", "was_interrupted", "workers_alive",
 ]

@@ -23,13 +23,13 @@ from .base import (
     require_autocommit,
     with_lock_retry,
 )
-from .session import connection_identity
+from .session import connection_session
 
 #: (see claim_sql()): compared under the connection's collation instead, MariaDB no longer
 #: sees ``queue`` as fixed and sorts every ready row of the queue (a filesort).
 CLAIM_SQL = f"""
 UPDATE {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
-   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
+   SET status = 'claimed', claim_token = %s, owner_connection = IF(%s, CONNECTION_ID(), NULL),
        owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
        lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
        attempts = attempts + 1
@@ -88,7 +88,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
     """Claim up to ``limit`` ready messages, taking the queues in the order given."""
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)  # behind a proxy: no owner stamp, lease only
     claimed: list[ClaimedMessage] = []
     for queue in queues:
         wanted = limit - len(claimed)
@@ -98,8 +98,9 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
         def run(queue: str = queue, wanted: int = wanted, token: str = token) -> int:
             with connection_for(alias).cursor() as cursor:
-                cursor.execute(claim_sql(alias), [token, server_start, worker_id,
-                                           micros(lease_seconds), queue, wanted])
+                cursor.execute(claim_sql(alias), [token, session.direct, session.owner_start,
+                                                  worker_id, micros(lease_seconds), queue,
+                                                  wanted])
                 return int(cursor.rowcount)
 
         if with_lock_retry(alias, run) == 0:
@@ -113,7 +114,8 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
                 id=int(row[0]), queue=row[1], task_name=row[2], payload=row[3],
                 priority=int(row[4]), attempt=int(row[5]), max_attempts=int(row[6]),
                 retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
-                enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
+                enqueued_at=enqueued_at, claim_token=token,
+                connection_id=None if row[10] is None else int(row[10]),
             ))
     return claimed
 

@@ -21,7 +21,7 @@ from .base import (
     with_lock_retry,
 )
 from .history import HISTORY_FROM_MESSAGE_SQL
-from .session import SERVER_START_SLACK, connection_identity
+from .session import SERVER_START_SLACK, connection_session
 
 #: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
 RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
@@ -39,7 +39,7 @@ UPDATE {MESSAGE_TABLE}
 RENEW_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-       owner_connection = CONNECTION_ID(), owner_server_start = %s
+       owner_connection = IF(%s, CONNECTION_ID(), NULL), owner_server_start = %s
  WHERE claim_token IN ({{tokens}}) AND status = 'claimed'
 """
 
@@ -71,12 +71,13 @@ def renew_leases(tokens: Sequence[str], lease_seconds: float,
     if not tokens:
         return 0
     alias = alias or default_alias()
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)
     sql = RENEW_SQL.format(tokens=", ".join(["%s"] * len(tokens)))
 
     def run() -> int:
         with connection_for(alias).cursor() as cursor:
-            cursor.execute(sql, [micros(lease_seconds), server_start, *tokens])
+            cursor.execute(sql, [micros(lease_seconds), session.direct, session.owner_start,
+                                 *tokens])
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)
@@ -155,10 +156,11 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
     keeps killing its workers ends up dead, not in a loop).
     """
     alias = alias or default_alias()
-    conf = get_settings()
-    liveness = liveness or conf.LIVENESS
     require_autocommit(alias, "recover()")
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)
+    # Behind a proxy the process list and the server start are a backend's: lease only.
+    liveness = session.liveness(liveness or get_settings().LIVENESS)
+    server_start = session.server_start
     connection = connection_for(alias)
     held = is_recovery_leader(alias)
     with connection.cursor() as cursor:

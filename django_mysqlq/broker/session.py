@@ -1,12 +1,16 @@
-"""Who a broker connection is: its connection id and the server's start time."""
+"""Who a broker connection is: its connection id, the server's start time, and whether a
+proxy sits between (then the id is not this process's own)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 
 from django.utils import timezone
 
+from ..conf import get_settings
+from . import proxy
 from .base import connection_for, logger
 
 #: Seconds of tolerance when comparing server start times. On MariaDB and MySQL ``Uptime``
@@ -22,24 +26,45 @@ SERVER_START_SLACK = 60
 #: ``@@timestamp`` is the statement's start in epoch seconds with microseconds, free of
 #: the session time zone (``UNIX_TIMESTAMP(NOW(6))`` converts through it and is an hour
 #: off during a DST fall-back hour; past 2038 it is NULL on older servers).
-IDENTITY_SQL = "SELECT CONNECTION_ID(), @@timestamp"
+IDENTITY_SQL = f"SELECT CONNECTION_ID(), @@timestamp, ({proxy.SEEN_AS_SQL})"
 #: Works on MariaDB and MySQL 8 alike (MySQL 8 dropped information_schema.GLOBAL_STATUS).
 UPTIME_SQL = "SHOW GLOBAL STATUS LIKE 'Uptime'"
 
-_IDENTITY_ATTRIBUTE = "_django_mysqlq_identity"
+_SESSION_ATTRIBUTE = "_django_mysqlq_session"
 #: ``Uptime`` is unsigned on the wire: a session clock behind the server's start wraps it.
 _UNSIGNED_WRAP = 2**64
 
 
-def connection_identity(alias: str | None = None) -> tuple[int, int]:
-    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection.
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """What the broker measured about one driver connection when it first used it."""
 
-    Cached on the driver's connection object, so a reconnect (a new object) asks again.
+    connection_id: int
+    server_start: int
+    #: False behind a proxy or pooler: ``connection_id`` is then a backend's, which may
+    #: change under this process and may be another client's tomorrow.
+    direct: bool
+
+    @property
+    def owner_start(self) -> int | None:
+        """The server start to stamp on claims: none behind a proxy (lease only)."""
+        return self.server_start if self.direct else None
+
+    def liveness(self, configured: str) -> str:
+        """How this connection may judge claims: behind a proxy, only leases tell."""
+        return configured if self.direct else "lease"
+
+
+def connection_session(alias: str | None = None) -> Session:
+    """The :class:`Session` of this thread's connection.
+
+    Measured once and cached on the driver's connection object, so a reconnect (a new
+    object) measures again.
     """
     connection = connection_for(alias)
     connection.ensure_connection()
     raw = connection.connection
-    cached: tuple[int, int] | None = getattr(raw, _IDENTITY_ATTRIBUTE, None)
+    cached: Session | None = getattr(raw, _SESSION_ATTRIBUTE, None)
     if cached is not None:
         return cached
     with connection.cursor() as cursor:
@@ -48,13 +73,34 @@ def connection_identity(alias: str | None = None) -> tuple[int, int]:
         # taking everyone's).
         sent = time.time()
         cursor.execute(IDENTITY_SQL)
-        connection_id, server_now = cursor.fetchone()
+        connection_id, server_now, seen_as = cursor.fetchone()
         received = time.time()
         cursor.execute(UPTIME_SQL)
         uptime = int(cursor.fetchone()[1])
-    identity = (int(connection_id), server_start(server_now, uptime, (sent + received) / 2))
-    setattr(raw, _IDENTITY_ATTRIBUTE, identity)
-    return identity
+    direct = True
+    if get_settings().DETECT_PROXY:
+        local = proxy.local_end(raw)
+        direct = not proxy.through_proxy(local, seen_as)
+        if not direct:
+            proxy.warn_once(seen_as, local)
+    measured = Session(int(connection_id),
+                       server_start(server_now, uptime, (sent + received) / 2), direct)
+    setattr(raw, _SESSION_ATTRIBUTE, measured)
+    return measured
+
+
+def connection_identity(alias: str | None = None) -> tuple[int, int]:
+    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection."""
+    measured = connection_session(alias)
+    return measured.connection_id, measured.server_start
+
+
+def wakeups_possible(alias: str | None = None) -> bool:
+    """Whether idle workers on this connection may park for wake-ups (else they poll).
+
+    Not behind a proxy: a producer's ``KILL QUERY`` can't reach the right connection.
+    """
+    return get_settings().WAKEUP and connection_session(alias).direct
 
 
 _warned_no_server_clock = False

@@ -301,7 +301,7 @@ class Worker:
         with self._lock:
             busy = self._in_flight > 0
         now = time.monotonic()
-        parking = not busy and conf.WAKEUP and bool(self._active)
+        parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""
         if parking and now >= due.recovery:
             # This park does the sweep's first step; it lasts until the next one is due.

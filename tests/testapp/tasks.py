@@ -258,3 +258,10 @@ def records_isolation(label: str) -> None:
         cursor.execute("SELECT @@tx_isolation")
         [level] = cursor.fetchone()
     Ledger.objects.create(label=f"{label}:{level}", pid=os.getpid())
+
+
+@queue_task()
+def enqueues_child(label: str) -> None:
+    """Enqueues from a task thread: a producer inside the worker (its wake-up, its session)."""
+    Ledger.objects.create(label=label, pid=os.getpid())
+    record.enqueue(f"{label}:child")
