@@ -62,7 +62,12 @@ def warn_once(seen_as: str | None, local: tuple[int, Any] | None) -> None:
     if _warned or (conf.LIVENESS == "lease" and not conf.WAKEUP):
         return  # already said, or configured for it: nothing changes
     _warned = True
-    ours = local[1] if local is not None else "?"
+    if local is None:
+        ours = "unknown"
+    elif local[0] == socket.AF_UNIX:
+        ours = "a Unix socket"
+    else:
+        ours = ":".join(str(part) for part in local[1][:2])
     logger.warning(
         "The queue database connection goes through a proxy or pooler: the server sees it "
         "from %s, this process's socket is %s. CONNECTION_ID() names the proxy's backend "
