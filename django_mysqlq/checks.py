@@ -1,4 +1,4 @@
-"""System checks: settings (E001-E004) and the live server (W001)."""
+"""System checks: settings (E001-E004, W002) and the live server (W001)."""
 
 from __future__ import annotations
 
@@ -72,3 +72,28 @@ def check_binlog_format(app_configs: Sequence[AppConfig] | None = None,
             "binlog_format is STATEMENT: the queue's UPDATE … LIMIT claims replicate unsafely.",
             hint="Set binlog_format to ROW or MIXED on the server.", id="django_mysqlq.W001")]
     return []
+
+
+@register()
+def check_isolation_level(app_configs: Sequence[AppConfig] | None = None,
+                          **kwargs: Any) -> list[CheckMessage]:
+    """The queue database should run at READ COMMITTED, Django's MySQL default."""
+    try:
+        alias = load_settings().DATABASE
+    except SettingsError:
+        return []
+    database: dict[str, Any] = settings.DATABASES.get(alias, {})
+    options: dict[str, Any] = database.get("OPTIONS") or {}
+    level = options.get("isolation_level", "read committed")
+    if isinstance(level, str) and level.lower() == "read committed":
+        return []
+    shown = repr(level) if level else "None (the server's default, often REPEATABLE READ)"
+    return [Warning(
+        f"The queue database {alias!r} has OPTIONS['isolation_level'] = {shown}, not "
+        "'read committed'.",
+        hint="The worker's own connections (claim, ack, recovery) switch to READ COMMITTED "
+             "and the broker's short transactions on task connections use it for that "
+             "transaction only, but enqueue() runs at your level inside your transactions, "
+             "and tasks see your level. Remove the option (Django's default is 'read "
+             "committed') unless your own code needs another level; see docs/install.md.",
+        id="django_mysqlq.W002")]

@@ -36,6 +36,10 @@ class QueueSettings:
     #: process list, or the server restarted, or the lease ran out. ``lease``: only the
     #: lease counts (for ProxySQL / RDS Proxy, where connection ids are not the client's).
     LIVENESS: LivenessMode = "connection"
+    #: Check each connection for a proxy or pooler in between (the server sees it from
+    #: another port than this end's): then this process uses lease liveness and polling,
+    #: whatever LIVENESS and WAKEUP say. False trusts connection ids (an SSH tunnel).
+    DETECT_PROXY: bool = True
     #: Seconds a claim stays valid without a heartbeat renewing it.
     LEASE_SECONDS: float = 30.0
     #: Seconds between a worker's heartbeats (renews its leases and its workers row).
@@ -142,8 +146,9 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
         value, option, 0, 1000))
 
-    if "WAKEUP" in values and not isinstance(values["WAKEUP"], bool):
-        problems.append(f"MYSQLQ['WAKEUP'] must be True or False, not {values['WAKEUP']!r}.")
+    for name in ("WAKEUP", "DETECT_PROXY"):
+        if name in values and not isinstance(values[name], bool):
+            problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
     if "LIVENESS" in values and values["LIVENESS"] not in ("connection", "lease"):
         problems.append(
             f"MYSQLQ['LIVENESS'] must be 'connection' or 'lease', not {values['LIVENESS']!r}."

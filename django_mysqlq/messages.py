@@ -43,7 +43,8 @@ class ClaimedMessage:
     timeout: float | None
     enqueued_at: dt.datetime
     claim_token: str
-    connection_id: int
+    #: The claiming connection's id; None behind a proxy, where ids are the proxy's.
+    connection_id: int | None
     #: Times a worker vanished while holding it: a message lost before runs alone.
     losses: int = 0
 

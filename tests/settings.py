@@ -55,7 +55,10 @@ DATABASES = {
         "PASSWORD": os.environ.get("MYSQLQ_TEST_PASSWORD", ""),
         # Worker subprocesses get the test database's name through this variable.
         "NAME": os.environ.get("MYSQLQ_TEST_DB", "mysqlq"),
-        "OPTIONS": {"charset": "utf8mb4"},
+        # MYSQLQ_TEST_ISOLATION="repeatable read" runs a process (a worker) at that level.
+        "OPTIONS": {"charset": "utf8mb4",
+                    **({"isolation_level": os.environ["MYSQLQ_TEST_ISOLATION"]}
+                       if os.environ.get("MYSQLQ_TEST_ISOLATION") else {})},
         # "none" keeps connections open for good (persistent), as many sites run workers.
         "CONN_MAX_AGE": (None if os.environ.get("MYSQLQ_TEST_CONN_MAX_AGE") == "none"
                          else int(os.environ.get("MYSQLQ_TEST_CONN_MAX_AGE", "0"))),

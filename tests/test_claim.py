@@ -58,7 +58,7 @@ def backlog():
 
 
 def claim_params(limit=10):
-    return ["token", 1, WORKER, 30_000_000, "default", limit]
+    return ["token", True, 1, WORKER, 30_000_000, "default", limit]
 
 
 def test_claim_walks_the_claim_index_without_a_filesort(backlog):
@@ -74,7 +74,7 @@ def test_the_claim_around_locked_rows_walks_the_claim_index_too(backlog):
     assert step["table"]["access_type"] in ("ref", "range")
     assert "filesort" not in json.dumps(plan)
     by_id = claim_module.CLAIM_IDS_SQL.format(ids="%s, %s")
-    [table] = [explain(by_id, ["t", 1, WORKER, 30_000_000, 1, 2])["query_block"]["table"]]
+    [table] = [explain(by_id, ["t", 1, 1, WORKER, 30_000_000, 1, 2])["query_block"]["table"]]
     assert (table["key"], table["access_type"]) == ("PRIMARY", "range")
 
 
@@ -163,7 +163,7 @@ def test_renewing_leases_extends_only_this_workers_claims():
     [mine] = claim(limit=1)
     broker.claim(["default"], 1, "someone-else", lease_seconds=30)
     before = {m.pk: m.lease_expires_at for m in Message.objects.claimed()}
-    assert broker.renew_leases([mine.claim_token], lease_seconds=300) == 1
+    assert broker.renew_leases([(mine.id, mine.claim_token)], lease_seconds=300) == 1
     after = {m.pk: m.lease_expires_at for m in Message.objects.claimed()}
     assert after[mine.id] > before[mine.id]
     other = next(pk for pk in before if pk != mine.id)

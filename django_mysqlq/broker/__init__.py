@@ -41,6 +41,8 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .enqueue import enqueue
+from .isolation import own_connection
+from .leaks import transaction_left_open
 from .operate import (
     Operator,
     Stuck,
@@ -85,7 +87,7 @@ from .recover import (
     release_strays,
     renew_leases,
 )
-from .session import connection_identity, database_now, transaction_left_open
+from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
     Deferral,
     ack,
@@ -128,6 +130,7 @@ __all__ = [
     "claims_held",
     "close_if_broken",
     "connection_identity",
+    "connection_session",
     "count_dead_before",
     "count_history_before",
     "count_workers_before",
@@ -146,6 +149,7 @@ __all__ = [
     "listen",
     "mark_stale_workers",
     "mark_started",
+    "own_connection",
     "paused_queues",
     "promote_due",
     "purge_dead_batch",
@@ -170,6 +174,7 @@ __all__ = [
     "stuck_messages",
     "transaction_left_open",
     "wake",
+    "wakeups_possible",
     "was_interrupted",
     "workers_alive",
 ]

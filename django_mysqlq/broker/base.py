@@ -19,6 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
 from ..conf import get_settings
+from .isolation import transaction_prelude
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -128,8 +129,8 @@ def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
 
     In autocommit (the worker's case) the transaction is an explicit ``START TRANSACTION``
     … ``COMMIT``: Django's ``atomic()`` would add two ``SET autocommit`` round trips,
-    a third of an ack batch's statements. Inside a caller's transaction, ``atomic()``
-    nests as usual.
+    a third of an ack batch's statements. It runs at READ COMMITTED (see ``isolation``).
+    Inside a caller's transaction, ``atomic()`` nests as usual, at the caller's level.
     """
     connection = connection_for(alias)
 
@@ -139,6 +140,9 @@ def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
 
     def explicit() -> T:
         with connection.cursor() as cursor:
+            prelude = transaction_prelude(connection)  # READ COMMITTED, this once
+            if prelude is not None:
+                cursor.execute(prelude)
             cursor.execute("START TRANSACTION")
             try:
                 value = body(cursor)

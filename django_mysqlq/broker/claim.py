@@ -26,7 +26,7 @@ from .base import (
     with_lock_retry,
 )
 from .locked import run_around_locks, short_wait
-from .session import connection_identity
+from .session import connection_session
 from .settle import bury
 
 #: The largest value of ``attempts`` (INT UNSIGNED): the claim never adds past it, so a
@@ -35,7 +35,7 @@ ATTEMPTS_MAX = 4294967295
 
 #: What a claim sets on each row it takes (the token, owner and lease parameters first).
 _CLAIM_SET = f"""
-   SET status = 'claimed', claim_token = %s, owner_connection = CONNECTION_ID(),
+   SET status = 'claimed', claim_token = %s, owner_connection = IF(%s, CONNECTION_ID(), NULL),
        owner_server_start = %s, worker_id = %s, claimed_at = UTC_TIMESTAMP(6),
        lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, started_at = NULL,
        attempts = IF(attempts < {ATTEMPTS_MAX}, attempts + 1, attempts)"""
@@ -122,7 +122,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
     """
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)  # behind a proxy: no owner stamp, lease only
     connection = connection_for(alias)
     collation = _queue_collation(alias)
     claimed: list[ClaimedMessage] = []
@@ -131,7 +131,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
         if wanted <= 0:
             break
         token = uuid.uuid4().hex
-        stamp = [token, server_start, worker_id, micros(lease_seconds)]
+        stamp = [token, session.direct, session.owner_start, worker_id, micros(lease_seconds)]
 
         def fast(queue: str = queue, wanted: int = wanted, stamp: list[Any] = stamp) -> int:
             with connection.cursor() as cursor:
@@ -176,8 +176,8 @@ def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
             id=int(row[0]), queue=str(row[1]), task_name=str(row[2]), payload=str(row[3]),
             priority=int(row[4]), attempt=attempt, max_attempts=int(row[6]),
             retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
-            enqueued_at=enqueued_at, claim_token=token, connection_id=int(row[10]),
-            losses=int(row[11]),
+            enqueued_at=enqueued_at, claim_token=token,
+            connection_id=None if row[10] is None else int(row[10]), losses=int(row[11]),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"

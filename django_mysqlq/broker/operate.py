@@ -31,7 +31,7 @@ from .base import (
 from .enqueue import enqueue
 from .park import wake
 from .recover import LOCK_LOST_SQL, NOT_STARTED, RECOVER_SQL, live_connections, loss_reason
-from .session import connection_identity
+from .session import connection_session
 
 #: Ids per operator transaction: bounds lock time and statement size.
 OPERATOR_CHUNK = 500
@@ -203,8 +203,9 @@ def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[
 
 def stuck_messages(liveness: str | None = None) -> list[Stuck]:
     """Claimed messages whose owner is gone, whose lease ran out, or past their timeout."""
-    liveness = liveness or get_settings().LIVENESS
-    _, server_start = connection_identity()
+    session = connection_session()
+    liveness = session.liveness(liveness or get_settings().LIVENESS)
+    server_start = session.server_start
     with connection_for().cursor() as cursor:
         cursor.execute(STUCK_CANDIDATES_SQL)
         rows = cursor.fetchall()
@@ -230,9 +231,10 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
     is alive is refused even if it overran: the worker is still running it.
     """
     alias = default_alias()
-    liveness = get_settings().LIVENESS
     require_autocommit(alias, "release_stuck()")
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)
+    liveness = session.liveness(get_settings().LIVENESS)
+    server_start = session.server_start
     released: dict[int, str] = {}
     for message_id in sorted({int(i) for i in ids}):
         def body(cursor: Any, message_id: int = message_id) -> str | None:

@@ -24,7 +24,7 @@ from .base import (
     with_lock_retry,
 )
 from .recover import RECOVERY_LOCK_NAME
-from .session import connection_identity
+from .session import connection_session
 
 LISTEN_SQL = f"""
 UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID() WHERE id = %s
@@ -63,7 +63,12 @@ SELECT CASE
 
 
 def listen(worker_id: str, listening: bool) -> None:
-    """Say whether this worker is parked (and on which connection) for producers to wake."""
+    """Say whether this worker is parked (and on which connection) for producers to wake.
+
+    Never behind a proxy: the connection id would be a backend's, maybe another client's.
+    """
+    listening = listening and connection_session().direct
+
     def run() -> None:
         with connection_for().cursor() as cursor:
             cursor.execute(LISTEN_SQL, [listening, worker_id])
@@ -137,8 +142,10 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
     if not unknown:
         return 0
     woken: set[int] = set()
-    _, server_start = connection_identity(alias)
-    recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - server_start))
+    session = connection_session(alias)
+    if not session.direct:
+        return 0  # behind a proxy: a KILL QUERY could end another client's statement
+    recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - session.server_start))
     with connection_for(alias).cursor() as cursor:
         for queue in unknown:
             key = (alias, queue)

@@ -22,7 +22,7 @@ from .base import (
     with_lock_retry,
 )
 from .history import HISTORY_FROM_MESSAGE_SQL
-from .session import SERVER_START_SLACK, connection_identity
+from .session import SERVER_START_SLACK, connection_session
 
 #: The largest value of ``losses`` (SMALLINT UNSIGNED): counting never adds past it.
 LOSSES_MAX = 65535
@@ -40,11 +40,14 @@ UPDATE {MESSAGE_TABLE}
  WHERE worker_id = %s AND status = 'claimed' {{keep}}
 """
 
+#: The lease renewal, by (id, token) pairs joined on the primary key in id order: the same
+#: order an ack batch locks its rows in, so the two never deadlock (by token they did).
 RENEW_SQL = f"""
-UPDATE {MESSAGE_TABLE}
-   SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-       owner_connection = CONNECTION_ID(), owner_server_start = %s
- WHERE claim_token IN ({{tokens}}) AND status = 'claimed'
+UPDATE {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
+    ON m.id = o.id AND m.claim_token = o.token
+   SET m.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+       m.owner_connection = IF(%s, CONNECTION_ID(), NULL), m.owner_server_start = %s
+ WHERE m.status = 'claimed'
 """
 
 CLAIMED_ROWS_SQL = f"""
@@ -88,23 +91,25 @@ SELECT m.id, m.claim_token FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS 
 """
 
 
-def renew_leases(tokens: Sequence[str], lease_seconds: float,
+def renew_leases(pairs: Sequence[tuple[int, str]], lease_seconds: float,
                  alias: str | None = None) -> int:
-    """Extend the claims this worker still holds (by token) and re-stamp their owner.
+    """Extend the claims this worker still holds and re-stamp their owner; return how many
+    of ``pairs`` (id, token) were still claimed: fewer means a peer took some.
 
-    Only the tokens the worker knows: a claim it lost track of expires and is recovered.
+    Only the claims the worker knows: one it lost track of expires and is recovered.
     Re-stamping matters after a reconnect: the claims then belong to the new connection,
     so peers don't mistake a live worker for a dead one.
     """
-    if not tokens:
+    if not pairs:
         return 0
     alias = alias or default_alias()
-    _, server_start = connection_identity(alias)
-    sql = RENEW_SQL.format(tokens=", ".join(["%s"] * len(tokens)))
+    session = connection_session(alias)
+    table, params = rows_table(("id", "token"), sorted(pairs))
 
     def run() -> int:
         with connection_for(alias).cursor() as cursor:
-            cursor.execute(sql, [micros(lease_seconds), server_start, *tokens])
+            cursor.execute(RENEW_SQL.format(pairs=table),
+                           [*params, micros(lease_seconds), session.direct, session.owner_start])
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)
@@ -194,10 +199,11 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
     keeps killing its workers ends up dead, not in a loop).
     """
     alias = alias or default_alias()
-    conf = get_settings()
-    liveness = liveness or conf.LIVENESS
     require_autocommit(alias, "recover()")
-    _, server_start = connection_identity(alias)
+    session = connection_session(alias)
+    # Behind a proxy the process list and the server start are a backend's: lease only.
+    liveness = session.liveness(liveness or get_settings().LIVENESS)
+    server_start = session.server_start
     connection = connection_for(alias)
     held = is_recovery_leader(alias)
     with connection.cursor() as cursor:

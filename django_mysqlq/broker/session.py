@@ -1,50 +1,133 @@
-"""A connection's session as the server sees it: its id, the server's start time, and
-whether a transaction was left open on it."""
+"""Who a broker connection is: its connection id, the server's start time, and whether a
+proxy sits between (then the id is not this process's own)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 
-from django.db import OperationalError
 from django.utils import timezone
 
-from .base import connection_for, error_code
+from ..conf import get_settings
+from . import proxy
+from .base import connection_for, logger
 
-#: Seconds of tolerance when comparing server start times (Uptime has 1 s resolution).
-SERVER_START_SLACK = 2
+#: Seconds of tolerance when comparing server start times. On MariaDB and MySQL ``Uptime``
+#: is the statement's start minus the server's start on the same wall clock, so a clock
+#: step moves ``@@timestamp`` and ``Uptime`` alike and the start computed before and after
+#: it agree; what differs is the second between the two statements of one measurement
+#: (more if that connection stalls, or if the clock steps just then). A restart the slack
+#: hides (a server that ran less than this long) is still caught: the owner's connection
+#: died with the server, so either it reconnects and re-stamps its claims at its next
+#: heartbeat, or nobody renews them and their lease runs out.
+SERVER_START_SLACK = 60
 
-IDENTITY_SQL = "SELECT CONNECTION_ID(), UNIX_TIMESTAMP(NOW(6))"
+#: ``@@timestamp`` is the statement's start in epoch seconds with microseconds, free of
+#: the session time zone (``UNIX_TIMESTAMP(NOW(6))`` converts through it and is an hour
+#: off during a DST fall-back hour; past 2038 it is NULL on older servers).
+IDENTITY_SQL = f"SELECT CONNECTION_ID(), @@timestamp, ({proxy.SEEN_AS_SQL})"
 #: Works on MariaDB and MySQL 8 alike (MySQL 8 dropped information_schema.GLOBAL_STATUS).
 UPTIME_SQL = "SHOW GLOBAL STATUS LIKE 'Uptime'"
 
+_SESSION_ATTRIBUTE = "_django_mysqlq_session"
+#: ``Uptime`` is unsigned on the wire: a session clock behind the server's start wraps it.
+_UNSIGNED_WRAP = 2**64
 
-_IDENTITY_ATTRIBUTE = "_django_mysqlq_identity"
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """What the broker measured about one driver connection when it first used it."""
+
+    connection_id: int
+    server_start: int
+    #: False behind a proxy or pooler: ``connection_id`` is then a backend's, which may
+    #: change under this process and may be another client's tomorrow.
+    direct: bool
+
+    @property
+    def owner_start(self) -> int | None:
+        """The server start to stamp on claims: none behind a proxy (lease only)."""
+        return self.server_start if self.direct else None
+
+    def liveness(self, configured: str) -> str:
+        """How this connection may judge claims: behind a proxy, only leases tell."""
+        return configured if self.direct else "lease"
 
 
-def connection_identity(alias: str | None = None) -> tuple[int, int]:
-    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection.
+def connection_session(alias: str | None = None) -> Session:
+    """The :class:`Session` of this thread's connection.
 
-    Cached on the driver's connection object, so a reconnect (a new object) asks again.
+    Measured once and cached on the driver's connection object, so a reconnect (a new
+    object) measures again.
     """
     connection = connection_for(alias)
     connection.ensure_connection()
     raw = connection.connection
-    cached: tuple[int, int] | None = getattr(raw, _IDENTITY_ATTRIBUTE, None)
+    cached: Session | None = getattr(raw, _SESSION_ATTRIBUTE, None)
     if cached is not None:
         return cached
     with connection.cursor() as cursor:
-        cursor.execute(UPTIME_SQL)
-        uptime = int(cursor.fetchone()[1])
+        # The timestamp first: a stall before the Uptime read makes this start look
+        # older (only this connection's claims at risk), never newer (a recovery leader
+        # taking everyone's).
         sent = time.time()
         cursor.execute(IDENTITY_SQL)
-        connection_id, server_now = cursor.fetchone()
+        connection_id, server_now, seen_as = cursor.fetchone()
         received = time.time()
-    identity = (int(connection_id), int(float(server_now)) - uptime)
-    setattr(raw, _IDENTITY_ATTRIBUTE, identity)
-    global _clock_offset
-    _clock_offset = float(server_now) - (sent + received) / 2
-    return identity
+        cursor.execute(UPTIME_SQL)
+        uptime = int(cursor.fetchone()[1])
+    direct = True
+    if get_settings().DETECT_PROXY:
+        local = proxy.local_end(raw)
+        direct = not proxy.through_proxy(local, seen_as)
+        if not direct:
+            proxy.warn_once(seen_as, local)
+    measured = Session(int(connection_id),
+                       server_start(server_now, uptime, (sent + received) / 2), direct)
+    setattr(raw, _SESSION_ATTRIBUTE, measured)
+    return measured
+
+
+def connection_identity(alias: str | None = None) -> tuple[int, int]:
+    """``(CONNECTION_ID(), server start epoch)`` of this thread's connection."""
+    measured = connection_session(alias)
+    return measured.connection_id, measured.server_start
+
+
+def wakeups_possible(alias: str | None = None) -> bool:
+    """Whether idle workers on this connection may park for wake-ups (else they poll).
+
+    Not behind a proxy: a producer's ``KILL QUERY`` can't reach the right connection.
+    """
+    return get_settings().WAKEUP and connection_session(alias).direct
+
+
+_warned_no_server_clock = False
+
+
+def server_start(server_now: float | None, uptime: int, client_now: float) -> int:
+    """The server's start epoch from its clock and ``Uptime``; records the clock offset.
+
+    A server that can't say what time it is (NULL) is measured by this host's clock,
+    with one warning: that is sound while the clocks agree within SERVER_START_SLACK.
+    """
+    global _clock_offset, _warned_no_server_clock
+    if uptime >= _UNSIGNED_WRAP // 2:
+        uptime -= _UNSIGNED_WRAP
+    if server_now is None:
+        if not _warned_no_server_clock:
+            _warned_no_server_clock = True
+            logger.warning(
+                "The database server returned no current time; django_mysqlq estimates "
+                "the server's start from this host's clock instead. Keep this host's clock "
+                "within %d s of the server's (NTP), or claims may be judged wrongly after "
+                "a server restart.", SERVER_START_SLACK)
+        _clock_offset = 0.0
+        return int(client_now) - uptime
+    now = float(server_now)
+    _clock_offset = now - client_now
+    return int(now) - uptime
 
 
 #: Database clock minus this host's clock, in seconds, measured with each new connection.
@@ -54,43 +137,3 @@ _clock_offset = 0.0
 def database_now() -> dt.datetime:
     """Now on the database clock (estimated), so history times agree with ``enqueued_at``."""
     return timezone.now() + dt.timedelta(seconds=_clock_offset)
-
-
-
-# --------------------------------------------------------------------------- leaks
-
-#: Whether the session has a transaction open, and whether autocommit is on (MariaDB).
-SESSION_TRANSACTION_SQL = "SELECT @@in_transaction, @@autocommit"
-AUTOCOMMIT_SQL = "SELECT @@autocommit"
-#: Refused with error 1568 while a transaction is open, on MySQL and MariaDB alike; outside
-#: one it only sets the next transaction's access mode to the default.
-NEXT_TRANSACTION_SQL = "SET TRANSACTION READ WRITE"
-TRANSACTION_IN_PROGRESS = 1568
-
-
-def transaction_left_open(alias: str, via: str | None = None) -> bool:
-    """Whether this thread's connection has a transaction open on the server, or autocommit
-    off, whatever Django believes: a task may have sent ``START TRANSACTION`` or
-    ``SET autocommit = 0`` through a raw cursor.
-
-    ``via`` forces the ``mariadb`` (``@@in_transaction``) or ``mysql`` (error 1568 on
-    ``SET TRANSACTION``) way of asking; by default the server's own.
-    """
-    connection = connection_for(alias)
-    if via is None:
-        via = "mariadb" if connection.mysql_is_mariadb else "mysql"  # type: ignore[attr-defined]
-    with connection.cursor() as cursor:
-        if via == "mariadb":
-            cursor.execute(SESSION_TRANSACTION_SQL)
-            in_transaction, autocommit = cursor.fetchone()
-            return bool(in_transaction) or not autocommit
-        cursor.execute(AUTOCOMMIT_SQL)
-        if not cursor.fetchone()[0]:
-            return True
-        try:
-            cursor.execute(NEXT_TRANSACTION_SQL)
-        except OperationalError as exc:
-            if error_code(exc) == TRANSACTION_IN_PROGRESS:
-                return True
-            raise
-    return False

@@ -48,8 +48,9 @@ SELECT m.id FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 
 
 def _pairs(messages: Sequence[ClaimedMessage]) -> tuple[str, list[Any]]:
-    """The derived table of these messages' (id, token) pairs, and its parameters."""
-    return rows_table(("id", "token"), [(m.id, m.claim_token) for m in messages])
+    """The derived table of these messages' (id, token) pairs, and its parameters, in id
+    order: every statement on claimed rows locks them in that order (no deadlocks)."""
+    return rows_table(("id", "token"), sorted((m.id, m.claim_token) for m in messages))
 
 
 #: When each attempt started, for the rows still claimed by these (id, token) pairs.
@@ -318,7 +319,7 @@ def mark_started(starts: Sequence[tuple[ClaimedMessage, dt.datetime]],
         return 0
     alias = alias or default_alias()
     table, params = rows_table(("id", "token", "started_at"),
-                               [(m.id, m.claim_token, naive_utc(at)) for m, at in starts])
+                               sorted((m.id, m.claim_token, naive_utc(at)) for m, at in starts))
 
     def run() -> int:
         with connection_for(alias).cursor() as cursor:

@@ -104,6 +104,7 @@ class Acker:
             self._ack([finished])
 
     def _run(self) -> None:
+        broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:
                 self._ack(batch)

@@ -123,6 +123,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
         self._start()
         try:
@@ -255,7 +256,7 @@ class Worker:
         conf, due = self.settings, self._due
         busy = self.holdings.in_flight > 0
         now = time.monotonic()
-        parking = not busy and conf.WAKEUP and bool(self._active)
+        parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""
         if parking and now >= due.recovery:
             # This park does the sweep's first step; it lasts until the next one is due.
@@ -351,8 +352,7 @@ class Worker:
         falls short is the database asked which ones.
         """
         held = self._held_pairs()
-        tokens = sorted({token for _, token in held})
-        if broker.renew_leases(tokens, self.settings.LEASE_SECONDS) < len(held):
+        if broker.renew_leases(held, self.settings.LEASE_SECONDS) < len(held):
             lost = set(held) - broker.claims_held(held)
             unstarted = self.holdings.claims_lost(lost)
             if unstarted:

@@ -298,3 +298,19 @@ def exits_process(label: str) -> None:
 def record_once(label: str) -> None:
     """One attempt only: a neighbour charged for someone else's crash would go dead."""
     Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@queue_task()
+def records_isolation(label: str) -> None:
+    """Records the isolation level of the task's own session (the user's, not the broker's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@tx_isolation")
+        [level] = cursor.fetchone()
+    Ledger.objects.create(label=f"{label}:{level}", pid=os.getpid())
+
+
+@queue_task()
+def enqueues_child(label: str) -> None:
+    """Enqueues from a task thread: a producer inside the worker (its wake-up, its session)."""
+    Ledger.objects.create(label=label, pid=os.getpid())
+    record.enqueue(f"{label}:child")

@@ -103,7 +103,8 @@ def _probe(ctx: Context) -> tuple[float, int]:
     claim_sql = claim_statement(ctx)
     while cycles < ctx.sizes.backlog_probe and (not cycles or time.perf_counter() < deadline):
         token = uuid.uuid4().hex
-        cur.execute(claim_sql, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE, 1])
+        cur.execute(claim_sql, [token, True, SERVER_START, WORKER_ID, LEASE_MICROS,
+                                DEFAULT_QUEUE, 1])
         cur.execute(READ_SQL, [token])
         row = cur.fetchone()
         if row is None:

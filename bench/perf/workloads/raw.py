@@ -127,8 +127,8 @@ def _cycles(ctx: Context, case: str, rows: int, claim: int, ack: int, history: b
     deadline = started + ctx.sizes.raw_cycle_seconds
     while time.perf_counter() < deadline:
         token = uuid.uuid4().hex
-        cur.execute(claim_sql, [token, SERVER_START, WORKER_ID, LEASE_MICROS, DEFAULT_QUEUE,
-                                claim])
+        cur.execute(claim_sql, [token, True, SERVER_START, WORKER_ID, LEASE_MICROS,
+                                DEFAULT_QUEUE, claim])
         if cur.rowcount == 0:
             break
         cur.execute(READ_SQL, [token])
