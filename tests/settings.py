@@ -71,6 +71,7 @@ MYSQLQ = {
     "SUMMARY_SECONDS": 0,
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
+    "ACK_DELAY_SECONDS": float(os.environ.get("MYSQLQ_TEST_ACK_DELAY", "0.02")),
 }
 LOGGING: dict[str, Any] = {
     "version": 1,

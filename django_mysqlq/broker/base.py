@@ -34,6 +34,15 @@ LOCK_ERRORS = frozenset({1213, 1205})
 #: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
 QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
+#: The server refused a statement past ``max_allowed_packet`` (it then drops the connection).
+PACKET_TOO_LARGE = 1153
+#: A CHECK constraint failed: on the history's ``result`` column, ``JSON_VALID``.
+CHECK_FAILED = 4025
+#: Errors that refuse the statement itself, which waiting can't fix (unlike an outage):
+#: packet too large, a failed CHECK, data too long, an invalid string, MySQL's bad JSON.
+REFUSALS = frozenset({PACKET_TOO_LARGE, CHECK_FAILED, 1406, 1366, 3140})
+#: The connection was lost: an outage, or a statement far past the packet limit.
+CONNECTION_LOST = frozenset({2006, 2013})
 
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (
@@ -80,6 +89,11 @@ def micros(seconds: float) -> int:
 def error_code(exc: BaseException) -> int | None:
     code = exc.args[0] if exc.args else None
     return code if isinstance(code, int) else None
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether the server refused the statement itself (no outage: a retry can't help)."""
+    return error_code(exc) in REFUSALS
 
 
 def was_interrupted(exc: BaseException) -> bool:

@@ -249,3 +249,12 @@ async def async_records_its_db_thread(label: str) -> str:
         return threading.current_thread().name
 
     return await sync_to_async(write)()
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def returns_quotes(count: int, label: str = "") -> str:
+    """A result whose JSON and SQL escaping each double it: ``count`` quotes, 4x in SQL."""
+    if label:
+        Ledger.objects.create(label=label, pid=os.getpid())
+    return '"' * count
+

@@ -1,0 +1,102 @@
+"""Ack and claim edge cases (issue 10, item 11), against the real server.
+
+An ack matches each message with its own claim token, never any id with any token.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_mysqlq import broker
+from django_mysqlq.broker import settle
+from django_mysqlq.messages import AttemptResult, Runner
+from django_mysqlq.models import Attempt, Message
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "test:edges"
+RUNNER = Runner(worker_id=WORKER, host="test", pid=1, thread="test")
+TOKEN_INDEX = "mysqlq_msg_token"
+
+
+def claim(queues=("default",), limit=10):
+    return broker.claim(list(queues), limit, WORKER, lease_seconds=60)
+
+
+def ok():
+    return AttemptResult(started_at=timezone.now(), result="ok")
+
+
+def test_a_stale_token_never_acks_the_message_reclaimed_under_another_token():
+    """Same worker, same batch: ``id IN (…) AND token IN (…)`` deleted the re-claim."""
+    first = tasks.record.enqueue("first").id
+    second = tasks.record.enqueue("second").id
+    [stale] = claim(limit=1)
+    assert stale.id == first
+    broker.release([stale])  # as a recovery would, while the first run still goes on
+    again = {m.id: m for m in claim(limit=2)}
+    assert set(again) == {first, second}
+    assert again[first].claim_token != stale.claim_token
+
+    owned = broker.ack_many([(stale, RUNNER, ok()), (again[second], RUNNER, ok())])
+
+    assert owned == {second}
+    kept = Message.objects.get(pk=first)
+    assert (kept.status, kept.claim_token) == ("claimed", again[first].claim_token)
+    assert not Message.objects.filter(pk=second).exists()
+    # The late run is still recorded; the current claim runs to its own end.
+    assert Attempt.objects.for_message(first).count() == 1
+
+
+def claim_backlog(size: int, per_claim: int) -> list:
+    """``size`` messages claimed ``per_claim`` to a token, as workers leave them, with fresh
+    statistics."""
+    tasks.record.enqueue_many([[f"m{i}"] for i in range(size)])
+    batches = [claim(limit=per_claim) for _ in range(size // per_claim)]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE mysqlq_message")
+        cursor.fetchall()
+    return [m for batch in batches for m in batch]
+
+
+@pytest.fixture
+def claimed_backlog():
+    return claim_backlog(3000, 10)
+
+
+@pytest.mark.parametrize(("count", "backlog", "per_claim"), [
+    (1, 3000, 10), (2, 3000, 10), (20, 3000, 10), (100, 3000, 10),
+    (settle.ACK_DELETE_CHUNK, 20_000, 100),
+])
+def test_the_ack_delete_looks_up_exact_pairs_by_key_never_scans(count, backlog, per_claim):
+    """MariaDB reads the pairs as ranges on the primary key or on (claim_token, id).
+
+    Both are point lookups of ``count`` rows. (A row constructor ``(id, claim_token) IN
+    ((…))`` scanned the whole table for one pair; index hints can't be given on a
+    single-table DELETE, the only one with RETURNING.) A batch that is a large share of
+    a small table may be read by a scan, which is cheap there: the largest DELETE is
+    checked against a backlog 40 times its size.
+    """
+    claimed = claim_backlog(backlog, per_claim)
+    chosen = claimed[500:500 + count]
+    params = [value for m in chosen for value in (m.id, m.claim_token)]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN FORMAT=JSON " + settle.ack_delete_sql(count), params)
+        table = json.loads(cursor.fetchone()[0])["query_block"]["table"]
+    assert table["access_type"] == "range", table
+    assert table["key"] in ("PRIMARY", TOKEN_INDEX), table
+    assert "id" in table["used_key_parts"], table
+    assert table["rows"] <= count, table
+
+
+def test_a_batch_larger_than_one_delete_is_acked_in_several(claimed_backlog):
+    batch = claimed_backlog[:settle.ACK_DELETE_CHUNK + 7]
+    owned = broker.ack_many([(m, RUNNER, ok()) for m in batch])
+    assert owned == {m.id for m in batch}
+    assert Message.objects.count() == len(claimed_backlog) - len(batch)
+
