@@ -1,18 +1,20 @@
 """Ack and claim edge cases (issue 10, item 11), against the real server.
 
-An ack matches each message with its own claim token, never any id with any token.
+An ack matches each message with its own claim token, never any id with any token; and
+an error while claiming a later queue gives back what the earlier queues yielded.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from django_mysqlq import broker
-from django_mysqlq.broker import settle
+from django_mysqlq.broker import base, settle
 from django_mysqlq.messages import AttemptResult, Runner
 from django_mysqlq.models import Attempt, Message
 from tests.testapp import tasks
@@ -100,3 +102,42 @@ def test_a_batch_larger_than_one_delete_is_acked_in_several(claimed_backlog):
     assert owned == {m.id for m in batch}
     assert Message.objects.count() == len(claimed_backlog) - len(batch)
 
+
+def test_an_error_claiming_a_later_queue_gives_back_the_batch_already_claimed(monkeypatch):
+    """The second queue's claim times out on a row lock: the first queue's batch is released.
+
+    Without this it stayed claimed by a worker that never received it, until its lease
+    ran out, and its recovery cost an attempt.
+    """
+    first = tasks.record.enqueue("first").id
+    blocked = tasks.on_other_queue.enqueue("blocked").id
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_row_lock():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM mysqlq_message FORCE INDEX (PRIMARY) WHERE id = %s "
+                           "FOR UPDATE", [blocked])
+            holding.set()
+            done.wait(20)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_row_lock)
+    holder.start()
+    monkeypatch.setattr(base, "LOCK_RETRY_LIMIT", 1)  # one lock wait, not eight
+    try:
+        assert holding.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        with pytest.raises(OperationalError) as raised:
+            claim(("default", "other"))
+        assert raised.value.args[0] == 1205
+    finally:
+        done.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    row = Message.objects.get(pk=first)
+    assert (row.status, row.attempts, row.claim_token, row.worker_id) == \
+        ("ready", 0, None, None)
+    # Nothing was lost: both are claimed by the next loop.
+    assert {m.id for m in claim(("default", "other"))} == {first, blocked}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,12 @@ def claim_sql_for(collation: str | None) -> str:
 
 def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
           alias: str | None = None) -> list[ClaimedMessage]:
-    """Claim up to ``limit`` ready messages, taking the queues in the order given."""
+    """Claim up to ``limit`` ready messages, taking the queues in the order given.
+
+    If a later queue's claim fails, the batches already claimed from earlier queues are
+    given back (as if never claimed) before the error is raised: the caller never gets
+    them, so they would otherwise wait for their lease to run out and lose an attempt.
+    """
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
     _, server_start = connection_identity(alias)
@@ -102,9 +108,13 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
                                            micros(lease_seconds), queue, wanted])
                 return int(cursor.rowcount)
 
-        if with_lock_retry(alias, run) == 0:
-            continue
-        rows = _read_claimed(alias, token)
+        try:
+            if with_lock_retry(alias, run) == 0:
+                continue
+            rows = _read_claimed(alias, token)
+        except DatabaseError:
+            _give_back(alias, claimed)
+            raise
         for row in rows:
             enqueued_at = row[9]
             if timezone.is_naive(enqueued_at):
@@ -139,6 +149,24 @@ def _read_claimed(alias: str, token: str) -> list[Any]:
             logger.warning("A claimed batch (token %s) could not be read back nor released; "
                            "its lease will run out and a peer will recover it.", token)
         raise
+
+
+def _give_back(alias: str, claimed: Sequence[ClaimedMessage]) -> None:
+    """Release batches claimed before a later queue's claim failed: nobody will run them."""
+    tokens = sorted({message.claim_token for message in claimed})
+    if not tokens:
+        return
+    try:
+        close_if_broken(alias)
+        for token in tokens:
+            with_lock_retry(alias, functools.partial(_release_token, alias, token))
+    except DatabaseError:
+        logger.warning("A claim failed part-way and %d message(s) already claimed could not "
+                       "be given back; their leases will run out and a peer will recover "
+                       "them.", len(claimed))
+        return
+    logger.warning("A claim failed part-way; %d message(s) already claimed from earlier "
+                   "queues were given back.", len(claimed))
 
 
 def _release_token(alias: str, token: str) -> int:
