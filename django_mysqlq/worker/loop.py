@@ -31,7 +31,7 @@ from .acker import Acker
 from .executor import execute
 from .options import WorkerOptions
 from .stats import WorkerStats
-from .stopping import StopRequest
+from .stopping import STOP_STATEMENT_SECONDS, StopRequest
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -122,8 +122,8 @@ class Worker:
         self._active: list[str] = list(options.queues)
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
-        self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up) \
-            if batch > 1 else None
+        self._acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self._give_up,
+                            self.stats.add) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self._outages = 0
 
@@ -150,15 +150,16 @@ class Worker:
                 with self._lock:
                     self._running[message.id] = RunningTask(message, time.monotonic(),
                                                             broker.database_now())
+                handover = self._acker.handover() if self._acker is not None else None
                 try:
-                    outcome = execute(message, runner, self._give_up, self._acker)
+                    outcome = execute(message, runner, self._give_up, handover)
                 except Exception:
                     # execute() records every task failure itself; this is a bug or an
                     # outage it could not ride out. The claim stays; a peer recovers it.
                     logger.exception("Unexpected error while running %s #%s",
                                      message.task_name, message.id)
                     outcome = ""
-                self._count(outcome)
+                self._count(outcome, handed=handover is not None and handover.used)
                 with self._lock:
                     self._running.pop(message.id, None)
                     self._in_flight -= 1
@@ -167,8 +168,8 @@ class Worker:
         finally:
             connections.close_all()
 
-    def _count(self, outcome: str) -> None:
-        if outcome == Outcome.SUCCEEDED:
+    def _count(self, outcome: str, handed: bool = False) -> None:
+        if outcome == Outcome.SUCCEEDED and not handed:  # the acker counts those once acked
             self.stats.add(succeeded=1)
         elif outcome == Outcome.RETRIED:
             self.stats.add(retried=1)
@@ -495,17 +496,25 @@ class Worker:
             self._in_flight -= len(unstarted)
         try:
             count = broker.release(unstarted)
+            self.stats.add(released=count)
             logger.info("Released %d claimed but unstarted message(s).", count)
         except DatabaseError as exc:
             logger.warning("Could not release %d unstarted message(s) (%s); peers will "
                            "recover them.", len(unstarted), exc)
 
     def _drain(self) -> int:
-        """Release unstarted claims, wait for running tasks, deregister."""
+        """Release unstarted claims, wait for running tasks, deregister.
+
+        Ends within GRACE_SECONDS plus STOP_STATEMENT_SECONDS (about): every statement
+        from here on is bounded to end by then, acks included.
+        """
+        deadline = time.monotonic() + self.settings.GRACE_SECONDS
+        broker.finish_by(deadline + STOP_STATEMENT_SECONDS)
+        if self._acker is not None:
+            self._acker.finish_by(deadline + STOP_STATEMENT_SECONDS)
         self._release_unstarted()
         for _ in self._threads:
             self._inbox.put(None)
-        deadline = time.monotonic() + self.settings.GRACE_SECONDS
         with self._lock:
             running = len(self._running)
         if running:
@@ -518,7 +527,10 @@ class Worker:
         try:
             # Anything still claimed under our id that we don't hold (say, a claim whose
             # read-back failed) goes back now instead of waiting for its lease.
-            strays = broker.release_strays(self.id, keep=self._held_tokens())
+            unacked = self._acker.unacked_tokens() if self._acker is not None else []
+            strays = broker.release_strays(self.id, keep=sorted({*self._held_tokens(),
+                                                                 *unacked}))
+            self.stats.add(released=strays)
             if strays:
                 logger.warning("Released %d claim(s) this worker had lost track of.", strays)
         except DatabaseError as exc:
@@ -529,6 +541,9 @@ class Worker:
             logger.error("%d task(s) still running after the %.0fs grace period; exiting "
                          "anyway, peers will recover them.", abandoned,
                          self.settings.GRACE_SECONDS)
+        if self.stats.unacked:
+            logger.error("%d finished task(s) could not be acked; they stay claimed and will "
+                         "run again when a peer recovers them.", self.stats.unacked)
         try:
             broker.deregister_worker(self.id, self.stats.processed, self.stats.failed)
         except DatabaseError as exc:

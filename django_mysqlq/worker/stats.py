@@ -13,10 +13,15 @@ class WorkerStats:
         self._lock = threading.Lock()
         self.started = time.monotonic()
         self.claimed = 0
+        #: Successes whose ack was written (batched ones count once the acker wrote them).
         self.succeeded = 0
+        #: Successes whose ack was never written: still claimed, they will run again.
+        self.unacked = 0
         self.retried = 0
         self.dead = 0
         self.recovered = 0
+        #: Claimed messages given back unrun (unstarted at a stop, or lost track of).
+        self.released = 0
         self.db_errors = 0
 
     def add(self, **counts: int) -> None:
@@ -31,8 +36,8 @@ class WorkerStats:
 
     @property
     def processed(self) -> int:
-        """Attempts finished by this worker, whatever their outcome."""
-        return self.succeeded + self.failed
+        """Attempts finished by this worker, whatever their outcome (or their ack's)."""
+        return self.succeeded + self.unacked + self.failed
 
     def rate(self) -> float:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -42,10 +47,12 @@ class WorkerStats:
         return {
             "processed": self.processed,
             "succeeded": self.succeeded,
+            "unacked": self.unacked,
             "failed": self.failed,
             "retried": self.retried,
             "dead": self.dead,
             "recovered": self.recovered,
+            "released": self.released,
             "deadlocks_retried": broker.stats.deadlocks,
             "lock_waits_retried": broker.stats.lock_waits,
             "db_errors": self.db_errors,
@@ -56,8 +63,9 @@ class WorkerStats:
     def summary(self) -> str:
         d = self.as_dict()
         return (
-            f"processed={d['processed']} succeeded={d['succeeded']} failed={d['failed']} "
-            f"retried={d['retried']} dead={d['dead']} recovered={d['recovered']} "
+            f"processed={d['processed']} succeeded={d['succeeded']} unacked={d['unacked']} "
+            f"failed={d['failed']} retried={d['retried']} dead={d['dead']} "
+            f"recovered={d['recovered']} released={d['released']} "
             f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
             f"db_errors={d['db_errors']} rate={d['rate']}/s in {d['seconds']}s"
         )

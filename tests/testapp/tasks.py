@@ -258,3 +258,10 @@ def returns_quotes(count: int, label: str = "") -> str:
         Ledger.objects.create(label=label, pid=os.getpid())
     return '"' * count
 
+
+@queue_task()
+def naps(label: str, seconds: float) -> str:
+    """Records its start, then sleeps without touching the database (its end needs none)."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    time.sleep(seconds)
+    return label
