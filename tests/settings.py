@@ -78,6 +78,7 @@ MYSQLQ: dict[str, Any] = {
     "PURGE_LAG_WARNING_SECONDS": float(os.environ.get("MYSQLQ_TEST_PURGE_LAG_SECONDS", "300")),
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
+    "ACK_DELAY_SECONDS": float(os.environ.get("MYSQLQ_TEST_ACK_DELAY", "0.02")),
 }
 if os.environ.get("MYSQLQ_TEST_DEAD_RETENTION"):  # tests/test_retention.py's worker
     MYSQLQ["DEAD_RETENTION_SECONDS"] = float(os.environ["MYSQLQ_TEST_DEAD_RETENTION"])

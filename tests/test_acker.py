@@ -6,8 +6,10 @@ check only how the acker batches and when it makes task threads wait.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -78,3 +80,50 @@ def test_a_refused_batch_is_acked_one_by_one(monkeypatch):
         acker.add(number, None, None)  # type: ignore[arg-type]
     acker.stop()
     assert sorted(seen) == list(range(6))
+
+
+def test_successes_are_reported_once_their_ack_is_written(monkeypatch):
+    written: list[int] = []
+
+    def ack_all_but_the_lost(batch: list[Any]) -> set[int]:
+        written.extend(m.id for m, _, _ in batch)
+        return {m.id for m, _, _ in batch if m.id != 3}  # 3's claim was recovered by a peer
+
+    monkeypatch.setattr(acker_module.broker, "ack_many", ack_all_but_the_lost)
+    counts: collections.Counter[str] = collections.Counter()
+    acker = Acker(10, delay=0.01, give_up=threading.Event(),
+                  report=lambda **c: counts.update(c))
+    acker.start()
+    for number in range(6):
+        acker.add(SimpleNamespace(id=number, claim_token="t"), None, None)  # type: ignore[arg-type]
+    acker.stop()
+    assert sorted(written) == list(range(6))
+    assert (counts["succeeded"], counts["unacked"]) == (5, 1)
+
+
+def test_stop_leaves_an_ack_stuck_past_the_stop_deadline_behind_as_unacked(monkeypatch):
+    """The stop's bound: a hung ack statement can't hold the worker past its deadline."""
+    release = threading.Event()
+
+    def hangs(batch: list[Any]) -> set[int]:
+        release.wait(10)
+        return {m.id for m, _, _ in batch}
+
+    monkeypatch.setattr(acker_module.broker, "ack_many", hangs)
+    counts: collections.Counter[str] = collections.Counter()
+    acker = Acker(10, delay=0.01, give_up=threading.Event(),
+                  report=lambda **c: counts.update(c))
+    acker.start()
+    for number in range(3):
+        acker.add(SimpleNamespace(id=number, claim_token=f"t{number}"),  # type: ignore[arg-type]
+                  None, None)  # type: ignore[arg-type]
+    acker.finish_by(time.monotonic() + 0.3)
+    started = time.monotonic()
+    try:
+        acker.stop()
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+    assert waited < 0.3 + acker_module.JOIN_MARGIN + 1.0  # a liveness bound, with slack
+    assert counts == {"unacked": 3}
+    assert acker.unacked_tokens() == ["t0", "t1", "t2"]

@@ -45,9 +45,19 @@ class CountingProxy:
             return collections.Counter(self._counts), collections.Counter(self._statements)
 
     def close(self) -> None:
+        """Cut every relayed connection and refuse new ones."""
+        with contextlib.suppress(OSError):
+            # Wakes the thread blocked in accept(): close() alone leaves that call able
+            # to take one more connection.
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         for sock in list(self._sockets):
+            # shutdown() ends the TCP connection at once; close() alone waits for the
+            # relay thread blocked in recv() on it, and the server keeps the session (and
+            # whatever it holds: a named lock, row locks) open meanwhile.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 

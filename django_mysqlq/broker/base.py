@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import random
 import threading
 import time
@@ -36,6 +37,24 @@ LOCK_ERRORS = frozenset({DEADLOCK, 1205})
 #: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
 QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
+#: The server refused a statement past ``max_allowed_packet`` (it then drops the connection).
+PACKET_TOO_LARGE = 1153
+#: A CHECK constraint failed: on the history's ``result`` column, ``JSON_VALID``.
+CHECK_FAILED = 4025
+#: Errors that refuse the statement itself, which waiting can't fix (unlike an outage):
+#: packet too large, a failed CHECK, data too long, an invalid string, MySQL's bad JSON.
+REFUSALS = frozenset({PACKET_TOO_LARGE, CHECK_FAILED, 1406, 1366, 3140})
+#: The connection was lost: an outage, or a statement far past the packet limit.
+CONNECTION_LOST = frozenset({2006, 2013})
+
+#: Bounds a session's lock waits and statement time, in seconds (see ``finish_by``).
+BOUND_SQL = "SET SESSION innodb_lock_wait_timeout = %s, max_statement_time = %s"
+#: MySQL's ``max_execution_time`` bounds SELECTs only: there, lock waits alone.
+BOUND_SQL_MYSQL = "SET SESSION innodb_lock_wait_timeout = %s"
+UNBOUND_SQL = "SET SESSION innodb_lock_wait_timeout = DEFAULT, max_statement_time = DEFAULT"
+UNBOUND_SQL_MYSQL = "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+#: Seconds a bounded statement still gets once its deadline has passed.
+SHORTEST_BOUND = 1.0
 
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (
@@ -84,6 +103,52 @@ def error_code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def is_refusal(exc: BaseException) -> bool:
+    """Whether the server refused the statement itself (no outage: a retry can't help)."""
+    return error_code(exc) in REFUSALS
+
+
+_bound = threading.local()
+_BOUNDED_ATTRIBUTE = "_django_mysqlq_bounded"
+
+
+def finish_by(deadline: float | None, alias: str | None = None) -> None:
+    """Make this thread's queue statements end by ``deadline`` (``time.monotonic()``).
+
+    A stopping worker must not wait on a lock or a hung statement past its grace period:
+    before each statement the session's lock wait and statement time limits are set to
+    the time left (at least ``SHORTEST_BOUND``), and lock conflicts are no longer retried
+    once the deadline has passed. ``None`` lifts the bound.
+    """
+    _bound.deadline = deadline
+    connection = connection_for(alias)
+    if deadline is None and getattr(connection.connection, _BOUNDED_ATTRIBUTE, False):
+        with connection.cursor() as cursor:
+            mariadb = connection.mysql_is_mariadb  # type: ignore[attr-defined]
+            cursor.execute(UNBOUND_SQL if mariadb else UNBOUND_SQL_MYSQL)
+        setattr(connection.connection, _BOUNDED_ATTRIBUTE, False)
+
+
+def past_deadline() -> bool:
+    """Whether this thread's ``finish_by`` deadline has passed."""
+    deadline: float | None = getattr(_bound, "deadline", None)
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _apply_bound(alias: str) -> None:
+    deadline: float | None = getattr(_bound, "deadline", None)
+    if deadline is None:
+        return
+    seconds = max(SHORTEST_BOUND, deadline - time.monotonic())
+    connection = connection_for(alias)
+    with connection.cursor() as cursor:
+        if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            cursor.execute(BOUND_SQL, [math.ceil(seconds), round(seconds, 3)])
+        else:
+            cursor.execute(BOUND_SQL_MYSQL, [math.ceil(seconds)])
+    setattr(connection.connection, _BOUNDED_ATTRIBUTE, True)
+
+
 def was_interrupted(exc: BaseException) -> bool:
     """Whether a statement was cut short by ``KILL QUERY`` (a wake-up that came late)."""
     return isinstance(exc, OperationalError) and error_code(exc) == QUERY_INTERRUPTED
@@ -100,6 +165,7 @@ def with_lock_retry(alias: str, operation: Callable[[], T],
     connection = connection_for(alias)
     for attempt in range(LOCK_RETRY_LIMIT):
         try:
+            _apply_bound(alias)
             return operation()
         except OperationalError as exc:
             code = error_code(exc)
@@ -107,6 +173,7 @@ def with_lock_retry(alias: str, operation: Callable[[], T],
                 code not in codes | {QUERY_INTERRUPTED}
                 or connection.in_atomic_block
                 or attempt == LOCK_RETRY_LIMIT - 1
+                or past_deadline()
             ):
                 raise
             if code == QUERY_INTERRUPTED:

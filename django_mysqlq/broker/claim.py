@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,6 +120,9 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
     A row that can't be run as it stands (a tampered value) goes dead with its reason
     instead of being returned.
+    If a later queue's claim fails, the batches already claimed from earlier queues are
+    given back (as if never claimed) before the error is raised: the caller never gets
+    them, so they would otherwise wait for their lease to run out and lose an attempt.
     """
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
@@ -151,9 +155,14 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
         def around(body: Callable[[Any], int] = body) -> int:
             return in_transaction(alias, body)
 
-        if not run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around):
-            continue
-        for row in _read_claimed(alias, token):
+        try:
+            if not run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around):
+                continue
+            rows = _read_claimed(alias, token)
+        except DatabaseError:
+            _give_back(alias, claimed)
+            raise
+        for row in rows:
             message = _message(row, token)
             if isinstance(message, ClaimedMessage):
                 claimed.append(message)
@@ -202,6 +211,24 @@ def _read_claimed(alias: str, token: str) -> list[Any]:
             logger.warning("A claimed batch (token %s) could not be read back nor released; "
                            "its lease will run out and a peer will recover it.", token)
         raise
+
+
+def _give_back(alias: str, claimed: Sequence[ClaimedMessage]) -> None:
+    """Release batches claimed before a later queue's claim failed: nobody will run them."""
+    tokens = sorted({message.claim_token for message in claimed})
+    if not tokens:
+        return
+    try:
+        close_if_broken(alias)
+        for token in tokens:
+            with_lock_retry(alias, functools.partial(_release_token, alias, token))
+    except DatabaseError:
+        logger.warning("A claim failed part-way and %d message(s) already claimed could not "
+                       "be given back; their leases will run out and a peer will recover "
+                       "them.", len(claimed))
+        return
+    logger.warning("A claim failed part-way; %d message(s) already claimed from earlier "
+                   "queues were given back.", len(claimed))
 
 
 def _release_token(alias: str, token: str) -> int:

@@ -18,12 +18,13 @@ from .base import (
     naive_utc,
     send_robust,
 )
+from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
 
-#: Rows per multi-row INSERT in enqueue_many, and payload bytes per statement (well under
-#: the default max_allowed_packet of 16 MiB).
+#: Rows per multi-row INSERT in enqueue_many (bytes per statement: see packets.py).
 INSERT_CHUNK = 1000
-INSERT_CHUNK_BYTES = 4 * 2**20
+#: Bytes of a row besides its payload and names: the row's template, numbers and times.
+INSERT_ROW_BYTES = 400
 
 _INSERT_COLUMNS = (
     "queue, task_name, payload, priority, max_attempts, retry_backoff, timeout, dedup_key, "
@@ -83,7 +84,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
         return [_insert_one(alias, message) for message in messages]
     ids: list[int] = []
     with connection.cursor() as cursor:
-        for chunk in _chunks(messages):
+        for chunk in _chunks(messages, statement_room(alias)):
             params: list[Any] = []
             rows: list[str] = []
             for message in chunk:
@@ -99,18 +100,14 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     return ids
 
 
-def _chunks(messages: Sequence[NewMessage]) -> list[Sequence[NewMessage]]:
-    """Split into INSERTs of at most INSERT_CHUNK rows and about INSERT_CHUNK_BYTES."""
-    chunks: list[Sequence[NewMessage]] = []
-    start = size = 0
-    for index, message in enumerate(messages):
-        length = len(message.payload) + 200
-        if index > start and (index - start >= INSERT_CHUNK or size + length > INSERT_CHUNK_BYTES):
-            chunks.append(messages[start:index])
-            start, size = index, 0
-        size += length
-    chunks.append(messages[start:])
-    return chunks
+def _chunks(messages: Sequence[NewMessage], room: int) -> list[Sequence[NewMessage]]:
+    """Split into INSERTs of at most INSERT_CHUNK rows and ``room`` bytes as sent."""
+    sizes = [
+        escaped_size(message.payload) + INSERT_ROW_BYTES
+        + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or ""))
+        for message in messages
+    ]
+    return split_by_size(messages, sizes, room, INSERT_CHUNK)
 
 
 def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:

@@ -9,6 +9,7 @@ from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from .base import ATTEMPT_TABLE, MESSAGE_TABLE, logger, naive_utc
+from .packets import params_size
 
 # Copies a message row into history; the caller adds the worker's columns.
 HISTORY_FROM_MESSAGE_SQL = f"""
@@ -34,6 +35,35 @@ ATTEMPT_ROW = (
 )
 INSERT_ATTEMPT_SQL = ATTEMPT_INSERT_HEAD + ATTEMPT_ROW
 
+#: Where attempt_params() puts the two values a history row can do without.
+RESULT_PARAM = 16
+PAYLOAD_PARAM = 17
+
+#: The deepest nesting MariaDB's ``JSON_VALID`` accepts: 32 levels fail the ``result``
+#: column's CHECK (error 4025). MySQL accepts 100; one limit keeps results portable.
+MAX_JSON_DEPTH = 31
+#: How deep a log line counts a result that is too deep.
+DEPTH_REPORTED = 1000
+_CONTAINERS = (dict, list, tuple)
+
+
+def json_depth(value: Any, cap: int) -> int:
+    """How many levels deep ``value`` nests lists and dicts, counted up to ``cap``."""
+    if not isinstance(value, _CONTAINERS):
+        return 0
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest >= cap:
+                return cap
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, _CONTAINERS))
+    return deepest
+
 
 def result_json(message: ClaimedMessage, value: Any) -> str | None:
     """The result as JSON the server accepts, or None (with a warning) if it can't be kept."""
@@ -45,6 +75,15 @@ def result_json(message: ClaimedMessage, value: Any) -> str | None:
     except (TypeError, ValueError, RecursionError) as exc:
         logger.warning("Result of %s #%s is not storable JSON (%s); history keeps no result.",
                        message.task_name, message.id, str(exc)[:200])
+        return None
+    # Fewer brackets than the limit can't nest past it: most results skip the walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and \
+            json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH:
+        depth = json_depth(value, DEPTH_REPORTED)
+        logger.warning("Result of %s #%s is nested %s levels deep, over the %d the "
+                       "database's JSON check accepts; history keeps no result.",
+                       message.task_name, message.id,
+                       depth if depth < DEPTH_REPORTED else f"{depth} or more", MAX_JSON_DEPTH)
         return None
     limit = get_settings().MAX_PAYLOAD_BYTES
     if len(text) > limit:
@@ -66,3 +105,37 @@ def attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,
         message.payload if keep_payload else "",
     ]
 
+
+def row_size(params: list[Any]) -> int:
+    """Bytes one history row takes in a statement (its values escaped, and its template)."""
+    return params_size(params) + len(ATTEMPT_ROW) + 2
+
+
+def fit_row(message: ClaimedMessage, params: list[Any], room: int) -> int:
+    """Make a history row fit ``room`` bytes; return its size.
+
+    Too big for a packet even alone, a row first loses its result, then its payload
+    copy, each with a warning: the attempt's record and the ack matter more than either.
+    """
+    size = row_size(params)
+    if size > room and params[RESULT_PARAM] is not None:
+        params[RESULT_PARAM] = None
+        logger.warning("Result of %s #%s is too big for one statement under the server's "
+                       "max_allowed_packet; history keeps no result.", message.task_name,
+                       message.id)
+        size = row_size(params)
+    if size > room and params[PAYLOAD_PARAM]:
+        params[PAYLOAD_PARAM] = ""
+        logger.warning("History row of %s #%s is too big for one statement under the "
+                       "server's max_allowed_packet; history keeps no copy of its payload.",
+                       message.task_name, message.id)
+        size = row_size(params)
+    return size
+
+
+def drop_result(message: ClaimedMessage, params: list[Any], reason: str) -> None:
+    """Drop a row's result after the server refused it, with the usual warning."""
+    if params[RESULT_PARAM] is not None:
+        params[RESULT_PARAM] = None
+        logger.warning("Result of %s #%s was refused by the database (%s); history keeps no "
+                       "result.", message.task_name, message.id, reason)

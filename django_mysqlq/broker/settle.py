@@ -8,14 +8,21 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from .base import (
+    CHECK_FAILED,
     CLEAR_CLAIM,
+    CONNECTION_LOST,
     MESSAGE_TABLE,
+    PACKET_TOO_LARGE,
+    close_if_broken,
     connection_for,
     default_alias,
+    error_code,
     in_transaction,
     logger,
     micros,
@@ -28,14 +35,21 @@ from .history import (
     ATTEMPT_ROW,
     HISTORY_FROM_MESSAGE_SQL,
     INSERT_ATTEMPT_SQL,
+    RESULT_PARAM,
     attempt_params,
+    drop_result,
+    fit_row,
 )
+from .packets import row_room, split_by_size, statement_room
 
+#: One message's ack inside a caller's transaction (atomic tasks): a primary-key lookup.
 ACK_DELETE_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s"
-#: (id, claim_token) pairs are a derived table joined to the message table by primary key
-#: (eq_ref: one lookup per pair), so these statements read no other row and never wait on
-#: one a stranger has locked. A plain ``DELETE … WHERE id IN (…)`` on a small table may
-#: scan it all instead, and a DELETE, unlike an UPDATE, waits on every locked row it reads.
+#: An ack matches each message by its id *and its own* token, so a stale ack never deletes
+#: the message re-claimed under another token. The (id, claim_token) pairs are a derived
+#: table joined to the message table by primary key (eq_ref: one lookup per pair), so
+#: these statements read no other row and never wait on one a stranger has locked. A
+#: plain ``DELETE … WHERE id IN (…)`` on a small table may scan it all instead, and a
+#: DELETE, unlike an UPDATE, waits on every locked row it reads.
 DELETE_PAIRS_SQL = f"""
 DELETE m FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
     ON m.id = o.id AND m.claim_token = o.token
@@ -48,9 +62,13 @@ SELECT m.id FROM {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 
 
 def _pairs(messages: Sequence[ClaimedMessage]) -> tuple[str, list[Any]]:
-    """The derived table of these messages' (id, token) pairs, and its parameters, in id
-    order: every statement on claimed rows locks them in that order (no deadlocks)."""
-    return rows_table(("id", "token"), sorted((m.id, m.claim_token) for m in messages))
+    return pairs_table([(m.id, m.claim_token) for m in messages])
+
+
+def pairs_table(pairs: Sequence[tuple[int, str]]) -> tuple[str, list[Any]]:
+    """The derived table of (id, token) pairs, and its parameters, in id order: every
+    statement on claimed rows locks them in that order, so they never deadlock."""
+    return rows_table(("id", "token"), sorted(pairs))
 
 
 #: When each attempt started, for the rows still claimed by these (id, token) pairs.
@@ -64,6 +82,16 @@ UPDATE {{starts}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 class _ClaimsLost(Exception):
     """Some of an ack batch's claims were lost: roll back and ack the careful way."""
 
+#: Pairs per DELETE: bounds the statement; past a few thousand rows a derived table costs
+#: more to build than the lookups it saves.
+ACK_DELETE_CHUNK = 500
+#: History rows per INSERT at most (bytes: see packets.py).
+ACK_INSERT_CHUNK = 1000
+#: A statement past this many bytes that loses its connection may have been too big for
+#: a packet limit lower than the one read (a proxy's): it is split and retried, like 1153.
+SIZE_SUSPECT_BYTES = 2**20
+#: How many times a refused ack is split further (each halves the bytes per statement).
+SIZE_RETRIES = 4
 
 RETRY_SQL = f"""
 UPDATE {MESSAGE_TABLE}
@@ -103,61 +131,119 @@ def ack(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
 def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -> set[int]:
     """Ack many finished messages in one transaction; return the ids that were still ours.
 
-    Two statements whatever the batch size (one ``DELETE`` of the batch's (id, token)
-    pairs, one multi-row history ``INSERT``): batching acks is where burn-down throughput
-    comes from. Matching pairs, a message this worker re-claimed under a new token is never
-    taken for the old claim's. When some claims were lost, the batch is done again the
-    careful way, locking first to learn which rows are still ours.
+    One ``DELETE`` of the batch's (id, token) pairs per ``ACK_DELETE_CHUNK`` messages and
+    a few multi-row history INSERTs: batching acks is where burn-down throughput comes
+    from. Matching pairs, a message this worker re-claimed under a new token is never taken
+    for the old claim's; when some claims were lost, the batch is done again the careful
+    way, locking first to learn which rows are still ours. The INSERTs are cut to fit the
+    server's ``max_allowed_packet``; a row too big for it alone loses its result, then its
+    payload copy. A statement the server still refuses as too large (1153, or a dropped
+    connection after a big one) is split further and retried, and a result its JSON check
+    refuses (4025) is dropped: the ack itself is never lost to them.
     """
     if not finished:
         return set()
     alias = default_alias()
-
+    rows = [attempt_params(message, Outcome.SUCCEEDED, runner, result, True)
+            for message, runner, result in finished]
     messages = [message for message, _, _ in finished]
-    pairs, pair_params = _pairs(messages)
-
-    def record(cursor: Any) -> None:
-        params: list[Any] = []
-        for message, runner, result in finished:
-            params.extend(attempt_params(message, Outcome.SUCCEEDED, runner, result, True))
-        cursor.execute(ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(finished)),
-                       params)
-
-    def body(cursor: Any) -> set[int]:
-        cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), pair_params)
-        if cursor.rowcount != len(messages):
-            raise _ClaimsLost
-        record(cursor)
-        return {message.id for message in messages}
-
-    def careful(cursor: Any) -> set[int]:
-        """Learn which claims are still ours (locked), then delete those."""
-        cursor.execute(LOCK_PAIRS_SQL.format(pairs=pairs), pair_params)
-        owned = {int(row[0]) for row in cursor.fetchall()}
-        if owned:
-            cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), pair_params)
-        record(cursor)
-        return owned
-
-    try:
-        owned = in_transaction(alias, body)
-    except _ClaimsLost:
-        owned = in_transaction(alias, careful)
-    for message, _, _ in finished:
+    attempt = _AckAttempt(alias, messages, rows)
+    while True:
+        try:
+            owned = in_transaction(alias, attempt.run)
+            break
+        except _ClaimsLost:
+            attempt.careful = True
+        except DatabaseError as exc:  # 4025 arrives as an IntegrityError, 1153 operational
+            if not attempt.recoverable(exc):
+                raise
+    for message in messages:
         if message.id not in owned:
             logger.warning("%s #%s finished after its claim was recovered by a peer; it will "
                            "run again (at-least-once).", message.task_name, message.id)
     return owned
 
 
+class _AckAttempt:
+    """One ack batch's statements, and how a refusal of them is answered before a retry."""
+
+    def __init__(self, alias: str, messages: list[ClaimedMessage], rows: list[list[Any]]):
+        self.alias = alias
+        self.messages = messages
+        self.rows = rows
+        self.divisor = 1
+        self.in_flight = 0  # bytes of the statement being sent
+        self.results_dropped = False
+        #: Some claims were found lost: lock first to learn which rows are still ours.
+        self.careful = False
+
+    def run(self, cursor: Any) -> set[int]:
+        self.in_flight = 0
+        owned = _delete_acked(cursor, self.messages, self.careful)
+        room = row_room(self.alias) // self.divisor
+        sizes = [fit_row(message, params, room)
+                 for message, params in zip(self.messages, self.rows, strict=True)]
+        indexes = list(range(len(self.rows)))
+        for part in split_by_size(indexes, sizes, statement_room(self.alias) // self.divisor,
+                                  ACK_INSERT_CHUNK):
+            self.in_flight = sum(sizes[index] for index in part)
+            cursor.execute(ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(part)),
+                           [value for index in part for value in self.rows[index]])
+        return owned
+
+    def recoverable(self, exc: DatabaseError) -> bool:
+        """Whether a change to the rows can get past ``exc``; if so, make it."""
+        code = error_code(exc)
+        if code == CHECK_FAILED and not self.results_dropped:
+            self.results_dropped = True
+            had_results = any(params[RESULT_PARAM] is not None for params in self.rows)
+            for message, params in zip(self.messages, self.rows, strict=True):
+                drop_result(message, params, "its JSON check failed")
+            return had_results
+        too_large = code == PACKET_TOO_LARGE or (
+            code in CONNECTION_LOST and self.in_flight > SIZE_SUSPECT_BYTES)
+        if not too_large or self.divisor >= 2**SIZE_RETRIES:
+            return False
+        logger.warning("An ack of %d message(s) was refused as too large for one statement "
+                       "(%s); splitting it further and retrying.", len(self.messages), exc)
+        close_if_broken(self.alias)
+        self.divisor *= 2
+        return True
+
+
+def _delete_acked(cursor: Any, messages: Sequence[ClaimedMessage], careful: bool) -> set[int]:
+    """Delete the messages still claimed under their own tokens; return their ids.
+
+    The fast way deletes every pair at once and raises ``_ClaimsLost`` (the transaction
+    is then rolled back) if any was not there; the careful way locks first, to know which.
+    """
+    owned: set[int] = set()
+    for start in range(0, len(messages), ACK_DELETE_CHUNK):
+        part = messages[start:start + ACK_DELETE_CHUNK]
+        pairs, params = _pairs(part)
+        if careful:
+            cursor.execute(LOCK_PAIRS_SQL.format(pairs=pairs), params)
+            found = {int(row[0]) for row in cursor.fetchall()}
+            if found:
+                cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), params)
+            owned |= found
+            continue
+        cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), params)
+        if cursor.rowcount != len(part):
+            raise _ClaimsLost
+        owned.update(message.id for message in part)
+    return owned
+
+
 def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
     """Ack inside the caller's open transaction (for work that commits with its ack)."""
     alias = default_alias()
+    params = attempt_params(message, Outcome.SUCCEEDED, runner, result, True)
+    fit_row(message, params, row_room(alias))
     with connection_for(alias).cursor() as cursor:
         cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
         owned = bool(cursor.rowcount)
-        cursor.execute(INSERT_ATTEMPT_SQL,
-                       attempt_params(message, Outcome.SUCCEEDED, runner, result, True))
+        cursor.execute(INSERT_ATTEMPT_SQL, params)
     return owned
 
 
@@ -184,6 +270,7 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     outcome = Outcome.RETRIED if will_retry else Outcome.FAILED
     summary = f"{result.error_class}: {result.error_message}".strip(": ")
     delay = retry_delay(message) if will_retry else 0.0
+    params = attempt_params(message, outcome, runner, result, not will_retry)
 
     def body(cursor: Any) -> bool:
         if will_retry:
@@ -193,8 +280,8 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
             cursor.execute(DEAD_SQL, [summary, message.id, message.claim_token])
         if not cursor.rowcount:
             return False
-        cursor.execute(INSERT_ATTEMPT_SQL,
-                       attempt_params(message, outcome, runner, result, not will_retry))
+        fit_row(message, params, row_room(alias))
+        cursor.execute(INSERT_ATTEMPT_SQL, params)
         return True
 
     if not in_transaction(alias, body):

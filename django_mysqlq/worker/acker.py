@@ -2,7 +2,8 @@
 
 A crash loses the acks not yet committed, so those tasks run again: at most
 ``MYSQLQ['ACK_BATCH_SIZE']`` of them, since task threads wait while that many successes
-are unacked (being written or waiting to be).
+are unacked (being written or waiting to be). The acker reports each success once its
+ack is written (``succeeded``) or given up on (``unacked``: it will run again).
 """
 
 from __future__ import annotations
@@ -10,28 +11,60 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError, connections
 
 from .. import broker
+from ..broker.base import SHORTEST_BOUND
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from .executor import settle
 
 logger = logging.getLogger("django_mysqlq")
 
 Finished = tuple[ClaimedMessage, Runner, AttemptResult]
+#: Seconds ``stop()`` waits past the stop's end for a statement started just before it.
+JOIN_MARGIN = SHORTEST_BOUND
+
+
+def _no_report(**counts: int) -> None:
+    """Where counts go when nobody asked for them."""
+
+
+class Handover:
+    """One task's way to the acker; remembers whether its success was handed over.
+
+    The worker counts a success handed over only once the acker reports it acked.
+    """
+
+    def __init__(self, acker: Acker) -> None:
+        self._acker = acker
+        self.used = False
+
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
+        self.used = True
+        self._acker.add(message, runner, result)
 
 
 class Acker:
     """Collects successful attempts and acks them in batches on its own connection."""
 
-    def __init__(self, batch_size: int, delay: float, give_up: threading.Event) -> None:
+    def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
+                 report: Callable[..., None] = _no_report) -> None:
         self.batch_size = batch_size
         self.delay = delay
         self._give_up = give_up
+        #: Called as ``report(succeeded=n, unacked=m)`` after each batch.
+        self._report = report
         self._pending: list[Finished] = []
         #: The batch being written: its claims are still ours until it commits.
         self._writing: list[Finished] = []
+        #: Tokens of successes whose ack was given up: a stop must not release those
+        #: claims as unstarted (they ran; a peer recovers them and counts the attempt).
+        self._unacked_tokens: set[str] = set()
+        #: Set when a stop begins: every ack statement from then on ends by this time.
+        self._end: float | None = None
+        self._abandoned = False
         self._oldest = 0.0
         self._cond = threading.Condition()
         self._stopping = False
@@ -50,6 +83,14 @@ class Acker:
         with self._cond:
             return [(m.id, m.claim_token) for m, _, _ in [*self._writing, *self._pending]]
 
+    def handover(self) -> Handover:
+        return Handover(self)
+
+    def unacked_tokens(self) -> list[str]:
+        """Claim tokens of successes whose ack was given up (they will run again)."""
+        with self._cond:
+            return sorted(self._unacked_tokens)
+
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
         """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""
         with self._cond:
@@ -61,12 +102,32 @@ class Acker:
             self._pending.append((message, runner, result))
             self._cond.notify_all()
 
+    def finish_by(self, end: float) -> None:
+        """A stop began: every ack from now on must end by ``end`` (``time.monotonic()``)."""
+        self._end = end
+
     def stop(self) -> None:
-        """Ack what is pending and end the thread."""
+        """Ack what is pending and end the thread, by the ``finish_by`` time if one was set.
+
+        Past it (plus a margin) the thread is left behind, a daemon that dies with the
+        process; the successes it still holds are counted as unacked.
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        end = self._end
+        self._thread.join(None if end is None
+                          else max(0.0, end + JOIN_MARGIN - time.monotonic()))
+        if not self._thread.is_alive():
+            return
+        with self._cond:
+            self._abandoned = True
+            stuck = [*self._writing, *self._pending]
+            self._unacked_tokens.update(m.claim_token for m, _, _ in stuck)
+        if stuck:
+            self._report(unacked=len(stuck))
+            logger.error("Gave up waiting for the ack of %d finished task(s) at the end of the "
+                         "stop; they stay claimed and will run again.", len(stuck))
 
     def _take(self) -> list[Finished] | None:
         with self._cond:
@@ -86,30 +147,42 @@ class Acker:
                     else None
                 self._cond.wait(timeout)
 
-    def _ack(self, batch: list[Finished]) -> None:
-        """Ack a batch; if the server refuses it, ack one by one so one bad row stays alone."""
+    def _ack(self, batch: list[Finished]) -> int:
+        """Ack a batch; return how many acks were written (the rest will run again).
+
+        If the server refuses the batch, ack one by one so one bad row stays alone.
+        """
+        def attempt() -> set[int]:
+            if self._end is not None:
+                broker.finish_by(self._end)
+            return broker.ack_many(batch)
+
         try:
-            settle(lambda: broker.ack_many(batch), f"a batch of {len(batch)} acks",
-                   self._give_up)
-            return
+            owned = settle(attempt, f"a batch of {len(batch)} acks", self._give_up,
+                           lambda: self._end)
+            return len(owned) if owned is not None else 0
         except DatabaseError as exc:
             if len(batch) == 1:
                 message = batch[0][0]
                 logger.error("Could not ack %s #%s (%s); it stays claimed and will be "
                              "recovered and run again.", message.task_name, message.id, exc)
-                return
+                return 0
             logger.warning("A batch of %d acks was refused (%s); acking them one by one.",
                            len(batch), exc)
-        for finished in batch:
-            self._ack([finished])
+        return sum(self._ack([finished]) for finished in batch)
 
     def _run(self) -> None:
         broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:
-                self._ack(batch)
+                acked = self._ack(batch)
                 with self._cond:
                     self._writing = []
                     self._cond.notify_all()
+                    if self._abandoned:
+                        continue  # stop() has counted this batch already
+                    if acked < len(batch):
+                        self._unacked_tokens.update(m.claim_token for m, _, _ in batch)
+                self._report(succeeded=acked, unacked=len(batch) - acked)
         finally:
             connections.close_all()

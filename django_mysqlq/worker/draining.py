@@ -20,6 +20,7 @@ from ..exceptions import TaskTimeout
 from ..messages import AttemptResult, Runner
 from ..signals import worker_stopped
 from .holdings import RunningTask
+from .stopping import STOP_STATEMENT_SECONDS
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -70,14 +71,23 @@ def _wait_for_threads(worker: Worker, deadline: float) -> None:
 
 
 def drain(worker: Worker) -> int:
-    """Release unstarted claims, wait for running tasks, deregister; the exit status."""
+    """Release unstarted claims, wait for running tasks, deregister; the exit status.
+
+    Ends within ``GRACE_SECONDS`` plus ``STOP_STATEMENT_SECONDS`` (about): every statement
+    from here on is bounded to end by then, acks included, even when the database hangs
+    on a lock or is gone.
+    """
+    grace = worker.settings.GRACE_SECONDS
+    deadline = time.monotonic() + grace
+    broker.finish_by(deadline + STOP_STATEMENT_SECONDS)
+    if worker.acker is not None:
+        worker.acker.finish_by(deadline + STOP_STATEMENT_SECONDS)
     release_unstarted(worker)
     worker.holdings.close(len(worker.threads))
-    grace = worker.settings.GRACE_SECONDS
     running = len(worker.holdings.running())
     if running:
         logger.info("Waiting up to %.0fs for %d running task(s).", grace, running)
-    _wait_for_threads(worker, time.monotonic() + grace)
+    _wait_for_threads(worker, deadline)
     release_unstarted(worker)  # what threads took but gave back unstarted meanwhile
     if worker.acker is not None:
         worker.acker.stop()  # ack what finished, before deregistering
@@ -85,7 +95,12 @@ def drain(worker: Worker) -> int:
     try:
         # Anything still claimed under our id that we don't hold (say, a claim whose
         # read-back failed) goes back now instead of waiting for its lease.
-        strays = broker.release_strays(worker.id, keep=worker.held_tokens())
+        # Successes whose ack could not be written ran: a peer recovers them and counts
+        # the attempt, so they are kept too.
+        unacked = worker.acker.unacked_tokens() if worker.acker is not None else []
+        strays = broker.release_strays(worker.id, keep=sorted({*worker.held_tokens(),
+                                                               *unacked}))
+        worker.stats.add(released=strays)
         if strays:
             logger.warning("Released %d claim(s) this worker had lost track of.", strays)
     except DatabaseError as exc:
@@ -94,6 +109,9 @@ def drain(worker: Worker) -> int:
     if abandoned:
         logger.error("%d task(s) still running after the %.0fs grace period; exiting anyway, "
                      "peers will recover them.", abandoned, grace)
+    if worker.stats.unacked:
+        logger.error("%d finished task(s) could not be acked; they stay claimed and will run "
+                     "again when a peer recovers them.", worker.stats.unacked)
     _deregister(worker)
     logger.info("Worker %s stopped: %s", worker.id, worker.stats.summary())
     broker.send_robust(worker_stopped, worker)

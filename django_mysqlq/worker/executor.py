@@ -112,26 +112,35 @@ def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str,
     return value
 
 
-def settle(operation: Callable[[], Any], what: str, give_up: threading.Event) -> Any:
+def settle(operation: Callable[[], Any], what: str, give_up: threading.Event,
+           deadline: Callable[[], float | None] = lambda: None) -> Any:
     """Run a broker write, riding out connection loss until it lands or patience runs out.
 
-    If it never lands the claim stays behind and a peer recovers it (the task runs
-    again: at-least-once).
+    Patience ends after ``SETTLE_PATIENCE_SECONDS``, at ``deadline()`` (a stopping
+    worker's), or when ``give_up`` is set. If the write never lands the claim stays
+    behind and a peer recovers it (the task runs again: at-least-once). A statement the
+    server refuses as such (too large, a failed check) is no outage: that error is raised
+    at once for the caller to deal with.
     """
-    deadline = time.monotonic() + SETTLE_PATIENCE_SECONDS
+    patience = time.monotonic() + SETTLE_PATIENCE_SECONDS
     delay = 0.1
     while True:
         try:
             return operation()
         except (OperationalError, InterfaceError) as exc:
+            if broker.is_refusal(exc):
+                raise
             broker.close_if_broken()
-            if time.monotonic() > deadline or give_up.is_set():
+            stop_at = deadline()
+            end = patience if stop_at is None else min(patience, stop_at)
+            now = time.monotonic()
+            if now >= end or give_up.is_set():
                 logger.error("Could not record the end of %s (%s); a peer will recover "
                              "and re-run it.", what, exc)
                 return None
             logger.warning("Database unavailable while settling %s (%s); retrying in "
                            "%.1fs.", what, exc, delay)
-            time.sleep(delay)
+            give_up.wait(min(delay, end - now))
             delay = min(delay * 2, 5.0)
 
 

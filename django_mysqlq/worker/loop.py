@@ -113,8 +113,8 @@ class Worker:
         self._active: list[str] = list(options.queues)
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
-        self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up) \
-            if batch > 1 else None
+        self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
+                           self.stats.add) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
 
@@ -392,7 +392,7 @@ class Worker:
         process that starts over the limit still runs one task per life.
         """
         limit = self.options.max_memory_mb
-        if limit is None or not self.stats.processed:
+        if limit is None or not self.stats.ran:
             return False
         used = resident_memory_mb()
         if used <= limit:

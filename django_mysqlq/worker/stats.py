@@ -16,10 +16,17 @@ class WorkerStats:
         self._lock = threading.Lock()
         self.started = time.monotonic()
         self.claimed = 0
+        #: Tasks run to their end here, whatever became of their ack (counted at once).
+        self.ran = 0
+        #: Successes whose ack was written (batched ones count once the acker wrote them).
         self.succeeded = 0
+        #: Successes whose ack was never written: still claimed, they will run again.
+        self.unacked = 0
         self.retried = 0
         self.dead = 0
         self.recovered = 0
+        #: Claimed messages given back unrun (unstarted at a stop, or lost track of).
+        self.released = 0
         self.db_errors = 0
         #: Given back because this worker didn't know the task (a rolling deploy).
         self.deferred = 0
@@ -27,8 +34,6 @@ class WorkerStats:
         self.lost = 0
         #: Recovered by a peer before they started here: not run here.
         self.skipped = 0
-        #: Claimed but not started when the worker stopped: given back with their attempt.
-        self.released = 0
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -42,8 +47,8 @@ class WorkerStats:
 
     @property
     def processed(self) -> int:
-        """Attempts finished by this worker, whatever their outcome."""
-        return self.succeeded + self.failed
+        """Attempts finished by this worker, whatever their outcome (or their ack's)."""
+        return self.succeeded + self.unacked + self.failed
 
     def rate(self) -> float:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -53,6 +58,7 @@ class WorkerStats:
         return {
             "processed": self.processed,
             "succeeded": self.succeeded,
+            "unacked": self.unacked,
             "failed": self.failed,
             "retried": self.retried,
             "dead": self.dead,
@@ -73,10 +79,10 @@ class WorkerStats:
         d = self.as_dict()
         server = f"{lag.fields()} " if lag is not None else ""
         return (
-            f"processed={d['processed']} succeeded={d['succeeded']} failed={d['failed']} "
-            f"retried={d['retried']} dead={d['dead']} recovered={d['recovered']} "
-            f"deferred={d['deferred']} lost={d['lost']} skipped={d['skipped']} "
-            f"released={d['released']} "
+            f"processed={d['processed']} succeeded={d['succeeded']} unacked={d['unacked']} "
+            f"failed={d['failed']} retried={d['retried']} dead={d['dead']} "
+            f"recovered={d['recovered']} released={d['released']} deferred={d['deferred']} "
+            f"lost={d['lost']} skipped={d['skipped']} "
             f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
             f"db_errors={d['db_errors']} {server}rate={d['rate']}/s in {d['seconds']}s"
         )

@@ -13,6 +13,10 @@ logger = logging.getLogger("django_mysqlq")
 
 #: Exit status after a second signal: claims are left for peers to recover.
 FORCED_EXIT_STATUS = 1
+#: Seconds past ``GRACE_SECONDS`` a graceful stop may take to write what finished (its
+#: last acks, releases, deregistration): each statement is bounded so the stop ends
+#: by then even when the database hangs on a lock or is gone.
+STOP_STATEMENT_SECONDS = 5.0
 
 
 class StopRequest:

@@ -77,8 +77,9 @@ def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
             if not recorded:
                 _skip_lost(worker, message)
                 return
+        handover = worker.acker.handover() if worker.acker is not None else None
         try:
-            outcome = execute(message, runner, worker.give_up, worker.acker)
+            outcome = execute(message, runner, worker.give_up, handover)
         except Exception:
             # execute() records every task failure itself; this is a bug or an outage it
             # could not ride out. The claim stays; a peer recovers it.
@@ -86,8 +87,11 @@ def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
                              message.id)
             outcome = ""
         counter = COUNTERS.get(outcome)
-        if counter is not None:
-            worker.stats.add(**{counter: 1})
+        # A success handed to the acker is counted by the acker, once its ack is written.
+        if counter is not None and not (handover is not None and handover.used):
+            worker.stats.add(ran=1, **{counter: 1})
+        else:
+            worker.stats.add(ran=1)
         worker.holdings.finish(message)
 
 

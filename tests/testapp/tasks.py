@@ -314,3 +314,19 @@ def enqueues_child(label: str) -> None:
     """Enqueues from a task thread: a producer inside the worker (its wake-up, its session)."""
     Ledger.objects.create(label=label, pid=os.getpid())
     record.enqueue(f"{label}:child")
+
+
+@queue_task(max_attempts=2, retry_backoff=0)
+def returns_quotes(count: int, label: str = "") -> str:
+    """A result whose JSON and SQL escaping each double it: ``count`` quotes, 4x in SQL."""
+    if label:
+        Ledger.objects.create(label=label, pid=os.getpid())
+    return '"' * count
+
+
+@queue_task()
+def naps(label: str, seconds: float) -> str:
+    """Records its start, then sleeps without touching the database (its end needs none)."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    time.sleep(seconds)
+    return label

@@ -25,6 +25,7 @@ from ..errors import BenchError
 # By path: the package re-exports functions named like these two modules.
 claim_module = importlib.import_module("django_mysqlq.broker.claim")
 enqueue_module = importlib.import_module("django_mysqlq.broker.enqueue")
+settle_module = importlib.import_module("django_mysqlq.broker.settle")
 
 _INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({enqueue_module._INSERT_COLUMNS}) VALUES "
 #: The row the library writes for a message that is ready at once.
@@ -157,9 +158,8 @@ def _ack(cur: Any, rows: Any, token: str, history: bool) -> None:
         cur.execute(f"DELETE FROM mysqlq_message WHERE id IN ({marks})", ids)
         return
     cur.execute("BEGIN")
-    cur.execute(f"DELETE FROM mysqlq_message WHERE id IN ({marks}) AND claim_token IN (%s) "
-                "RETURNING id", [*ids, token])
-    cur.fetchall()
+    pairs, pair_params = settle_module.pairs_table([(message_id, token) for message_id in ids])
+    cur.execute(settle_module.DELETE_PAIRS_SQL.format(pairs=pairs), pair_params)
     started_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     params: list[Any] = []
     for row in rows:  # the columns of history_module.attempt_params, in its order

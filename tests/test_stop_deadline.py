@@ -1,0 +1,125 @@
+"""A graceful stop respects its grace period even when its acks can't be written (item 5).
+
+Real ``runqueueworker`` processes, real SIGTERM. The acks are blocked two ways: the
+finished messages' rows locked ``FOR UPDATE`` by another connection, and the server made
+unreachable by closing the TCP relay the worker connects through. Either way the worker
+must be gone within ``GRACE_SECONDS`` plus one statement bound, and its summary must not
+call ``succeeded`` what it never acked. The time limits below are the requirement under
+test (with slack for a loaded machine), not performance figures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from bench.perf.proxy import CountingProxy
+from django_mysqlq.models import Attempt, Message
+from django_mysqlq.worker.stopping import STOP_STATEMENT_SECONDS
+from tests.conftest import WorkerProcess, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+GRACE = 3.0
+#: Slack for process exit and a loaded 2-core machine.
+SLACK = 4.0
+PATIENCE = 20.0
+
+
+def started(labels: list[str]) -> list[str]:
+    return [label for label in labels
+            if Ledger.objects.filter(label=f"{label}:start").exists()]
+
+
+def stop_and_time(worker: WorkerProcess) -> float:
+    """SIGTERM, then the seconds until the process is gone."""
+    sent = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=GRACE + STOP_STATEMENT_SECONDS + PATIENCE)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"worker {worker.pid} still running long after its grace period:\n"
+                    f"{worker.output()[-3000:]}")
+    return time.monotonic() - sent
+
+
+def summary(worker: WorkerProcess) -> dict[str, float]:
+    line = next(line for line in reversed(worker.output().splitlines())
+                if line.startswith("{"))
+    return json.loads(line)
+
+
+def stopped_line(worker: WorkerProcess) -> str:
+    return next(line for line in worker.output().splitlines() if " stopped: " in line)
+
+
+def test_a_stop_whose_acks_wait_on_row_locks_ends_within_its_grace_period(start_worker):
+    worker = start_worker("--concurrency", "4", "--batch", "6", "--json-summary",
+                          env={"MYSQLQ_TEST_GRACE": str(GRACE)})
+    labels = [f"locked{i}" for i in range(6)]
+    ids = dict(zip(labels, (h.id for h in tasks.naps.enqueue_many(
+        [[label, 2] for label in labels])), strict=True))
+    running = wait_for(lambda: len(started(labels)) == 4 and started(labels),
+                       timeout=PATIENCE, message="four tasks to start")
+    locked = [ids[label] for label in running]  # type: ignore[union-attr]
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_row_locks() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            # The primary key, so exactly these rows are locked (a scan of a secondary
+            # index would lock the whole small table).
+            cursor.execute("SELECT id FROM mysqlq_message FORCE INDEX (PRIMARY) "
+                           "WHERE id IN (%s, %s, %s, %s) FOR UPDATE", locked)
+            holding.set()
+            done.wait(GRACE + STOP_STATEMENT_SECONDS + PATIENCE)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_row_locks)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        elapsed = stop_and_time(worker)
+    finally:
+        done.set()
+        holder.join()
+    output = worker.output()
+    assert elapsed < GRACE + STOP_STATEMENT_SECONDS + SLACK, output[-3000:]
+    counts = summary(worker)
+    assert (counts["succeeded"], counts["unacked"], counts["released"]) == (0, 4, 2), output
+    line = stopped_line(worker)
+    assert "succeeded=0" in line and "unacked=4" in line and "released=2" in line, line
+    assert "4 finished task(s) could not be acked" in output
+    # Never acked: they stay claimed (a peer recovers and re-runs them), no success row.
+    assert set(Message.objects.claimed().values_list("id", flat=True)) == set(locked)
+    assert not Attempt.objects.succeeded().exists()
+
+
+def test_a_stop_with_the_database_unreachable_ends_within_its_grace_period(start_worker):
+    upstream = connection.settings_dict
+    proxy = CountingProxy(upstream["HOST"] or "127.0.0.1", int(upstream["PORT"] or 3306))
+    try:
+        worker = start_worker("--concurrency", "3", "--batch", "3", "--json-summary",
+                              env={"MYSQLQ_TEST_GRACE": str(GRACE),
+                                   "MYSQLQ_TEST_PORT": str(proxy.port)})
+        labels = [f"cut{i}" for i in range(3)]
+        tasks.naps.enqueue_many([[label, 2] for label in labels])
+        wait_for(lambda: len(started(labels)) == 3, timeout=PATIENCE,
+                 message="three tasks to start")
+        proxy.close()  # every connection cut, new ones refused: the server is gone
+        elapsed = stop_and_time(worker)
+    finally:
+        proxy.close()
+    output = worker.output()
+    assert elapsed < GRACE + STOP_STATEMENT_SECONDS + SLACK, output[-3000:]
+    counts = summary(worker)
+    assert (counts["succeeded"], counts["unacked"]) == (0, 3), output
+    assert "unacked=3" in stopped_line(worker)
+    assert Message.objects.claimed().count() == 3
