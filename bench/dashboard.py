@@ -3,6 +3,7 @@
     python -m bench.dashboard                       # 1,000,000 history rows over 7 days
     python -m bench.dashboard --rows 1000000 --messages 1000000 --loads 10
     python -m bench.dashboard --reuse --only history  # tables already filled: pages only
+    python -m bench.dashboard --reuse --skip facet    # all but the facet counts
 
 On its own database (``mysqlq_bench_dashboard``, or ``MYSQLQ_BENCH_DASHBOARD_DB``;
 ``MYSQLQ_TEST_HOST`` etc. as for the tests), created and migrated if needed, it fills the
@@ -49,6 +50,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="keep the tables as a previous run filled them")
     parser.add_argument("--only", default="",
                         help="measure only pages whose name contains this text")
+    parser.add_argument("--skip", default=None,
+                        help="leave out pages whose name contains this text")
     return parser.parse_args(argv)
 
 
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
           "database time per page load, ms:")
     print(f"  {'page':<38} {'median':>8} {'p95':>8} {'worst':>8}  slowest statement")
     for name, url in pages().items():
-        if options.only not in name:
+        if options.only not in name or (options.skip and options.skip in name):
             continue
         page = measure(url, options.loads)
         result["pages"][name] = page
