@@ -57,11 +57,12 @@ from .operate import (
 from .overview import (
     HistoryBucket,
     QueueOverview,
-    estimated_history_rows,
     has_pending,
     history_window,
     queue_counts,
+    queue_names,
     queue_overview,
+    status_counts,
     workers_alive,
 )
 from .park import idle_wait, listen, wake
@@ -85,11 +86,11 @@ __all__ = [
     "NewMessage", "Operator", "QueueOverview", "Runner", "Stuck", "ack", "ack_many",
     "ack_within", "cancel", "claim", "claim_sql", "claim_sql_for", "close_if_broken",
     "connection_identity", "count_history_before", "database_now", "deregister_worker",
-    "enqueue", "ensure_usable", "estimated_history_rows", "fail", "has_pending",
+    "enqueue", "ensure_usable", "fail", "has_pending",
     "heartbeat_worker", "history_window", "idle_wait", "is_recovery_leader", "listen",
     "mark_stale_workers", "paused_queues", "promote_due", "purge_history_batch",
-    "queue_counts", "queue_overview", "recover", "register_worker", "release",
+    "queue_counts", "queue_names", "queue_overview", "recover", "register_worker", "release",
     "release_strays", "release_stuck", "renew_leases", "replay", "requeue", "retry_delay",
-    "send_robust", "set_paused", "set_priority", "stats", "stuck_messages", "wake",
+    "send_robust", "set_paused", "set_priority", "stats", "status_counts", "stuck_messages", "wake",
     "was_interrupted", "workers_alive",
 ]
