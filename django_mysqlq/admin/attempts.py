@@ -143,7 +143,7 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
         return super().change_view(request, object_id, form_url, context)
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if not actions.allowed(request, actions.REPLAY):
+        if not (self.has_view_permission(request) and actions.allowed(request, actions.REPLAY)):
             raise PermissionDenied
         if request.method != "POST":
             return HttpResponseRedirect(reverse("admin:django_mysqlq_attempt_change",

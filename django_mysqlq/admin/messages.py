@@ -27,7 +27,7 @@ from django.utils.http import urlencode
 from .. import broker, ops
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions
-from .actions import ACTIONS, Action
+from .actions import ACTIONS, Action, outside_request_transaction
 from .filters import QueueFilter, StuckFilter, TaskFilter
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
@@ -182,6 +182,11 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                               sort_keys=True)
         except ValueError:
             text = f"(not valid JSON) {obj.payload}"
+        except RecursionError:
+            return format_html(
+                "<p class='help'>Nested too deeply to lay out (workers fail such a message: "
+                "cancel it, or enqueue it again with flatter arguments). The stored text:"
+                "</p><pre class='mysqlq-raw'>{}</pre>", obj.payload)
         return format_html("<pre class='mysqlq-json'>{}</pre>", text)
 
     @admin.display(description="last error")
@@ -191,13 +196,13 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
     # ------------------------------------------------------------- pages
 
     def get_urls(self) -> list[URLPattern]:
-        return [
+        return outside_request_transaction([
             path("requeue-dead-matching/", self.admin_site.admin_view(self.requeue_matching),
                  name="django_mysqlq_message_requeue_matching"),
             path("<path:object_id>/act/<str:name>/", self.admin_site.admin_view(self.act),
                  name="django_mysqlq_message_act"),
             *super().get_urls(),
-        ]
+        ])
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -229,7 +234,9 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
         action = ACTIONS.get(name)
         if action is None:
             raise Http404(f"No action {name!r}.")
-        if not actions.allowed(request, action.permission):
+        # The confirmation shows task names and arguments: acting needs seeing too.
+        if not (self.has_view_permission(request)
+                and actions.allowed(request, action.permission)):
             raise PermissionDenied
         try:
             message_id = int(object_id)
@@ -280,7 +287,8 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     def requeue_matching(self, request: HttpRequest) -> HttpResponse:
         """"Requeue all dead matching this filter": the changelist's filters, dead only."""
-        if not actions.allowed(request, actions.REQUEUE):
+        if not (self.has_view_permission(request)
+                and actions.allowed(request, actions.REQUEUE)):
             raise PermissionDenied
         try:
             changelist = self.get_changelist_instance(request)
@@ -340,7 +348,7 @@ class _EntryPoint(MessageAdmin):
                                             args=[object_id]))
 
     def get_urls(self) -> list[URLPattern]:
-        return admin.ModelAdmin.get_urls(self)
+        return outside_request_transaction(admin.ModelAdmin.get_urls(self))
 
 
 #: The stuck set of the request being rendered, so each row can say why it is stuck.
