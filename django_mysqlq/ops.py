@@ -222,6 +222,8 @@ class QueueStats:
     #: Attempts finished in the last 1, 5 and 60 minutes.
     throughput: dict[int, int] = dataclasses.field(default_factory=dict)
     failures_60: int = 0
+    #: Statuses whose count stopped at the dashboard's cap: there are more.
+    capped: frozenset[str] = frozenset()
 
     @property
     def failure_rate(self) -> float | None:
@@ -251,7 +253,8 @@ class Dashboard:
             "stuck": self.stuck,
             "purge_lag": {**self.purge_lag.as_json(), "warning": self.purge_warning},
             "queues": [
-                {**{k: v for k, v in dataclasses.asdict(q).items() if k != "throughput"},
+                {**{k: v for k, v in dataclasses.asdict(q).items()
+                    if k not in ("throughput", "capped")},
                  "throughput": {f"{m}m": q.throughput.get(m, 0) for m in WINDOWS},
                  "failure_rate": q.failure_rate}
                 for q in self.queues
@@ -261,9 +264,13 @@ class Dashboard:
         }
 
 
-def dashboard(top: int = 10) -> Dashboard:
-    """Read the queue's state: a handful of indexed statements (see docs/operations.md)."""
-    overview = broker.queue_overview()
+def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
+    """Read the queue's state: a handful of indexed statements (see docs/operations.md).
+
+    With ``count_cap`` (the admin's page), message counts stop there, so the page costs the
+    same however big the backlog; without it (``queuestats``) they are exact.
+    """
+    overview = broker.queue_overview(count_cap)
     history = broker.history_window(max(WINDOWS))
     paused = broker.paused_queues()
     now = broker.database_now()
@@ -276,6 +283,7 @@ def dashboard(top: int = 10) -> Dashboard:
         row.claimed = view.counts.get(MessageStatus.CLAIMED, 0)
         row.dead = view.counts.get(MessageStatus.DEAD, 0)
         row.blocked = view.counts.get(MessageStatus.BLOCKED, 0)
+        row.capped = view.capped
         if view.oldest_ready_at is not None:
             row.oldest_ready_seconds = max(0.0, (now - view.oldest_ready_at).total_seconds())
     failing: dict[str, int] = {}

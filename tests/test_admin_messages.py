@@ -62,7 +62,7 @@ def test_the_list_filters_by_status_queue_task_and_stuck(root):
     assert listed("?task=tests.testapp.tasks.record") == {ready.id}
     assert listed("?stuck=yes") == set()
     assert listed(f"?q={ready.id}") == {ready.id}
-    assert listed("?q=always_fails") == {dead}
+    assert listed("?q=tests.testapp.tasks.always_fails") == {dead}  # a task's full name
 
 
 def test_search_by_dedup_key(root):

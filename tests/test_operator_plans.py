@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection
 
 from django_mysqlq import broker
 from django_mysqlq.broker import operate, overview, purge
+from tests.plan_support import access, explain, tables
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,29 +40,6 @@ def big_tables():
             cursor.fetchall()
 
 
-def explain(sql: str, params: list[Any]) -> dict[str, Any]:
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN FORMAT=JSON " + sql, params)
-        return json.loads(cursor.fetchone()[0])
-
-
-def tables(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        if "table_name" in node:
-            yield node
-        for value in node.values():
-            yield from tables(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from tables(value)
-
-
-def access(sql: str, params: list[Any]) -> list[tuple[str, str | None, str]]:
-    """(table, index, access type) of every table the statement reads."""
-    return [(t["table_name"], t.get("key"), t["access_type"])
-            for t in tables(explain(sql, params))]
-
-
 def test_the_plan_check_catches_a_full_scan(big_tables):
     unindexed = overview.HISTORY_WINDOW_SQL.replace("FORCE INDEX (mysqlq_att_finished)",
                                                   "IGNORE INDEX (mysqlq_att_finished)")
@@ -76,11 +52,25 @@ def test_history_window_is_a_range_of_the_finished_index_without_row_lookups(big
         "mysqlq_att_finished", "range", True)
 
 
-def test_queue_overview_reads_only_the_claim_index(big_tables):
-    plan = explain(overview.OVERVIEW_SQL, [])
-    [table] = tables(plan)
-    assert (table["key"], table.get("using_index")) == ("mysqlq_msg_claim", True)
-    assert "filesort" not in json.dumps(plan)
+def test_queue_overview_dives_into_the_claim_index_once_per_group(big_tables):
+    """The skip scan: each statement stops after one entry (or the capped count's)."""
+    first = explain(overview.FIRST_GROUP_SQL, [])
+    assert [(t["key"], t["access_type"]) for t in tables(first)] == [
+        ("mysqlq_msg_claim", "index")]
+    assert "filesort" not in json.dumps(first)
+    after = explain(overview.NEXT_GROUP_SQL, ["q1", "q1", "ready", "ready", 0])
+    assert [(t["key"], t["access_type"]) for t in tables(after)] == [
+        ("mysqlq_msg_claim", "range")]
+    assert "filesort" not in json.dumps(after)
+    assert access(overview.NEXT_QUEUE_SQL, ["q1"]) == [
+        ("mysqlq_message", "mysqlq_msg_claim", "range")]
+    counted = [(t["table_name"], t.get("key"), t["access_type"])
+               for t in tables(explain(overview.QUEUE_STATUS_COUNT_SQL,
+                                       ["q1", "ready", "q1", "ready", 10_001]))]
+    assert ("mysqlq_message", "mysqlq_msg_claim", "ref") in counted
+    counted = [(t["table_name"], t.get("key"), t["access_type"])
+               for t in tables(explain(overview.STATUS_COUNT_SQL, ["dead", "dead", 10_001]))]
+    assert ("mysqlq_message", "mysqlq_msg_due", "ref") in counted
     ids = ", ".join(["%s"] * 4)
     assert access(overview.ENQUEUED_AT_SQL.format(ids=ids), [1, 2, 3, 4]) == [
         ("mysqlq_message", "PRIMARY", "range")]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from django.db import connections, transaction
 from django.http import HttpRequest
+from django.urls import URLPattern
 
 from .. import broker, ops
 from ..broker import Operator
@@ -31,6 +33,19 @@ def allowed(request: HttpRequest, codename: str) -> bool:
 
 def who(request: HttpRequest) -> Operator:
     return ops.operator(request.user.get_username(), "admin")
+
+
+def outside_request_transaction(urls: list[URLPattern]) -> list[URLPattern]:
+    """Exempt these views from ``ATOMIC_REQUESTS``, on every database.
+
+    The broker keeps its own short transactions: a bulk action commits batch by batch
+    instead of holding its row locks for the whole request, and ``release_stuck`` judges
+    other connections' liveness in autocommit (it refuses to run inside a transaction).
+    """
+    for pattern in urls:
+        for alias in connections:
+            transaction.non_atomic_requests(using=alias)(pattern.callback)
+    return urls
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,66 +5,60 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
-from django.utils.functional import cached_property
+from django.utils.datastructures import MultiValueDict
 from django.utils.html import format_html
 
-from .. import broker, ops
+from .. import ops
 from ..models import Attempt, Message
 from . import actions
+from .filters import HistoryQueueFilter, HistoryTaskFilter
+from .listing import CappedPaginator, given, text
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[Attempt]
-    _Pages = Paginator[Attempt]
 else:  # ModelAdmin is generic for the type checker only
     _Base = admin.ModelAdmin
-    _Pages = Paginator
 
 
-class HistoryPaginator(_Pages):
-    """Pages of history without ``COUNT(*)`` over the whole table when nothing filters it.
+#: Orders a history index holds, so a page walks it and stops (see :mod:`.listing`).
+#: Newest first along the primary key (unfiltered), or along mysqlq_att_message
+#: (message_id, id) for one message's trace.
+NEWEST_FIRST = ("-id",)
+#: Most recently finished first along (outcome | task_name | queue, finished_at, id).
+FINISHED_ORDER = ("-finished_at", "-id")
+#: The same along mysqlq_att_finished (finished_at, queue, outcome, task_name, id) for a
+#: date range: every column of that index, so the walk needs no sort.
+WINDOW_ORDER = ("-finished_at", "-queue", "-outcome", "-task_name", "-id")
 
-    A million rows take a full index scan to count; the unfiltered list shows the
-    server's estimate instead (filtered lists are counted exactly, along their index).
+
+def search(term: str) -> tuple[Q, bool]:
+    """What the search box finds, and whether it is a task's rows (maybe many).
+
+    A number is a message id (its trace); other text is a task's full name. Each is one
+    index lookup: a substring search would read every row of the history.
     """
-
-    @cached_property
-    def count(self) -> int:
-        query = getattr(self.object_list, "query", None)
-        if query is not None and not query.where:
-            return broker.estimated_history_rows()
-        return super().count
+    term = term.strip()
+    if term.isascii() and term.isdigit():
+        return Q(message_id=int(term)), False
+    return Q(task_name=term), True
 
 
-class HistoryQueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # Distinct over the (queue, finished_at) index: a loose index scan.
-        names = Attempt.objects.order_by("queue").values_list("queue", flat=True).distinct()
-        return [(name, name) for name in names[:200]]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
-
-
-class HistoryTaskFilter(HistoryQueueFilter):
-    title = "task"
-    parameter_name = "task"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = Attempt.objects.order_by("task_name").values_list("task_name", flat=True) \
-            .distinct()
-        return [(name, name) for name in names[:200]]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(task_name=self.value()) if self.value() else queryset
+def history_ordering(params: MultiValueDict[str, Any]) -> tuple[str, ...]:
+    """The order of the history list: the one the index of its narrowest filter holds."""
+    searched = text(params, SEARCH_VAR)
+    if given(params, "message_id") or (searched and not search(searched)[1]):
+        return NEWEST_FIRST
+    if given(params, "outcome__exact", "task", "queue") or searched:
+        return FINISHED_ORDER
+    if given(params, "finished_at__gte", "finished_at__lt"):
+        return WINDOW_ORDER
+    return NEWEST_FIRST
 
 
 @admin.action(description="Replay: enqueue a copy of each selected finished message",
@@ -80,11 +74,16 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ("id", "message_link", "queue", "task_name", "attempt", "outcome", "by",
                     "started_at", "finished_at", "duration", "error_class")
     list_filter = ("outcome", HistoryTaskFilter, HistoryQueueFilter, "finished_at")
-    search_fields = ("=message_id", "task_name")
-    ordering = ("-id",)
+    search_fields = ("=message_id", "=task_name")
+    search_help_text = "A message id (its trace), or a task's full name (exact)."
+    ordering = NEWEST_FIRST
+    # Each list is in the order its filter's index holds (get_ordering); a column's
+    # order would sort every match.
+    sortable_by = ()
     list_per_page = 50
     show_full_result_count = False
-    paginator = HistoryPaginator
+    show_facets = admin.ShowFacets.NEVER  # a count per choice: a scan per choice
+    paginator = CappedPaginator
     actions = [replay_selected]
     change_form_template = "admin/django_mysqlq/attempt/change_form.html"
     fields = ("message_link", "queue", "task_name", "attempt", "outcome", "priority", "by",
@@ -95,6 +94,15 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return actions.allowed(request, actions.REPLAY)
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return history_ordering(request.GET)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Any], bool]:
+        if not search_term.strip():
+            return queryset, False
+        return queryset.filter(search(search_term)[0]), False
 
     @admin.display(description="message", ordering="message_id")
     def message_link(self, obj: Attempt) -> str:
@@ -135,7 +143,7 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
         return super().change_view(request, object_id, form_url, context)
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if not actions.allowed(request, actions.REPLAY):
+        if not (self.has_view_permission(request) and actions.allowed(request, actions.REPLAY)):
             raise PermissionDenied
         if request.method != "POST":
             return HttpResponseRedirect(reverse("admin:django_mysqlq_attempt_change",

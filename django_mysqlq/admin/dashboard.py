@@ -1,7 +1,7 @@
 """The queue dashboard, as the "Queues" entry of the admin, with pause and resume.
 
-One page load runs a handful of indexed statements (``ops.dashboard``); the page
-reloads itself every ``REFRESH_SECONDS``.
+One page load runs a handful of indexed statements (``ops.dashboard``), with message
+counts capped at ``COUNT_CAP``; the page reloads itself every ``REFRESH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .. import broker, ops
 from ..models import QueueState
 from ..tasks import QUEUE_NAME_MAX
 from . import actions
+from .listing import COUNT_CAP
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        data = ops.dashboard()
+        data = ops.dashboard(count_cap=COUNT_CAP)
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",

@@ -14,18 +14,22 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.datastructures import MultiValueDict
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, ops
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions
-from .actions import ACTIONS, Action
+from .actions import ACTIONS, Action, outside_request_transaction
+from .filters import QueueFilter, StuckFilter, TaskFilter
+from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -34,49 +38,58 @@ else:  # ModelAdmin is generic for the type checker only
     _Base = admin.ModelAdmin
 
 
-class QueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = Message.objects.order_by("queue").values_list("queue", flat=True).distinct()
-        return [(name, name) for name in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+#: Orders a list's index holds, so a page walks it and stops (see :mod:`.listing`).
+#: The claim index (queue, status, priority DESC, id): what a queue's workers take next.
+CLAIM_ORDER = ("status", "-priority", "id")
+#: mysqlq_msg_task (task_name, status, id).
+TASK_ORDER = ("status", "id")
+#: mysqlq_msg_due (status, run_at, id), backwards: the most recently due first.
+DUE_ORDER = ("-run_at", "-id")
+NEWEST_FIRST = ("-id",)
 
 
-class TaskFilter(admin.SimpleListFilter):
-    title = "task"
-    parameter_name = "task"
+def search(term: str) -> tuple[Q, bool]:
+    """What the search box finds, and whether it is a task's messages (maybe many).
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = Message.objects.order_by("task_name").values_list("task_name", flat=True) \
-            .distinct()[:200]
-        return [(name, name) for name in names]
+    A number is a message id (or a numeric dedup key); other text is a dedup key if a
+    message has it, else a task's full name. Each is one index lookup: a substring search
+    would read every row of a million-message table.
+    """
+    term = term.strip()
+    if term.isascii() and term.isdigit():
+        return Q(pk=int(term)) | Q(dedup_key=term), False
+    if Message.objects.filter(dedup_key=term).exists():
+        return Q(dedup_key=term), False
+    return Q(task_name=term), True
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(task_name=self.value()) if self.value() else queryset
 
-
-class StuckFilter(admin.SimpleListFilter):
-    title = "stuck"
-    parameter_name = "stuck"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Stuck (owner gone, lease expired or overran)")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(pk__in=[s.id for s in broker.stuck_messages()])
-        return queryset
+def message_ordering(params: MultiValueDict[str, Any], *, dead_only: bool = False
+                     ) -> tuple[str, ...]:
+    """The order of a message list: the one the index of its narrowest filter holds."""
+    if given(params, "stuck"):  # a primary-key list of the few stuck messages
+        return NEWEST_FIRST
+    if given(params, "queue"):
+        return CLAIM_ORDER
+    searched = text(params, SEARCH_VAR)
+    if given(params, "task") or (searched and search(searched)[1]):
+        return TASK_ORDER
+    if given(params, "status__exact") or dead_only:
+        return DUE_ORDER
+    return NEWEST_FIRST
 
 
 def _bulk(action: Action) -> Any:
     """A Django admin action running ``action`` on the selected messages."""
     def run(modeladmin: MessageAdmin, request: HttpRequest,
             queryset: QuerySet[Any]) -> HttpResponse | None:
-        ids = list(queryset.values_list("pk", flat=True))
+        ids = list(queryset.values_list("pk", flat=True)[:COUNT_CAP + 1])
+        if len(ids) > COUNT_CAP:
+            modeladmin.message_user(
+                request, f"A bulk action takes at most {COUNT_CAP:,} messages, and this "
+                "selection holds more. Narrow the filter, or use \"Requeue all dead "
+                "matching this filter\" or manage.py queuerequeue / queuecancel, which "
+                "work through any number in batches.", messages.ERROR)
+            return None
         if action.confirm and request.POST.get("confirmed") != "yes":
             return modeladmin.confirmation(request, action, ids, bulk=True)
         modeladmin.run_action(request, action, ids)
@@ -94,10 +107,16 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ["id", "queue", "task_name", "status_label", "priority", "attempts_label",
                     "age", "owner", "run_at"]
     list_filter = [QueueFilter, "status", TaskFilter, StuckFilter]
-    search_fields = ("=id", "task_name", "=dedup_key")
-    ordering = ("-id",)
+    search_fields = ("=id", "=dedup_key", "=task_name")
+    search_help_text = "A message id, a dedup key, or a task's full name (exact)."
+    ordering = NEWEST_FIRST
+    # Each list is in the order its filter's index holds (get_ordering); a column's
+    # order would sort every match.
+    sortable_by = ()
     list_per_page = 50
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # a count per choice: a scan per choice
+    paginator = CappedPaginator
     actions = [_bulk(action) for action in ACTIONS.values()]
     change_form_template = "admin/django_mysqlq/message/change_form.html"
     change_list_template = "admin/django_mysqlq/message/change_list.html"
@@ -124,6 +143,17 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return actions.allowed(request, actions.RELEASE)
+
+    # ------------------------------------------------------------- list
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return message_ordering(request.GET)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Any], bool]:
+        if not search_term.strip():
+            return queryset, False
+        return queryset.filter(search(search_term)[0]), False
 
     # ------------------------------------------------------------- columns
 
@@ -152,6 +182,11 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                               sort_keys=True)
         except ValueError:
             text = f"(not valid JSON) {obj.payload}"
+        except RecursionError:
+            return format_html(
+                "<p class='help'>Nested too deeply to lay out (workers fail such a message: "
+                "cancel it, or enqueue it again with flatter arguments). The stored text:"
+                "</p><pre class='mysqlq-raw'>{}</pre>", obj.payload)
         return format_html("<pre class='mysqlq-json'>{}</pre>", text)
 
     @admin.display(description="last error")
@@ -161,13 +196,13 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
     # ------------------------------------------------------------- pages
 
     def get_urls(self) -> list[URLPattern]:
-        return [
+        return outside_request_transaction([
             path("requeue-dead-matching/", self.admin_site.admin_view(self.requeue_matching),
                  name="django_mysqlq_message_requeue_matching"),
             path("<path:object_id>/act/<str:name>/", self.admin_site.admin_view(self.act),
                  name="django_mysqlq_message_act"),
             *super().get_urls(),
-        ]
+        ])
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -199,7 +234,9 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
         action = ACTIONS.get(name)
         if action is None:
             raise Http404(f"No action {name!r}.")
-        if not actions.allowed(request, action.permission):
+        # The confirmation shows task names and arguments: acting needs seeing too.
+        if not (self.has_view_permission(request)
+                and actions.allowed(request, action.permission)):
             raise PermissionDenied
         try:
             message_id = int(object_id)
@@ -250,17 +287,19 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     def requeue_matching(self, request: HttpRequest) -> HttpResponse:
         """"Requeue all dead matching this filter": the changelist's filters, dead only."""
-        if not actions.allowed(request, actions.REQUEUE):
+        if not (self.has_view_permission(request)
+                and actions.allowed(request, actions.REQUEUE)):
             raise PermissionDenied
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             raise Http404("Unknown filter; go back to the list and filter again.") from None
-        dead = changelist.get_queryset(request).filter(status=MessageStatus.DEAD)
-        ids = list(dead.values_list("pk", flat=True))
+        dead = changelist.get_queryset(request).filter(status=MessageStatus.DEAD) \
+            .order_by(*message_ordering(request.GET, dead_only=True))
         query = request.GET.urlencode()
         back = reverse("admin:django_mysqlq_message_changelist") + (f"?{query}" if query else "")
         if request.method == "POST":
+            ids = list(dead.values_list("pk", flat=True))
             done = ops.requeue_matching(ids, actions.who(request),
                                         reset_attempts=request.POST.get("reset") == "yes")
             self.message_user(request, f"Requeued {len(done)} dead message(s) matching the "
@@ -273,8 +312,8 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
             **self.admin_site.each_context(request),
             "title": "Requeue all dead messages matching this filter?",
             "opts": self.opts,
-            "count": len(ids),
-            "targets": dead.order_by("pk")[:20],
+            "count": capped_count(dead),
+            "targets": dead[:20],
             "back": back,
         }
         return TemplateResponse(request, "admin/django_mysqlq/message/requeue_matching.html",
@@ -309,7 +348,7 @@ class _EntryPoint(MessageAdmin):
                                             args=[object_id]))
 
     def get_urls(self) -> list[URLPattern]:
-        return admin.ModelAdmin.get_urls(self)
+        return outside_request_transaction(admin.ModelAdmin.get_urls(self))
 
 
 #: The stuck set of the request being rendered, so each row can say why it is stuck.
@@ -322,6 +361,9 @@ class StuckMessageAdmin(_EntryPoint):
     list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label", "owner",
                     "claimed_at"]
     list_filter = [QueueFilter, TaskFilter]
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return NEWEST_FIRST  # a primary-key list of the few stuck messages
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         stuck = {s.id: s for s in broker.stuck_messages()}
@@ -339,6 +381,9 @@ class StuckMessageAdmin(_EntryPoint):
 @admin.register(DeadMessage)
 class DeadMessageAdmin(_EntryPoint):
     list_filter = [QueueFilter, TaskFilter]
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return message_ordering(request.GET, dead_only=True)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).filter(status=MessageStatus.DEAD)

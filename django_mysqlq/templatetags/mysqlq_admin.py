@@ -1,4 +1,5 @@
-"""The queue box on the admin index: stuck, dead and ready counts, one click away."""
+"""The queue box on the admin index (stuck, dead and ready counts, one click away), and
+the count filter of the dashboard."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from django import template
 from django.db import DatabaseError
 
 from .. import broker
+from ..admin.listing import COUNT_CAP, Count
 from ..models import MessageStatus
+from ..ops import QueueStats
 
 register = template.Library()
 
@@ -19,11 +22,18 @@ def mysqlq_index_box(context: dict[str, Any]) -> dict[str, Any]:
     if request is None or not request.user.has_perm("django_mysqlq.view_message"):
         return {"show": False}
     try:
-        overview = broker.queue_overview()
+        # Capped: the index renders on every admin visit, at any backlog.
+        counts = broker.status_counts(
+            [MessageStatus.READY, MessageStatus.DEAD, MessageStatus.CLAIMED], COUNT_CAP)
         stuck = len(broker.stuck_messages())
     except DatabaseError:  # the index must still render when the queue tables are missing
         return {"show": True, "error": True}
-    total = {status: sum(q.counts.get(status, 0) for q in overview.values())
-             for status in (MessageStatus.READY, MessageStatus.DEAD, MessageStatus.CLAIMED)}
-    return {"show": True, "stuck": stuck, "dead": total[MessageStatus.DEAD],
-            "ready": total[MessageStatus.READY], "claimed": total[MessageStatus.CLAIMED]}
+    shown = {status: Count(*counts[status]) for status in counts}
+    return {"show": True, "stuck": Count(stuck), "dead": shown[MessageStatus.DEAD],
+            "ready": shown[MessageStatus.READY], "claimed": shown[MessageStatus.CLAIMED]}
+
+
+@register.filter
+def count_of(stats: QueueStats, status: str) -> str:
+    """A dashboard row's count of ``status``: "10,000+" when it stopped at the cap."""
+    return str(Count(getattr(stats, status), status in stats.capped))
