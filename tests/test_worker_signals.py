@@ -219,9 +219,9 @@ def test_sigint_stops_as_gracefully_as_sigterm(start_worker):
 
 
 def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker):
+    # Both first, so that one claim takes them both: one runs, the other waits.
+    handle, waiting = tasks.slow.enqueue_many([["twice", 4], ["waiting", 0]])
     worker_a = start_worker("--concurrency", "1")
-    handle = tasks.slow.enqueue("twice", 4)
-    waiting = tasks.slow.enqueue("waiting", 0)
     wait_for(lambda: rows("twice:start") and claimed_by(worker_a, [handle.id, waiting.id]),
              timeout=PATIENCE, message="the task to start, the other to wait")
     worker_a.signal(signal.SIGTERM)
