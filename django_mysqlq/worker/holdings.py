@@ -88,11 +88,17 @@ class Holdings:
             return self._in_flight > len(self._running)
 
     def claims_lost(self, pairs: set[Pair]) -> int:
-        """Remember claims a peer took; return how many of them had not started here."""
+        """Remember claims a peer took, so none of them starts here; return how many had
+        not started. What was remembered before and is held no more is forgotten (a
+        message between the inbox and a thread is held by neither for a moment: it stays
+        remembered until the next call)."""
+        with self._inbox.mutex:
+            queued = {pair(m) for m in self._inbox.queue if m is not None}
         with self._lock:
-            self._lost |= pairs
-            running = {pair(t.message) for t in self._running.values()}
-        return len(pairs - running)
+            unstarted = queued | {pair(m) for m in self._waiting.values()}
+            held = unstarted | {pair(t.message) for t in self._running.values()}
+            self._lost = (self._lost & held) | pairs
+        return len(pairs & unstarted)
 
     def unverified(self) -> None:
         self._verified.clear()
