@@ -12,9 +12,12 @@ What it does, on its own database ``mysqlq_chaos`` (``MYSQLQ_CHAOS_DB``, ``…_H
    plain tasks (ledger row at start, sleep 0-300 ms, ledger row at end) and ``atomic=True``
    tasks (one business row, committed with the ack), some delayed, a few rolled back;
 3. meanwhile, at random intervals: ``kill -9`` of a worker, SIGTERM of another, ``KILL
-   CONNECTION`` of all of a worker's connections (each replaced by a fresh worker), and one
-   restart of MariaDB mid-run (``--no-restart`` to skip it; it needs root and disturbs
-   every other user of the server for a few seconds);
+   CONNECTION`` of all of a worker's connections (each replaced by a fresh worker), a
+   message of a task that kills the worker running it (``os._exit``; it must die alone,
+   after its own two attempts), a ready row held ``FOR UPDATE`` by the harness for a few
+   seconds (the rest must keep flowing), and one restart of MariaDB mid-run
+   (``--no-restart`` to skip it; it needs root and disturbs every other user of the server
+   for a few seconds);
 4. stops the producers, lets the workers drain the queue, stops them with SIGTERM;
 5. audits the ledger, the business rows and the queue's history, prints a markdown table
    and writes JSON (``--json PATH``, else ``bench/results/chaos-<time>/result.json``).
@@ -23,8 +26,9 @@ It exits 1 when the audit fails: a message lost; a duplicate run with no kill -9
 CONNECTION or restart to explain it; atomic work not exactly once; a run of a rolled-back
 message; a message acked without having run, dead, or still queued after the drain; a
 claim taken back from a worker nothing had happened to (or left behind by a graceful
-stop); a claim held unstarted for longer than a lease; a worker that crashed or did not
-stop cleanly; or a median kill-to-reclaim time over 5 s. The JSON holds the evidence of
+stop); a claim held unstarted for longer than a lease; a worker that crashed (not by the
+crashing task) or did not stop cleanly; a crashing task not dead at the end; a locked-row
+window in which nothing else finished; or a median kill-to-reclaim time over 5 s. The JSON holds the evidence of
 each failed check (message ids, runs, history rows, the events around them). It exits 2
 when the harness itself could not do its job. Worker logs go to the run's directory
 under ``bench/results/``.

@@ -7,13 +7,18 @@ harness holding a dead one.
 from __future__ import annotations
 
 import contextlib
+import logging
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import MySQLdb
 from django.conf import settings
+
+logger = logging.getLogger("bench.chaos")
 
 SERVER = "/usr/sbin/mariadbd"
 TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "chaos_enqueued",
@@ -121,6 +126,43 @@ def claims_by_worker() -> dict[str, int]:
         cursor.execute("SELECT worker_id, COUNT(*) FROM mysqlq_message "
                        "WHERE status = 'claimed' GROUP BY worker_id")
         return {str(worker): int(count) for worker, count in cursor.fetchall()}
+
+
+def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
+    """Lock the oldest ready message ``FOR UPDATE`` on a connection of its own, for
+    ``seconds`` (a background thread holds it); ``(id, from, until)``, or None if nothing
+    is ready. A stranger's long transaction: the queue must keep flowing around it."""
+    answer: queue.Queue[tuple[int, float, float] | None] = queue.Queue()
+
+    def hold() -> None:
+        told = False
+        try:
+            with connect() as conn:
+                cursor = conn.cursor()
+                cursor.execute("SELECT id FROM mysqlq_message WHERE status = 'ready' "
+                               "ORDER BY id LIMIT 1")
+                row = cursor.fetchone()
+                if row is not None:
+                    cursor.execute("START TRANSACTION")
+                    cursor.execute("SELECT id FROM mysqlq_message FORCE INDEX (PRIMARY) "
+                                   "WHERE id = %s AND status = 'ready' FOR UPDATE", [row[0]])
+                    if cursor.fetchone() is not None:
+                        at = time.time()
+                        answer.put((int(row[0]), at, at + seconds))
+                        told = True
+                        time.sleep(seconds)
+                    cursor.execute("ROLLBACK")
+        except MySQLdb.Error as exc:
+            logger.warning("The locked-row action failed (%s).", exc)
+        finally:
+            if not told:
+                answer.put(None)
+
+    threading.Thread(target=hold, name="chaos-locked-row", daemon=True).start()
+    try:
+        return answer.get(timeout=15)
+    except queue.Empty:
+        return None
 
 
 # --------------------------------------------------------------------------- server restart

@@ -25,8 +25,14 @@ CHECKS = (
     ("unexplained_claim_losses", "claims taken back from a live, connected worker, or left "
                                  "behind by a graceful stop"),
     ("stalled_claims", "claims a worker held, never started, for longer than a lease"),
-    ("dead", "messages dead although no task ever raises by itself"),
-    ("crashes", "workers that exited without being told to"),
+    ("dead", "messages dead although no task ever raises by itself (the crashing task's "
+             "aside)"),
+    ("crashing_tasks_not_dead", "messages of the crashing task not dead at the end: it must "
+                                "spend its own attempts, then die"),
+    ("unexplained_crashes", "workers that exited without being told to, and not by running "
+                            "the crashing task"),
+    ("stalled_locks", "windows with a ready row locked by the harness in which no other "
+                      "message finished: the lock held the queue up"),
     ("unclean_stops", "SIGTERMed workers that did not stop cleanly"),
 )
 
@@ -51,9 +57,35 @@ def _resume_after_restarts(messages: list[MessageFacts], events: list[Event]) ->
     return resume
 
 
+def _crash_pids(messages: list[MessageFacts]) -> set[int]:
+    """Worker processes that ran the crashing task (and so went down by it)."""
+    return {run.pid for m in messages if m.kind == "crash" for run in m.runs}
+
+
+def _stalled_locks(messages: list[MessageFacts], events: list[Event]) -> list[dict[str, Any]]:
+    """Locked-row windows (no restart among them) in which no other message succeeded."""
+    restarts = [e for e in events if e.kind == ev.RESTART]
+    stalled = []
+    for lock in (e for e in events if e.kind == ev.LOCKED_ROW):
+        start, end = lock.at, lock.until or lock.at
+        if end - start < 2 or any(r.at <= end and (r.until or r.at) >= start
+                                  for r in restarts):
+            continue
+        done = sum(1 for m in messages for t in m.tries
+                   if t.outcome == "succeeded" and start <= t.finished <= end)
+        if not done:
+            stalled.append({"from": start, "until": end, "detail": lock.detail})
+    return stalled
+
+
 def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: float,
             lease: float) -> dict[str, Any]:
-    messages = list(facts.messages.values())
+    everything = list(facts.messages.values())
+    crashing = [m for m in everything if m.kind == "crash"]
+    messages = [m for m in everything if m.kind != "crash"]
+    crash_pids = _crash_pids(crashing)
+    crashes = [e for e in events if e.kind == ev.CRASH]
+    stalled_locks = _stalled_locks(everything, events)
     duplicates = [m for m in messages if len(m.runs) > 1]
     causes = Counter(cause_of(m, events) or "unexplained" for m in duplicates)
     unexplained = [describe(m, events) for m in duplicates if cause_of(m, events) is None]
@@ -89,6 +121,11 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "connection_kills": kinds[ev.CONNECTION_KILL],
         "restarts": kinds[ev.RESTART],
         "crashes": kinds[ev.CRASH],
+        "unexplained_crashes": sum(e.pid not in crash_pids for e in crashes),
+        "crashing_tasks": len(crashing),
+        "crashing_tasks_not_dead": sum(m.status != "dead" for m in crashing),
+        "locked_rows": kinds[ev.LOCKED_ROW],
+        "stalled_locks": len(stalled_locks),
         "unclean_stops": kinds[ev.STOP_OVERRUN] + kinds[ev.STOP_STATUS],
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
@@ -102,6 +139,8 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "unexplained": unexplained[:50],
         "unexplained_claim_losses": taken["unexplained"][:50],
         "stalled_claims": taken["stalled"][:50],
+        "stalled_locks": stalled_locks,
+        "crashing_task_histories": [[t.outcome for t in m.tries] for m in crashing][:20],
         "recovery": rec,
         "restart_resume_seconds": _resume_after_restarts(messages, events),
         "history_outcomes": facts.outcomes,

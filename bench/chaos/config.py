@@ -26,8 +26,11 @@ class ChaosConfig:
     max_sleep_ms: int = 300
     #: Producer transactions rolled back on purpose.
     rollback_share: float = 0.05
-    #: Mean seconds between two chaos actions (kill -9, SIGTERM, KILL CONNECTION).
+    #: Mean seconds between two chaos actions (kill -9, SIGTERM, KILL CONNECTION, a
+    #: crashing task, a locked row).
     mean_interval: float = 4.0
+    #: How long the "locked row" action holds its ready row ``FOR UPDATE``.
+    locked_row_seconds: float = 4.0
     #: No chaos in the first and last seconds of the run.
     warmup: float = 3.0
     cooldown: float = 3.0

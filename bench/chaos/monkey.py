@@ -1,4 +1,5 @@
-"""The chaos schedule, and the actions: kill -9, SIGTERM, KILL CONNECTION, restart.
+"""The chaos schedule, and the actions: kill -9, SIGTERM, KILL CONNECTION, a task that
+kills its worker, a ready row locked by a stranger, restart.
 
 The plan is drawn up front from the seed: actions at random intervals in the middle of
 the run, the first three one of each kind (so even a short run sees them all), and one
@@ -14,16 +15,19 @@ import logging
 import random
 import time
 
+from django.db import DatabaseError
+
 from . import admin, procnet
 from . import events as ev
 from .config import ChaosConfig
 from .events import EventLog
+from .producers import enqueue_crash
 from .workers import Worker, WorkerPool
 
 logger = logging.getLogger("bench.chaos")
 
-ACTIONS = (ev.KILL, ev.SIGTERM, ev.CONNECTION_KILL)
-WEIGHTS = (0.45, 0.2, 0.35)
+ACTIONS = (ev.KILL, ev.SIGTERM, ev.CONNECTION_KILL, ev.CRASHING_TASK, ev.LOCKED_ROW)
+WEIGHTS = (0.35, 0.15, 0.25, 0.1, 0.15)
 #: A restart waits until every worker has been up this long (past its start-up checks).
 SETTLED_SECONDS = 3.0
 
@@ -59,6 +63,7 @@ class Monkey:
         self.rng = rng
         self.pending = plan(config, rng)
         self.done: list[str] = []
+        self.locked_row_seconds = config.locked_row_seconds
 
     def step(self, elapsed: float) -> None:
         """Carry out the next planned action if it is due."""
@@ -72,6 +77,10 @@ class Monkey:
             self._restart()
         elif action == ev.CONNECTION_KILL:
             self._kill_connections()
+        elif action == ev.CRASHING_TASK:
+            self._crashing_task()
+        elif action == ev.LOCKED_ROW:
+            self._lock_a_ready_row()
         else:
             target = self._target()
             if action == ev.KILL:
@@ -109,6 +118,25 @@ class Monkey:
                                    f"{', '.join(map(str, killed))}")
             return
         logger.warning("No worker connection found to kill; skipping this action.")
+
+    def _crashing_task(self) -> None:
+        """Enqueue a message whose task kills the worker that runs it (``os._exit``)."""
+        try:
+            message_id = enqueue_crash()
+        except DatabaseError as exc:
+            logger.warning("Could not enqueue a crashing task (%s); skipping this action.", exc)
+            return
+        self.events.add(ev.CRASHING_TASK, None, detail=f"message #{message_id}")
+
+    def _lock_a_ready_row(self) -> None:
+        """Hold the head ready row ``FOR UPDATE`` on a harness connection for a while."""
+        held = admin.lock_head_row(self.locked_row_seconds)
+        if held is None:
+            logger.warning("No ready row to lock; skipping this action.")
+            return
+        message_id, at, until = held
+        self.events.add(ev.LOCKED_ROW, None, at=at, until=until,
+                        detail=f"message #{message_id} locked for {until - at:.1f}s")
 
     def _restart(self) -> None:
         logger.info("Restarting MariaDB...")

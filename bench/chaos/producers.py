@@ -93,3 +93,17 @@ class Producer(threading.Thread):
         Enqueued.objects.create(token=token, message_id=handle.id, kind=kind, delay=delay,
                                 sleep_ms=sleep_ms, producer=self.index, at=time.time())
         return token
+
+
+def enqueue_crash() -> int:
+    """One message of the crashing task, enqueued like the producers' (with its ledger row
+    in the same transaction); its id."""
+    token = uuid.uuid4().hex
+    try:
+        with transaction.atomic():
+            handle = tasks.crash.enqueue(token)
+            Enqueued.objects.create(token=token, message_id=handle.id, kind=Kind.CRASH,
+                                    delay=0.0, sleep_ms=0, producer=0, at=time.time())
+    finally:
+        connections.close_all()
+    return handle.id

@@ -20,6 +20,8 @@ from django.db import models
 class Kind(models.TextChoices):
     PLAIN = "plain", "Plain"
     ATOMIC = "atomic", "Atomic"
+    #: Kills its worker process at once (the chaos "crashing task" fault).
+    CRASH = "crash", "Crash"
 
 
 class Enqueued(models.Model):

@@ -1,4 +1,4 @@
-"""The chaos run's two tasks; workers import them by autodiscovery.
+"""The chaos run's tasks; workers import them by autodiscovery.
 
 The queue doesn't tell a task its message id, so the ``task_started`` signal (sent on
 the task's thread just before it runs) leaves it in a thread-local for the ledger.
@@ -40,3 +40,13 @@ def atomic(token: str, sleep_ms: int) -> None:
                           at=time.time())
     time.sleep(sleep_ms / 1000)
     record.end(run)
+
+
+@queue_task(name="chaos.crash", max_attempts=2, retry_backoff=0)
+def crash(token: str) -> None:
+    """Record the start, then take the whole worker process down (an OOM kill, a segfault).
+
+    Each run costs its worker; with crash isolation only this message pays for it, and
+    after its two attempts it is dead."""
+    record.start(token, Kind.CRASH)
+    os._exit(1)
