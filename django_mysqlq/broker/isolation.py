@@ -60,6 +60,11 @@ def _read_committed(connection: BaseDatabaseWrapper) -> None:
     setattr(connection.connection, _OWNED_ATTRIBUTE, True)
 
 
+def owned(connection: BaseDatabaseWrapper) -> bool:
+    """Whether this connection is one the broker owns (its session is the broker's)."""
+    return bool(getattr(connection.connection, _OWNED_ATTRIBUTE, False))
+
+
 def transaction_prelude(connection: BaseDatabaseWrapper) -> str | None:
     """The statement to send before a broker transaction, or None if none is needed.
 
@@ -67,7 +72,7 @@ def transaction_prelude(connection: BaseDatabaseWrapper) -> str | None:
     session (``OPTIONS['isolation_level']``, Django's default). Elsewhere, a transaction
     scoped ``SET TRANSACTION``: the session's own level stays the user's.
     """
-    if getattr(connection.connection, _OWNED_ATTRIBUTE, False):
+    if owned(connection):
         return None
     if getattr(connection, "isolation_level", None) == READ_COMMITTED:
         return None

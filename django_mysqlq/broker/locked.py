@@ -19,6 +19,7 @@ from django.db import OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import DEADLOCK, error_code, logger, stats, with_lock_retry
+from .isolation import owned
 
 #: Longest the fast statements wait for a row lock (InnoDB counts whole seconds).
 LOCK_WAIT_SECONDS = 1
@@ -28,7 +29,7 @@ AROUND_FIRST_SECONDS = 5.0
 AROUND_LONGEST_SECONDS = 60.0
 
 #: MariaDB scopes a variable to one statement; MySQL can't for InnoDB's variables, so its
-#: session gets the short wait instead (the worker's control connection is its own).
+#: session gets the short wait instead, as does any connection the broker owns.
 _STATEMENT_WAIT = f"SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS} FOR "
 SESSION_WAIT_SQL = f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}"
 _SESSION_WAIT_ATTRIBUTE = "_django_mysqlq_short_lock_wait"
@@ -57,6 +58,8 @@ class LockedRows:
 
     def cleared(self, key: tuple[str, str]) -> None:
         """The fast path went through: the lock is gone."""
+        if not self._pause:
+            return  # the common case, read without the lock: nothing was locked anywhere
         with self._lock:
             if self._pause.pop(key, None) is not None:
                 self._until.pop(key, None)
@@ -73,8 +76,12 @@ LOCKED_ROWS = LockedRows()
 
 
 def short_wait(connection: BaseDatabaseWrapper, sql: str) -> str:
-    """``sql`` made to wait at most ``LOCK_WAIT_SECONDS`` for a row lock."""
-    if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+    """``sql`` made to wait at most ``LOCK_WAIT_SECONDS`` for a row lock.
+
+    On a connection the broker owns (a worker's control connection) the session gets the
+    short wait once; elsewhere MariaDB scopes it to the statement.
+    """
+    if connection.mysql_is_mariadb and not owned(connection):  # type: ignore[attr-defined]
         return _STATEMENT_WAIT + sql
     raw = connection.connection
     if not getattr(raw, _SESSION_WAIT_ATTRIBUTE, False):

@@ -52,6 +52,9 @@ class SoloGate:
 
     def _acquire(self, solo: bool) -> bool:
         with self._cond:
+            if not solo and not self._solo_running and not self._solo_waiting:
+                self._running += 1  # the common case: no solo message anywhere
+                return True
             if solo:
                 self._solo_waiting += 1
             try:
@@ -67,7 +70,7 @@ class SoloGate:
             finally:
                 if solo:
                     self._solo_waiting -= 1
-                self._cond.notify_all()  # a solo that gave up may unblock the others
+                    self._cond.notify_all()  # one that gave up may unblock the others
 
     def _release(self, solo: bool) -> None:
         with self._cond:
@@ -75,4 +78,5 @@ class SoloGate:
                 self._solo_running = False
             else:
                 self._running -= 1
-            self._cond.notify_all()
+            if self._solo_waiting or solo:
+                self._cond.notify_all()
