@@ -28,8 +28,9 @@ message; a message acked without having run, dead, or still queued after the dra
 claim taken back from a worker nothing had happened to (or left behind by a graceful
 stop); a claim held unstarted for longer than a lease; a worker that crashed (not by the
 crashing task) or did not stop cleanly; a crashing task not dead at the end; a locked-row
-window in which nothing else finished; or a median kill-to-reclaim time over 5 s. The JSON holds the evidence of
-each failed check (message ids, runs, history rows, the events around them). It exits 2
+window in which nothing else finished; or a median kill-to-reclaim time over 5 s. The
+JSON holds the evidence of each failed check (message ids, runs, history rows, the events
+around them). It exits 2
 when the harness itself could not do its job. Worker logs go to the run's directory
 under ``bench/results/``.
 """

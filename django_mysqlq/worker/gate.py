@@ -8,9 +8,7 @@ back while it runs: if it is the culprit, it can only take itself down.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 #: How often a waiting thread looks at the stop request.
 WAIT_SLICE_SECONDS = 0.2
@@ -35,22 +33,14 @@ class SoloGate:
         with self._cond:
             return self._solo_running or self._solo_waiting > 0
 
-    @contextlib.contextmanager
-    def enter(self, solo: bool) -> Iterator[bool]:
-        """Wait for this task's turn; yields False (run nothing) if a stop came first."""
-        entered = self._acquire(solo)
-        try:
-            yield entered
-        finally:
-            if entered:
-                self._release(solo)
-
     def _blocked(self, solo: bool) -> bool:
         if self._solo_running:
             return True
         return self._running > 0 if solo else self._solo_waiting > 0
 
-    def _acquire(self, solo: bool) -> bool:
+    def enter(self, solo: bool) -> bool:
+        """Wait for this task's turn; False (run nothing, don't ``leave``) if a stop came
+        first. Every True must be followed by ``leave`` with the same ``solo``."""
         with self._cond:
             if not solo and not self._solo_running and not self._solo_waiting:
                 self._running += 1  # the common case: no solo message anywhere
@@ -72,7 +62,7 @@ class SoloGate:
                     self._solo_waiting -= 1
                     self._cond.notify_all()  # one that gave up may unblock the others
 
-    def _release(self, solo: bool) -> None:
+    def leave(self, solo: bool) -> None:
         with self._cond:
             if solo:
                 self._solo_running = False

@@ -49,7 +49,10 @@ def run_task_thread(worker: Worker) -> None:
                 except DatabaseError:
                     broker.close_if_broken()
             _run_one(worker, message, runner)
-            worker.wakeup.set()
+            # The control loop claims only once a thread can take more: waking it after
+            # every message would cost a loop round (and the GIL) per message for nothing.
+            if worker.holdings.in_flight < worker.options.concurrency:
+                worker.wakeup.set()
             last_used = time.monotonic()
     finally:
         connections.close_all()
@@ -58,41 +61,48 @@ def run_task_thread(worker: Worker) -> None:
 def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
     # A message lost with its worker before runs alone (see gate.SoloGate).
     solo = message.losses > 0
-    with worker.gate.enter(solo) as entered:
-        if not entered:
-            worker.holdings.give_back(message)  # stopping
+    if not worker.gate.enter(solo):
+        worker.holdings.give_back(message)  # stopping
+        return
+    try:
+        _run_entered(worker, message, runner, solo)
+    finally:
+        worker.gate.leave(solo)
+
+
+def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: bool) -> None:
+    """Run a message whose turn came: unless the claim was lost, or the worker stops."""
+    verdict = worker.holdings.begin(message, broker.database_now())
+    if verdict is Verdict.STOPPING:
+        worker.holdings.give_back(message)
+        return
+    if verdict is Verdict.LOST:
+        _skip_lost(worker, message)
+        return
+    if solo:
+        recorded = _record_start(worker, message)
+        if recorded is None:
+            _release(worker, message)
             return
-        verdict = worker.holdings.begin(message, broker.database_now())
-        if verdict is Verdict.STOPPING:
-            worker.holdings.give_back(message)
-            return
-        if verdict is Verdict.LOST:
+        if not recorded:
             _skip_lost(worker, message)
             return
-        if solo:
-            recorded = _record_start(worker, message)
-            if recorded is None:
-                _release(worker, message)
-                return
-            if not recorded:
-                _skip_lost(worker, message)
-                return
-        handover = worker.acker.handover() if worker.acker is not None else None
-        try:
-            outcome = execute(message, runner, worker.give_up, handover)
-        except Exception:
-            # execute() records every task failure itself; this is a bug or an outage it
-            # could not ride out. The claim stays; a peer recovers it.
-            logger.exception("Unexpected error while running %s #%s", message.task_name,
-                             message.id)
-            outcome = ""
-        counter = COUNTERS.get(outcome)
-        # A success handed to the acker is counted by the acker, once its ack is written.
-        if counter is not None and not (handover is not None and handover.used):
-            worker.stats.add(ran=1, **{counter: 1})
-        else:
-            worker.stats.add(ran=1)
-        worker.holdings.finish(message)
+    handover = worker.acker.handover() if worker.acker is not None else None
+    try:
+        outcome = execute(message, runner, worker.give_up, handover)
+    except Exception:
+        # execute() records every task failure itself; this is a bug or an outage it
+        # could not ride out. The claim stays; a peer recovers it.
+        logger.exception("Unexpected error while running %s #%s", message.task_name,
+                         message.id)
+        outcome = ""
+    counter = COUNTERS.get(outcome)
+    # A success handed to the acker is counted by the acker, once its ack is written.
+    if counter is not None and not (handover is not None and handover.used):
+        worker.stats.add(ran=1, **{counter: 1})
+    else:
+        worker.stats.add(ran=1)
+    worker.holdings.finish(message)
 
 
 def _record_start(worker: Worker, message: ClaimedMessage) -> bool | None:
