@@ -15,6 +15,7 @@ bounds, never performance assertions.
 from __future__ import annotations
 
 import collections
+import signal
 import threading
 
 import pytest
@@ -141,3 +142,34 @@ def test_a_worker_whose_connection_is_killed_does_not_run_the_recovered_rest(sta
     # At most what was running (or starting) in the moment the connection died; before,
     # the whole recovered batch ran a second time.
     assert len(twice) <= 2, (twice, first.output()[-2000:])
+
+
+@pytest.mark.worker
+def test_a_worker_paused_past_its_lease_does_not_run_the_recovered_rest(start_worker):
+    """SIGSTOP past the lease: a peer takes the claims; after SIGCONT, nothing more of them
+    starts here (the claims are checked again first: the last check is stale)."""
+    short_lease = {"MYSQLQ_TEST_LEASE": "3", "MYSQLQ_TEST_HEARTBEAT": "1"}
+    leader = start_worker("--queues", "other", env=short_lease)  # sweeps; runs none of them
+    wait_for(lambda: "started" in leader.output(), timeout=15, message="the sweeper to start")
+    labels = [f"p{i}" for i in range(10)]
+    ids = [tasks.slow.enqueue(label, 0.3).id for label in labels]
+    paused = start_worker("--concurrency", "1", "--batch", "10", env=short_lease)
+    wait_for(lambda: Message.objects.filter(status="claimed").count() == 10, timeout=15,
+             message="the worker to claim the whole batch")
+    wait_for(lambda: Ledger.objects.filter(label="p0:start").exists(), timeout=15,
+             message="the first message to start")
+    paused.signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: Attempt.objects.filter(message_id__in=ids, outcome="lost").count()
+                 >= 9, timeout=20, message="the sweeper to recover the paused claims")
+    finally:
+        paused.signal(signal.SIGCONT)
+    start_worker("--concurrency", "2", env=short_lease)  # runs what was recovered
+    wait_for(lambda: not Message.objects.filter(pk__in=ids).exists(), timeout=40,
+             message="every message to finish")
+    starts = collections.Counter(
+        label.removesuffix(":start")
+        for label in Ledger.objects.filter(label__endswith=":start").values_list("label",
+                                                                                 flat=True))
+    twice = sorted(label for label, count in starts.items() if count > 1)
+    assert twice in ([], ["p0"]), (twice, paused.output()[-2000:])

@@ -2,8 +2,10 @@
 
 An orphan is a claim of the killed process that the queue took back (a ``WorkerLost``
 history row of that pid written after the kill). Its next claim is when attempt + 1
-began: the history row's ``started_at`` (the claim time on ``lost`` rows, the start of
-the run on the others) or the ledger's start of that attempt, whichever comes first.
+began elsewhere: the first later history row's ``started_at`` (the claim time on ``lost``
+rows, the start of the run on the others) or the ledger's first later run by another
+process, whichever comes first. (A claim that never started spends no attempt, so the
+attempt number alone does not find it.)
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ def recovery(facts: Facts, events: list[Event]) -> Recovery:
             if attempt.started is not None and attempt.started > kill.at:
                 continue  # claimed after the kill: not this process's claim
             result.sweep.append(attempt.finished - kill.at)
+            # The next claim elsewhere: a claim that never started spends no attempt, so
+            # the number may be the same; what counts is a claim or run after the kill.
             later = [t.started for t in message.tries
-                     if t.attempt == attempt.attempt + 1 and t.started is not None]
-            later += [run.start for run in message.runs if run.attempt == attempt.attempt + 1]
+                     if t is not attempt and t.started is not None and t.started > kill.at]
+            later += [run.start for run in message.runs
+                      if run.pid != attempt.pid and run.start > kill.at]
             if later:
                 result.reclaim.append(min(later) - kill.at)
             else:

@@ -46,8 +46,15 @@ def pair(message: ClaimedMessage) -> Pair:
 class Holdings:
     """Claimed messages from their claim to their end, as this process knows them."""
 
-    def __init__(self, stopping: threading.Event) -> None:
+    def __init__(self, stopping: threading.Event, wakeup: threading.Event,
+                 fresh_seconds: float) -> None:
         self._stopping = stopping
+        #: Set to have the control loop check the claims now.
+        self._wakeup = wakeup
+        #: Claims checked longer ago than this (the process was paused, the control loop
+        #: stuck) are checked again before anything more starts: their leases may have run
+        #: out and a peer taken them.
+        self._fresh_seconds = fresh_seconds
         self._inbox: queue.Queue[ClaimedMessage | None] = queue.Queue()
         self._lock = threading.Lock()
         #: Taken by a task thread, not started yet (waiting for its turn).
@@ -60,6 +67,7 @@ class Holdings:
         #: on a new connection, nothing new starts (a peer may be recovering them).
         self._verified = threading.Event()
         self._verified.set()
+        self._verified_at = time.monotonic()
 
     # ------------------------------------------------------------------ control thread
 
@@ -104,7 +112,12 @@ class Holdings:
         self._verified.clear()
 
     def verified(self) -> None:
+        self._verified_at = time.monotonic()
         self._verified.set()
+
+    def awaiting_check(self) -> bool:
+        """Nothing starts until the control loop has checked the claims (see ``begin``)."""
+        return not self._verified.is_set()
 
     def unmarked_starts(self) -> list[tuple[ClaimedMessage, dt.datetime]]:
         """Running messages whose start is not recorded in the database yet."""
@@ -156,6 +169,9 @@ class Holdings:
     def begin(self, message: ClaimedMessage, started_at: dt.datetime,
               marked: bool = False) -> Verdict:
         """Just before running: is this claim still ours? Waits while it can't be known."""
+        if time.monotonic() - self._verified_at > self._fresh_seconds:
+            self._verified.clear()  # stale: have the control loop check the claims first
+            self._wakeup.set()
         while not self._verified.wait(0.2):
             if self._stopping.is_set():
                 break

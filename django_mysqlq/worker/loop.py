@@ -96,7 +96,8 @@ class Worker:
         self.wakeup = threading.Event()
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
-        self.holdings = Holdings(self.stop_request.event)
+        self.holdings = Holdings(self.stop_request.event, self.wakeup,
+                                 fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS)
         self.gate = SoloGate(self.stop_request.event)
         self.threads: list[threading.Thread] = []
         self._claimed_total = 0
@@ -205,7 +206,8 @@ class Worker:
         if now >= due.beat:
             self.heartbeat()
             due.beat = due.verify = now + conf.HEARTBEAT_SECONDS
-        elif now >= due.verify and self.holdings.has_unstarted():
+        elif (now >= due.verify and self.holdings.has_unstarted()) \
+                or self.holdings.awaiting_check():
             # Claims wait here: check them more often than a peer sweeps, so a lost one
             # is known before it would start.
             self._renew()

@@ -1,0 +1,23 @@
+from django.db import migrations, models
+
+KINDS = [("plain", "Plain"), ("atomic", "Atomic"), ("crash", "Crash")]
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("chaos_ledger", "0001_initial"),
+    ]
+
+    operations = [
+        migrations.AlterField(
+            model_name="enqueued",
+            name="kind",
+            field=models.CharField(choices=KINDS, max_length=8),
+        ),
+        migrations.AlterField(
+            model_name="execution",
+            name="kind",
+            field=models.CharField(choices=KINDS, max_length=8),
+        ),
+    ]
