@@ -129,9 +129,9 @@ def claims_by_worker() -> dict[str, int]:
 
 
 def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
-    """Lock the oldest ready message ``FOR UPDATE`` on a connection of its own, for
-    ``seconds`` (a background thread holds it); ``(id, from, until)``, or None if nothing
-    is ready. A stranger's long transaction: the queue must keep flowing around it."""
+    """Lock the oldest ready message (or, if none is ready, the oldest scheduled one)
+    ``FOR UPDATE`` on a connection of its own, for ``seconds`` (a background thread holds
+    it); ``(id, from, until)``, or None if nothing is waiting. A stranger's long transaction: the queue must keep flowing around it."""
     answer: queue.Queue[tuple[int, float, float] | None] = queue.Queue()
 
     def hold() -> None:
@@ -139,13 +139,17 @@ def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
         try:
             with connect() as conn:
                 cursor = conn.cursor()
-                cursor.execute("SELECT id FROM mysqlq_message WHERE status = 'ready' "
-                               "ORDER BY id LIMIT 1")
-                row = cursor.fetchone()
+                row = None
+                for status in ("ready", "scheduled"):  # a drained queue still has delays
+                    cursor.execute("SELECT id FROM mysqlq_message WHERE status = %s "
+                                   "ORDER BY id LIMIT 1", [status])
+                    row = cursor.fetchone()
+                    if row is not None:
+                        break
                 if row is not None:
                     cursor.execute("START TRANSACTION")
                     cursor.execute("SELECT id FROM mysqlq_message FORCE INDEX (PRIMARY) "
-                                   "WHERE id = %s AND status = 'ready' FOR UPDATE", [row[0]])
+                                   "WHERE id = %s AND status = %s FOR UPDATE", [row[0], status])
                     if cursor.fetchone() is not None:
                         at = time.time()
                         answer.put((int(row[0]), at, at + seconds))

@@ -31,7 +31,7 @@ CHECKS = (
                                 "spend its own attempts, then die"),
     ("unexplained_crashes", "workers that exited without being told to, and not by running "
                             "the crashing task"),
-    ("stalled_locks", "windows with a ready row locked by the harness in which no other "
+    ("stalled_locks", "windows with a waiting row locked by the harness in which no other "
                       "message finished: the lock held the queue up"),
     ("unclean_stops", "SIGTERMed workers that did not stop cleanly"),
 )

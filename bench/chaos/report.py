@@ -33,7 +33,7 @@ ROWS = (
     ("unexplained_crashes", "... not by running the crashing task"),
     ("crashing_tasks", "messages of a task that kills its worker (os._exit), enqueued"),
     ("crashing_tasks_not_dead", "... not dead at the end (each must spend its own attempts)"),
-    ("locked_rows", "ready rows held FOR UPDATE by the harness for a while"),
+    ("locked_rows", "ready or scheduled rows held FOR UPDATE by the harness for a while"),
     ("stalled_locks", "... during which no other message finished"),
     ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
