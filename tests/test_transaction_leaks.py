@@ -74,6 +74,47 @@ def test_a_failure_inside_a_raw_transaction_commits_none_of_it(start_worker, set
     assert labels() == ["after0", "after1", "after2"]
 
 
+@pytest.mark.worker
+@pytest.mark.parametrize("how", ["cursor", "begin", "autocommit", "send_query"])
+def test_a_leak_through_the_driver_itself_is_caught(start_worker, how):
+    """Past Django entirely (the ``MySQLdb`` connection's cursor, ``begin()``,
+    ``autocommit(False)``, ``send_query``): the check still sees it, though it skips the
+    round trip for tasks that sent nothing."""
+    before = enqueue_good("before")
+    leaky = tasks.leaks_through_the_driver.enqueue(f"leaked-{how}", how)
+    after = [enqueue_good(f"after{i}") for i in range(5)]
+    run_burst(start_worker, "--concurrency", "1", env=SETUPS["persistent-batched"])
+    assert_succeeded(before, *after)
+    assert_dead(leaky.id, ["retried", "failed"], LEFT_OPEN)
+    assert labels() == sorted(["before", *(f"after{i}" for i in range(5))])
+
+
+def test_a_connection_sent_nothing_since_its_mark_is_answered_without_a_round_trip():
+    connection.ensure_connection()
+    marks = broker.activity_marks()
+    sent, count = marks[connection.alias]
+    assert broker.transaction_left_open(connection.alias, since=marks[connection.alias]) is False
+    assert sent.count == count  # answered from the mark: no statement went out
+    connection.connection.autocommit(False)  # no query(): the client status shows it
+    try:
+        assert broker.transaction_left_open(connection.alias,
+                                            since=marks[connection.alias]) is True
+    finally:
+        connection.connection.autocommit(True)
+    marks = broker.activity_marks()
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+    try:
+        # A statement since the mark: the server is asked, and it knows.
+        assert broker.transaction_left_open(connection.alias,
+                                            since=marks[connection.alias]) is True
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    assert broker.transaction_left_open(connection.alias,
+                                        since=marks[connection.alias]) is False
+
+
 def test_the_server_side_check_sees_raw_transactions_on_both_vendors_paths():
     """MariaDB answers ``@@in_transaction``; MySQL's path is forced here on MariaDB."""
     connection.ensure_connection()

@@ -131,7 +131,8 @@ def claims_by_worker() -> dict[str, int]:
 def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
     """Lock the oldest ready message (or, if none is ready, the oldest scheduled one)
     ``FOR UPDATE`` on a connection of its own, for ``seconds`` (a background thread holds
-    it); ``(id, from, until)``, or None if nothing is waiting. A stranger's long transaction: the queue must keep flowing around it."""
+    it); ``(id, from, until)``, or None if nothing is waiting. A stranger's long
+    transaction: the queue must keep flowing around it."""
     answer: queue.Queue[tuple[int, float, float] | None] = queue.Queue()
 
     def hold() -> None:

@@ -44,7 +44,7 @@ from .base import (
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .enqueue import enqueue
 from .isolation import own_connection
-from .leaks import transaction_left_open
+from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
     Stuck,
@@ -116,6 +116,7 @@ __all__ = [
     "ClaimedMessage",
     "Deferral",
     "HistoryBucket",
+    "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
@@ -126,6 +127,7 @@ __all__ = [
     "ack",
     "ack_many",
     "ack_within",
+    "activity_marks",
     "cancel",
     "claim",
     "claim_sql",
@@ -179,6 +181,7 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "transaction_left_open",
+    "unchanged_since",
     "wake",
     "wakeups_possible",
     "was_interrupted",

@@ -2,12 +2,19 @@
 
 Django's own state (``in_atomic_block``, ``autocommit``) can't see a ``START TRANSACTION``
 or ``SET autocommit = 0`` sent through a raw cursor; the worker asks the server after
-each task (see ``worker/executor.py``).
+each task (see ``worker/executor.py``). Asking costs a round trip, so the worker first
+takes an *activity mark* of each connection: a task that sent nothing since (most no-op
+and non-database tasks) can't have opened anything, and the one change it could make
+without a statement, autocommit off through the client library's own call, is known to the
+client without asking.
 """
 
 from __future__ import annotations
 
-from django.db import OperationalError
+import weakref
+from typing import Any
+
+from django.db import OperationalError, connections
 
 from .base import connection_for, error_code
 
@@ -20,15 +27,90 @@ NEXT_TRANSACTION_SQL = "SET TRANSACTION READ WRITE"
 TRANSACTION_IN_PROGRESS = 1568
 
 
-def transaction_left_open(alias: str, via: str | None = None) -> bool:
+class _Sent:
+    """How many statements a raw connection was given through ``query`` or ``send_query``."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+#: An activity mark: the raw connection's counter and its value when the mark was taken.
+Mark = tuple[_Sent, int]
+
+
+def _sent(raw: Any) -> _Sent | None:
+    """The statement counter of a raw ``MySQLdb`` connection, installed on first use.
+
+    Every statement a cursor (Django's or a raw one) or ``Connection.begin()`` sends goes
+    through ``query``; ``send_query`` is the asynchronous way. The wrappers hold the
+    connection weakly, so it is freed as before.
+    """
+    sent = getattr(raw, "_mysqlq_sent", None)
+    if isinstance(sent, _Sent):
+        return sent
+    kind = type(raw)
+    if not (hasattr(kind, "query") and hasattr(kind, "send_query")):
+        return None  # not a MySQLdb connection: always ask
+    sent = _Sent()
+    ref = weakref.ref(raw)
+
+    def query(sql: Any) -> Any:
+        sent.count += 1
+        return kind.query(ref(), sql)
+
+    def send_query(sql: Any) -> Any:
+        sent.count += 1
+        return kind.send_query(ref(), sql)
+
+    try:
+        raw.query = query
+        raw.send_query = send_query
+        raw._mysqlq_sent = sent
+    except (AttributeError, TypeError):
+        return None
+    return sent
+
+
+def activity_marks() -> dict[str, Mark]:
+    """A mark of what each of this thread's MySQL connections has been sent so far."""
+    marks: dict[str, Mark] = {}
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is None or connection.vendor != "mysql":
+            continue
+        sent = _sent(raw)
+        if sent is not None:
+            marks[connection.alias] = (sent, sent.count)
+    return marks
+
+
+def unchanged_since(raw: Any, mark: Mark | None) -> bool:
+    """Whether ``raw`` is the connection ``mark`` was taken of, and was sent nothing since."""
+    if mark is None or raw is None:
+        return False
+    sent, count = mark
+    return getattr(raw, "_mysqlq_sent", None) is sent and sent.count == count
+
+
+def transaction_left_open(alias: str, via: str | None = None,
+                          since: Mark | None = None) -> bool:
     """Whether this thread's connection has a transaction open on the server, or autocommit
     off, whatever Django believes: a task may have sent ``START TRANSACTION`` or
     ``SET autocommit = 0`` through a raw cursor.
 
     ``via`` forces the ``mariadb`` (``@@in_transaction``) or ``mysql`` (error 1568 on
-    ``SET TRANSACTION``) way of asking; by default the server's own.
+    ``SET TRANSACTION``) way of asking; by default the server's own. With ``since``, an
+    activity mark taken when the connection was known clean, a connection sent nothing
+    since is answered without a round trip.
     """
     connection = connection_for(alias)
+    raw = connection.connection
+    if unchanged_since(raw, since):
+        # No statement, so no transaction; autocommit turned off by the client library's
+        # call (``mysql_autocommit``) shows in the status of the server's last reply.
+        return not raw.get_autocommit()
     if via is None:
         via = "mariadb" if connection.mysql_is_mariadb else "mysql"  # type: ignore[attr-defined]
     with connection.cursor() as cursor:

@@ -52,7 +52,7 @@ def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
     )
 
 
-def _close_open_transactions() -> list[str]:
+def _close_open_transactions(marks: dict[str, broker.Mark] | None = None) -> list[str]:
     """Roll back what a task left open, so the next task on this thread starts clean.
 
     A task that enters ``transaction.atomic()`` without leaving it, turns autocommit off,
@@ -61,11 +61,12 @@ def _close_open_transactions() -> list[str]:
     (or, with ``ACK_BATCH_SIZE=1``, have them committed by the next ack). Django can't see
     the raw cases, so the server is asked. Closing the connection rolls its work back;
     forgetting the wrapper drops Django's atomic state. Returns the aliases that had a
-    transaction open.
+    transaction open. ``marks`` (taken before the task) spare the question on connections
+    the task sent nothing to.
     """
     left_open = []
     for connection in connections.all(initialized_only=True):
-        if _left_open(connection):
+        if _left_open(connection, (marks or {}).get(connection.alias)):
             left_open.append(connection.alias)
             try:
                 connection.close()
@@ -75,13 +76,18 @@ def _close_open_transactions() -> list[str]:
     return left_open
 
 
-def _left_open(connection: BaseDatabaseWrapper) -> bool:
+def _left_open(connection: BaseDatabaseWrapper, mark: broker.Mark | None) -> bool:
     if connection.connection is None:
         return False  # never connected, or closed: nothing can be open
     if connection.in_atomic_block or not connection.autocommit:
         return True
     if connection.vendor != "mysql":
         return False
+    raw = connection.connection
+    if broker.unchanged_since(raw, mark):
+        # Sent nothing since the mark: no transaction; autocommit turned off by the
+        # driver's own call shows in the status of the server's last reply.
+        return not raw.get_autocommit()
     try:
         return broker.transaction_left_open(connection.alias)
     except DatabaseError:
@@ -153,13 +159,14 @@ class AckSink(Protocol):
 
 
 def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
-            acks: AckSink | None = None) -> str:
+            acks: AckSink | None = None, started_at: dt.datetime | None = None) -> str:
     """Run one message to its end; return the outcome recorded in history.
 
     With ``acks``, a success is handed over to be acked in a batch; without, it is acked
-    here and now.
+    here and now. ``started_at``: when the worker let it start (default: now).
     """
-    started_at = broker.database_now()
+    if started_at is None:
+        started_at = broker.database_now()
     try:
         task = registry.get(message.task_name)
     except UnknownTask as exc:
@@ -174,6 +181,9 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
                _describe_message(message), give_up)
         return str(Outcome.FAILED)
 
+    # From here on user code runs (hooks, signal receivers, the body): what it sends to
+    # each connection is counted, so the leak check asks the server only when it must.
+    marks = broker.activity_marks()
     # Hooks (Django's @task) wrap the call: context, their signals, a JSON return value.
     scope = task.hooks.begin(message, runner, started_at) if task.hooks is not None else None
     broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
@@ -194,10 +204,10 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
         # Settled inside the handler, so task_finished receivers see the exception as
         # sys.exc_info() (Django's own task logging prints the traceback from there).
-        _close_open_transactions()
+        _close_open_transactions(marks)
         broker.close_if_broken()
         return _failed(task, scope, message, runner, exc, started_at, give_up)
-    left_open = _close_open_transactions()
+    left_open = _close_open_transactions(marks)
     if left_open:
         # Its uncommitted writes (and an atomic task's ack) were just rolled back.
         try:

@@ -15,6 +15,7 @@ import enum
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from ..messages import ClaimedMessage
 
@@ -47,8 +48,10 @@ class Holdings:
     """Claimed messages from their claim to their end, as this process knows them."""
 
     def __init__(self, stopping: threading.Event, wakeup: threading.Event,
-                 fresh_seconds: float) -> None:
+                 fresh_seconds: float, clock: Callable[[], dt.datetime]) -> None:
         self._stopping = stopping
+        #: Now on the database's clock: when a message starts.
+        self._clock = clock
         #: Set to have the control loop check the claims now.
         self._wakeup = wakeup
         #: Claims checked longer ago than this (the process was paused, the control loop
@@ -166,26 +169,29 @@ class Holdings:
                 self._waiting[message.id] = message
         return message
 
-    def begin(self, message: ClaimedMessage, started_at: dt.datetime,
-              marked: bool = False) -> Verdict:
-        """Just before running: is this claim still ours? Waits while it can't be known."""
+    def begin(self, message: ClaimedMessage,
+              marked: bool = False) -> tuple[Verdict, dt.datetime]:
+        """Just before running: is this claim still ours? Waits while it can't be known.
+        Also says when the message started (after any wait)."""
         if time.monotonic() - self._verified_at > self._fresh_seconds:
             self._verified.clear()  # stale: have the control loop check the claims first
             self._wakeup.set()
-        while not self._verified.wait(0.2):
-            if self._stopping.is_set():
-                break
+        if not self._verified.is_set():  # (checking first skips the Event's lock)
+            while not self._verified.wait(0.2):
+                if self._stopping.is_set():
+                    break
+        started_at = self._clock()
         with self._lock:
             if pair(message) in self._lost:
                 self._lost.discard(pair(message))
                 self._waiting.pop(message.id, None)
-                return Verdict.LOST  # its slot is freed by finish()
+                return Verdict.LOST, started_at  # its slot is freed by finish()
             if self._stopping.is_set() or not self._verified.is_set():
-                return Verdict.STOPPING
+                return Verdict.STOPPING, started_at
             self._waiting.pop(message.id, None)
             self._running[message.id] = RunningTask(message, time.monotonic(), started_at,
                                                     marked=marked)
-        return Verdict.START
+        return Verdict.START, started_at
 
     def give_back(self, message: ClaimedMessage) -> None:
         """Not started after all (stopping): released with the inbox's leftovers."""

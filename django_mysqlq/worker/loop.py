@@ -97,7 +97,8 @@ class Worker:
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
         self.holdings = Holdings(self.stop_request.event, self.wakeup,
-                                 fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS)
+                                 fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS,
+                                 clock=broker.database_now)
         self.gate = SoloGate(self.stop_request.event)
         self.threads: list[threading.Thread] = []
         self._claimed_total = 0

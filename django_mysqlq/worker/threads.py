@@ -72,7 +72,7 @@ def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
 
 def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: bool) -> None:
     """Run a message whose turn came: unless the claim was lost, or the worker stops."""
-    verdict = worker.holdings.begin(message, broker.database_now())
+    verdict, started_at = worker.holdings.begin(message)
     if verdict is Verdict.STOPPING:
         worker.holdings.give_back(message)
         return
@@ -89,7 +89,7 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
             return
     handover = worker.acker.handover() if worker.acker is not None else None
     try:
-        outcome = execute(message, runner, worker.give_up, handover)
+        outcome = execute(message, runner, worker.give_up, handover, started_at)
     except Exception:
         # execute() records every task failure itself; this is a bug or an outage it
         # could not ride out. The claim stays; a peer recovers it.

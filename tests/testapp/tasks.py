@@ -284,6 +284,30 @@ def turns_autocommit_off_raw(label: str) -> None:
     _raw_insert(label)
 
 
+@queue_task(max_attempts=2, retry_backoff=0)
+def leaks_through_the_driver(label: str, how: str) -> None:
+    """Open a transaction (or turn autocommit off) on the ``MySQLdb`` connection itself,
+    never through a Django cursor. ``send_query`` writes that way too, and ``autocommit``
+    sends no statement at all: each is seen only by its own part of the check."""
+    connection.ensure_connection()
+    raw = connection.connection
+    insert = ("INSERT INTO testapp_ledger (label, pid, created_at) "
+              f"VALUES ('{label}', {os.getpid()}, UTC_TIMESTAMP(6))")
+    if how == "autocommit":
+        raw.autocommit(False)  # the client library's own call: no query() at all
+        return
+    if how == "send_query":
+        for statement in ("START TRANSACTION", insert):
+            raw.send_query(statement.encode())
+            raw.read_query_result()
+        return
+    if how == "begin":
+        raw.begin()
+    else:
+        raw.cursor().execute("START TRANSACTION")
+    raw.cursor().execute(insert)
+
+
 # --------------------------------------------------------------------------- crashes
 
 
