@@ -297,3 +297,25 @@ def test_a_result_nested_40_levels_deep_succeeds_once_without_its_result(start_w
             == ["succeeded"]
     assert Attempt.objects.get(message_id=deep).result is None
     assert f"#{deep} is nested 40 levels deep" in output
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "retried"])
+def test_a_history_rows_size_counts_every_value_as_the_general_measure_does(outcome):
+    """``history.row_size`` measures only the text values of the known row layout (it runs
+    per acked message); it must agree with ``packets.params_size`` over the whole row, so
+    a column added to the row without updating the layout is caught here."""
+    now = timezone.now()
+    message = ClaimedMessage(
+        id=7, queue="emails", task_name="tests.testapp.tasks.record", payload='{"a": "é\\\\"}',
+        priority=3, attempt=2, max_attempts=5, retry_backoff=1.0, timeout=None,
+        enqueued_at=now, claim_token="t" * 32, connection_id=None)
+    runner = Runner(worker_id="host:1:abc", host="host", pid=1, thread="mysqlq-task-0")
+    for value in ({"big": "x" * 9000}, "short", None):
+        result = AttemptResult(started_at=now, error_class="builtins.ValueError",
+                               error_message="bad 'input'\n" * 500, traceback="tb\\" * 3000,
+                               result=value)
+        for keep_payload in (True, False):
+            params = history.attempt_params(message, outcome, runner, result, keep_payload)
+            assert len(params) == history.ROW_VALUES
+            assert history.row_size(params) == (packets.params_size(params)
+                                                + len(history.ATTEMPT_ROW) + 2)

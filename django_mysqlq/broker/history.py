@@ -9,7 +9,7 @@ from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from .base import ATTEMPT_TABLE, MESSAGE_TABLE, logger, naive_utc
-from .packets import params_size
+from .packets import MEASURE_FROM, SCALAR_BYTES, escaped_size
 
 # Copies a message row into history; the caller adds the worker's columns.
 HISTORY_FROM_MESSAGE_SQL = f"""
@@ -38,6 +38,12 @@ INSERT_ATTEMPT_SQL = ATTEMPT_INSERT_HEAD + ATTEMPT_ROW
 #: Where attempt_params() puts the two values a history row can do without.
 RESULT_PARAM = 16
 PAYLOAD_PARAM = 17
+
+#: attempt_params() gives ROW_VALUES values; these are text, the others numbers or times.
+ROW_VALUES = 18
+TEXT_PARAMS = (1, 2, 4, 8, 9, 12, 13, 14, 15, 16, 17)
+#: Bytes of a history row that don't depend on its text: the template and the scalars.
+FIXED_ROW_BYTES = (ROW_VALUES - len(TEXT_PARAMS)) * SCALAR_BYTES + len(ATTEMPT_ROW) + 2
 
 #: The deepest nesting MariaDB's ``JSON_VALID`` accepts: 32 levels fail the ``result``
 #: column's CHECK (error 4025). MySQL accepts 100; one limit keeps results portable.
@@ -107,8 +113,19 @@ def attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,
 
 
 def row_size(params: list[Any]) -> int:
-    """Bytes one history row takes in a statement (its values escaped, and its template)."""
-    return params_size(params) + len(ATTEMPT_ROW) + 2
+    """Bytes one history row takes in a statement (its values escaped, and its template).
+
+    ``packets.params_size`` over the known layout: it runs once per acked message, so only
+    the text values are measured."""
+    size = FIXED_ROW_BYTES
+    for index in TEXT_PARAMS:
+        value = params[index]
+        if value.__class__ is str:
+            length = len(value)
+            size += 4 * length + 2 if length < MEASURE_FROM else escaped_size(value)
+        else:
+            size += escaped_size(value)
+    return size
 
 
 def fit_row(message: ClaimedMessage, params: list[Any], room: int) -> int:
