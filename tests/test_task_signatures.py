@@ -3,8 +3,12 @@ the task, before anything is written (tests/test_tasks_backend.py covers Django'
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from asgiref.sync import async_to_sync
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from django_mysqlq import QueueError, TaskArgumentError
 from django_mysqlq.models import Message
@@ -78,3 +82,75 @@ def test_a_call_made_for_another_task_is_checked_again():
     call = tt.echo.call("label", flag=True)
     with pytest.raises(TaskArgumentError, match=r"'tests.testapp.tasks.record'.*'flag'"):
         tasks.record.enqueue_many([call])
+
+
+# ------------------------------------------------------------- the fast check is exact
+
+_KINDS = [inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+          inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.KEYWORD_ONLY,
+          inspect.Parameter.VAR_KEYWORD]
+
+
+@st.composite
+def signatures(draw):
+    names = draw(st.lists(st.sampled_from("abcdef"), unique=True, max_size=6))
+    parameters = []
+    seen_default = False
+    for name in names:
+        kind = draw(st.sampled_from(_KINDS))
+        if parameters and _KINDS.index(kind) < _KINDS.index(parameters[-1].kind):
+            kind = parameters[-1].kind
+        if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) and \
+                any(p.kind is kind for p in parameters):
+            continue
+        if kind is inspect.Parameter.VAR_KEYWORD and parameters and \
+                parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+            continue
+        default = inspect.Parameter.empty
+        if kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            if seen_default or draw(st.booleans()):
+                default, seen_default = 0, True
+        elif kind is inspect.Parameter.KEYWORD_ONLY and draw(st.booleans()):
+            default = 0
+        parameters.append(inspect.Parameter(name, kind, default=default))
+    return inspect.Signature(parameters)
+
+
+@settings(max_examples=500, deadline=None)
+@given(signature=signatures(), positional=st.integers(0, 6),
+       keywords=st.lists(st.sampled_from("abcdefz"), unique=True, max_size=5))
+def test_the_fast_check_agrees_with_signature_bind(signature, positional, keywords):
+    """Signature.bind is the reference: the summary never accepts a call it refuses, and
+    check_call() raises exactly for the calls it refuses."""
+    from django_mysqlq.calls import _Shape, check_call
+
+    args, kwargs = tuple(range(positional)), dict.fromkeys(keywords, 1)
+    try:
+        signature.bind(*args, **kwargs)
+        binds = True
+    except TypeError:
+        binds = False
+    if _Shape.of(signature).accepts(args, kwargs):
+        assert binds, (signature, args, kwargs)
+
+    def func(*args, **kwargs):
+        pass
+
+    func.__signature__ = signature
+    try:
+        check_call("t", func, args, kwargs)
+        raised = False
+    except TaskArgumentError:
+        raised = True
+    assert raised is not binds, (signature, args, kwargs)
+
+
+def test_the_fast_check_takes_the_common_calls_itself():
+    """Calls that bind in the usual shapes never need Signature.bind (the cheap path)."""
+    from django_mysqlq.calls import _Shape
+
+    shape = _Shape.of(inspect.signature(tt.echo.func))
+    assert shape.accepts(("x",), {}) and shape.accepts(("x", 1, 2), {"flag": 1})
+    shape = _Shape.of(inspect.signature(tasks.record.func))
+    assert shape.accepts(("x",), {"value": 1}) and shape.accepts((), {"label": "x"})
+    assert not shape.accepts((), {})
