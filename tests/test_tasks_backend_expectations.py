@@ -186,12 +186,15 @@ def test_immediate_raise_false_gives_a_failed_result_like_djangos_immediate_back
         assert bad.status == FAILED and bad.errors[0].exception_class is TypeError
 
 
-def test_immediate_results_of_a_rolled_back_transaction_stay_ready():
+def test_immediate_results_of_a_rolled_back_transaction_do_not_exist():
     with immediate():
         with transaction.atomic():
             result = djtasks.add.enqueue(1, 1)
+            assert task_backends["default"].get_result(result.id).status == READY
             transaction.set_rollback(True)
-        assert result.status == READY
+        assert result.status == READY  # never ran
+        with pytest.raises(TaskResultDoesNotExist, match="rolled back"):
+            task_backends["default"].get_result(result.id)
         assert not Ledger.objects.exists()
 
 

@@ -24,7 +24,8 @@ from .compat import Task, TaskResult, TaskResultDoesNotExist, TaskResultStatus, 
 #: Results kept for ``get_result()``, the oldest forgotten first.
 KEEP_RESULTS = 10_000
 
-_results: collections.OrderedDict[tuple[str, str], TaskResult[..., Any]] = \
+_results: collections.OrderedDict[
+    tuple[str, str], tuple[TaskResult[..., Any], immediate.ImmediateRecord | None]] = \
     collections.OrderedDict()
 _lock = threading.Lock()
 #: What a finished attempt's result carries over to the one ``enqueue()`` returned.
@@ -41,23 +42,29 @@ def enqueue(backend_alias: str, backend_class: type, task: Task[..., Any], args:
         enqueued_at=timezone.now(), started_at=None, finished_at=None,
         last_attempted_at=None, args=args, kwargs=kwargs, backend=backend_alias, errors=[],
         worker_ids=[])
-    with _lock:
-        _results[(backend_alias, result.id)] = result
-        while len(_results) > KEEP_RESULTS:
-            _results.popitem(last=False)
     runnable = QueueTask(
         func=task.func, name=message.task_name, queue=message.queue,
         priority=message.priority, max_attempts=message.max_attempts,
         retry_backoff=message.retry_backoff, timeout=message.timeout,
         hooks=DjangoTaskHooks(task))
-    immediate.enqueue(runnable, [message], ids=[message_id],
-                      listener=_Follow(backend_class, result))
+    with _lock:  # before the run: a task may read its own result
+        _results[(backend_alias, result.id)] = (result, None)
+        while len(_results) > KEEP_RESULTS:
+            _results.popitem(last=False)
+    [handle] = immediate.enqueue(runnable, [message], ids=[message_id],
+                                 listener=_Follow(backend_class, result))
+    with _lock:
+        if (backend_alias, result.id) in _results:
+            _results[(backend_alias, result.id)] = (result, handle.record)
     return result
 
 
 def read_result(backend_alias: str, result_id: str) -> TaskResult[..., Any]:
     with _lock:
-        result = _results.get((backend_alias, result_id))
+        result, record = _results.get((backend_alias, result_id), (None, None))
+    if result is not None and record is not None and record.rolled_back():
+        raise TaskResultDoesNotExist(
+            f"No task result {result_id!r}: the transaction that enqueued it rolled back.")
     if result is None:
         raise TaskResultDoesNotExist(
             f"No task result {result_id!r} in this process: in test mode "
