@@ -96,8 +96,8 @@ def test_with_the_test_mode_check_migrate_and_the_projects_tests_run(project):
     assert "FAIL" not in done.stderr and "skipped" not in done.stderr
 
 
-def test_runserver_starts_with_the_test_mode(sqlite):
-    env = {**os.environ, **sqlite, "NONMYSQL_IMMEDIATE": "1", "PYTHONPATH": str(ROOT),
+def test_runserver_starts_with_the_test_mode(project):
+    env = {**os.environ, **project, "NONMYSQL_IMMEDIATE": "1", "PYTHONPATH": str(ROOT),
            "DJANGO_SETTINGS_MODULE": "tests.nonmysql.settings", "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
         [sys.executable, "-m", "django", "runserver", "--noreload", "127.0.0.1:0"],
