@@ -17,7 +17,7 @@ from django.db import DatabaseError, connections
 
 from .. import broker
 from ..exceptions import TaskTimeout
-from ..messages import AttemptResult, Runner
+from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..signals import worker_stopped
 from .holdings import RunningTask
 from .stopping import STOP_STATEMENT_SECONDS
@@ -37,7 +37,10 @@ FORCED_EXIT_SECONDS = 3.0
 
 def release_unstarted(worker: Worker) -> int:
     """Give back the claimed messages no task thread started; return how many."""
-    unstarted = worker.holdings.take_unstarted()
+    return _release(worker, worker.holdings.take_unstarted())
+
+
+def _release(worker: Worker, unstarted: list[ClaimedMessage]) -> int:
     if not unstarted:
         return 0
     try:
@@ -46,6 +49,8 @@ def release_unstarted(worker: Worker) -> int:
         logger.warning("Could not release %d unstarted message(s) (%s); peers will recover "
                        "them.", len(unstarted), exc)
         return 0
+    finally:
+        worker.holdings.released(unstarted)
     logger.info("Released %d claimed but unstarted message(s).", count)
     worker.stats.add(released=count)
     return count
@@ -164,7 +169,9 @@ def exit_now(worker: Worker) -> None:
     """
     def release_and_deregister() -> None:
         try:
-            release_unstarted(worker)
+            # Includes a release the first signal's drain had begun: the main thread,
+            # now in this signal handler, will never finish it.
+            _release(worker, worker.holdings.unstarted_for_forced_exit(FORCED_EXIT_SECONDS / 3))
             _deregister(worker)
         finally:
             connections.close_all()
