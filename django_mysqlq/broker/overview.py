@@ -108,6 +108,12 @@ SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
         OR (status = %s AND run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND))
  LIMIT 1
 """
+#: Whether queue %s holds a message in status %s, labelled with the queue: one dive into
+#: the claim index, one arm of a ``UNION ALL``.
+QUEUE_HOLDS_SQL = f"""
+SELECT %s, EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+                   WHERE queue = %s AND status = %s LIMIT 1)
+"""
 #: "Access denied; you need the PROCESS privilege", and "SELECT command denied".
 _NO_PRIVILEGE = frozenset({1227, 1142})
 
@@ -231,6 +237,19 @@ def queue_names(limit: int = 200) -> list[str]:
             cursor.execute(NEXT_QUEUE_SQL, [names[-1]])
             row = cursor.fetchone()
     return names
+
+
+def queues_holding(status: str, limit: int = 200) -> list[str]:
+    """Names of the queues (of the first ``limit``) that hold a message in ``status``, in
+    order: the skip scan of ``queue_names``, then one dive per queue."""
+    names = queue_names(limit)
+    if not names:
+        return []
+    with connection_for().cursor() as cursor:
+        cursor.execute(" UNION ALL ".join([QUEUE_HOLDS_SQL] * len(names)),
+                       [p for name in names for p in (name, name, status)])
+        holding = {str(name) for name, holds in cursor.fetchall() if holds}
+    return [name for name in names if name in holding]
 
 
 @dataclasses.dataclass(frozen=True)
