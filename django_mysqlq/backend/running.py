@@ -25,17 +25,19 @@ from ..models import Attempt, Outcome
 from ..tasks import QueueTask
 from . import results, wire
 from .compat import (
+    InvalidTaskBackend,
     Task,
     TaskContext,
     TaskError,
     TaskResult,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_finished,
     task_started,
 )
 from .core import MySQLQueueBackend
-from .lookup import find_task, queue_alias
+from .lookup import find_task
 from .options import BackendOptions
 
 logger = logging.getLogger("django_mysqlq")
@@ -54,6 +56,28 @@ def resolve_task(name: str) -> QueueTask[Any, Any]:
                      priority=int(task.priority), max_attempts=max_attempts,
                      retry_backoff=retry_backoff, timeout=timeout,
                      hooks=DjangoTaskHooks(task))
+
+
+def queue_alias(task: Task[..., Any], enqueued_with: str | None) -> str:
+    """The ``MySQLQueueBackend`` alias that runs ``task``: the one its message was
+    enqueued with, else (a message written without one) the task's own backend.
+
+    Raises ``UnknownTask`` when that alias is not a ``MySQLQueueBackend``: the task is
+    not meant to run from this queue.
+    """
+    alias = enqueued_with if enqueued_with is not None else task.backend
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend as exc:
+        raise UnknownTask(f"The task {task.module_path!r} names the backend {alias!r}, "
+                          f"which is not configured in TASKS: {exc}") from exc
+    if not isinstance(backend, MySQLQueueBackend):
+        raise UnknownTask(
+            f"The task {task.module_path!r} was enqueued for the backend {alias!r} "
+            f"({type(backend).__name__}), not a MySQLQueueBackend: it is not run from this "
+            "queue."
+        )
+    return alias
 
 
 def resolve(name: str) -> QueueTask[Any, Any]:

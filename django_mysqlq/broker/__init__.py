@@ -68,6 +68,7 @@ from .overview import (
     queue_counts,
     queue_names,
     queue_overview,
+    queues_holding,
     status_counts,
     workers_alive,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "queue_counts",
     "queue_names",
     "queue_overview",
+    "queues_holding",
     "recover",
     "register_worker",
     "release",

@@ -53,6 +53,10 @@ BOUND_SQL = "SET SESSION innodb_lock_wait_timeout = %s, max_statement_time = %s"
 BOUND_SQL_MYSQL = "SET SESSION innodb_lock_wait_timeout = %s"
 UNBOUND_SQL = "SET SESSION innodb_lock_wait_timeout = DEFAULT, max_statement_time = DEFAULT"
 UNBOUND_SQL_MYSQL = "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+#: The explicit transaction of ``in_transaction`` in autocommit (see there).
+START_TRANSACTION_SQL = "START TRANSACTION"
+COMMIT_SQL = "COMMIT"
+ROLLBACK_SQL = "ROLLBACK"
 #: Seconds a bounded statement still gets once its deadline has passed.
 SHORTEST_BOUND = 1.0
 
@@ -210,13 +214,13 @@ def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
             prelude = transaction_prelude(connection)  # READ COMMITTED, this once
             if prelude is not None:
                 cursor.execute(prelude)
-            cursor.execute("START TRANSACTION")
+            cursor.execute(START_TRANSACTION_SQL)
             try:
                 value = body(cursor)
-                cursor.execute("COMMIT")
+                cursor.execute(COMMIT_SQL)
             except BaseException:
                 try:
-                    cursor.execute("ROLLBACK")
+                    cursor.execute(ROLLBACK_SQL)
                 except DatabaseError:
                     pass  # the connection is gone, and with it the transaction
                 raise
