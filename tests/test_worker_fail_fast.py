@@ -94,6 +94,23 @@ def test_a_refused_login_ends_a_daemon_at_start(start_worker):
     assert "check USER, PASSWORD and HOST in DATABASES['default']" in output
 
 
+def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_worker,
+                                                                        scratch_db):
+    """Only the workers table exists: the worker registers, then its first read of the
+    messages fails. Its row must not go on saying that it serves its queues."""
+    source = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
+                       f"LIKE `{source}`.`mysqlq_worker`")
+    worker = start_worker(env={"MYSQLQ_TEST_DB": scratch_db})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert f"Table '{scratch_db}.mysqlq_message' doesn't exist" in output
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
+        assert cursor.fetchone() == (1, 1)
+
+
 def test_tables_dropped_under_a_running_worker_end_it(start_worker, migrated_scratch_db):
     worker = start_worker(env={"MYSQLQ_TEST_DB": migrated_scratch_db})
     wait_for(lambda: " started: " in worker.output(), timeout=PATIENCE,

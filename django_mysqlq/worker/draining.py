@@ -114,7 +114,7 @@ def drain(worker: Worker) -> int:
     if worker.stats.unacked:
         logger.error("%d finished task(s) could not be acked; they stay claimed and will run "
                      "again when a peer recovers them.", worker.stats.unacked)
-    _deregister(worker)
+    deregister(worker)
     logger.info("Worker %s stopped: %s", worker.id, worker.stats.summary())
     broker.send_robust(worker_stopped, worker)
     return 1 if abandoned else _burst_status(worker)
@@ -130,7 +130,7 @@ def _burst_status(worker: Worker) -> int:
     return EXIT_DEAD
 
 
-def _deregister(worker: Worker) -> None:
+def deregister(worker: Worker) -> None:
     try:
         broker.deregister_worker(worker.id, worker.stats.processed, worker.stats.failed)
     except DatabaseError as exc:
@@ -177,7 +177,7 @@ def exit_now(worker: Worker) -> None:
     def release_and_deregister() -> None:
         try:
             release_unstarted(worker)
-            _deregister(worker)
+            deregister(worker)
         finally:
             connections.close_all()
 

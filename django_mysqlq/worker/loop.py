@@ -20,6 +20,7 @@ from django.db import DatabaseError
 
 from .. import broker
 from ..conf import QueueSettings, get_settings
+from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..signals import task_overran, worker_started
 from ..tasks import import_task_modules
@@ -138,6 +139,16 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
+                    self.id, ",".join(self.options.queues), self.options.concurrency,
+                    self.options.claim_batch, self.settings.LIVENESS,
+                    " (burst)" if self.options.burst else "")
+        if self.options.report_queues:
+            try:
+                queues.report(f"Worker {self.id}", self.options.queues)
+            except WorkerCannotRun:
+                draining.deregister(self)  # its row must not count as serving its queues
+                raise
         if self.acker is not None:
             self.acker.start()
         for index in range(self.options.concurrency):
@@ -145,12 +156,6 @@ class Worker:
                                       name=f"mysqlq-task-{index}", daemon=True)
             thread.start()
             self.threads.append(thread)
-        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
-                    self.id, ",".join(self.options.queues), self.options.concurrency,
-                    self.options.claim_batch, self.settings.LIVENESS,
-                    " (burst)" if self.options.burst else "")
-        if self.options.report_queues:
-            queues.report(f"Worker {self.id}", self.options.queues)
         broker.send_robust(worker_started, self)
 
     def _call_until_up(self, operation: object) -> None:
