@@ -153,3 +153,43 @@ def test_an_outage_is_still_ridden_out(start_worker, migrated_scratch_db):
     worker.signal(signal.SIGTERM)
     status, output = ended(worker)
     assert status == 0, output
+
+
+@pytest.mark.parametrize(("code", "started", "burst", "ends"), [
+    (1146, True, False, True),    # tables gone under a running daemon
+    (1054, True, False, True),
+    (1045, False, False, True),   # a refused login at start
+    (1142, True, True, True),     # a grant revoked during a --burst run
+    (1142, True, False, False),   # ... under a running daemon: ridden out, at ERROR
+    (1049, True, False, False),
+    (2013, False, True, False),   # a lost connection is an outage, whatever the mode
+    (1205, True, True, False),
+])
+def test_which_errors_end_a_worker(code, started, burst, ends):
+    from django.db import OperationalError
+
+    from django_mysqlq.exceptions import WorkerCannotRun
+    from django_mysqlq.worker import fatal
+
+    error = OperationalError(code, "the server's text")
+    if ends:
+        with pytest.raises(WorkerCannotRun) as raised:
+            fatal.check(error, started=started, burst=burst)
+        assert raised.value.exit_status == EXIT_CANNOT_RUN
+        assert f"(error {code}: the server's text)" in str(raised.value)
+    else:
+        fatal.check(error, started=started, burst=burst)
+
+
+def test_the_advice_names_the_queue_database_alias():
+    from django.db import ProgrammingError
+    from django.test import override_settings
+
+    from django_mysqlq.worker import fatal
+
+    error = ProgrammingError(1146, "Table 'q.mysqlq_worker' doesn't exist")
+    with override_settings(MYSQLQ={"DATABASE": "queue"}):
+        problem = fatal.describe(error)
+    assert problem is not None
+    assert problem.endswith("(error 1146: Table 'q.mysqlq_worker' doesn't exist): run "
+                            "`manage.py migrate --database queue` then start the worker again.")
