@@ -107,6 +107,22 @@ def error_code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+#: The queue's tables, columns or indexes are missing: migrations not applied (1146 no such
+#: table, 1054 unknown column, 1176 FORCE INDEX of a missing index).
+SCHEMA_ERRORS = frozenset({1146, 1054, 1176})
+#: The database is unknown (1049) or the server refuses this login (1045, 1698) or a
+#: grant (1044 database, 1142 table, 1143 column): someone has to fix the settings.
+SETUP_ERRORS = frozenset({1049, 1045, 1698, 1044, 1142, 1143})
+
+
+def is_schema_error(exc: BaseException) -> bool:
+    return error_code(exc) in SCHEMA_ERRORS
+
+
+def is_setup_error(exc: BaseException) -> bool:
+    return error_code(exc) in SETUP_ERRORS
+
+
 def is_refusal(exc: BaseException) -> bool:
     """Whether the server refused the statement itself (no outage: a retry can't help)."""
     return error_code(exc) in REFUSALS
