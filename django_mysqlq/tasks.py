@@ -284,6 +284,11 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def queues(self) -> set[str]:
+        """The queues of the registered tasks (a worker's default ``--queues``)."""
+        with self._lock:
+            return {task.queue for task in self._tasks.values()}
+
 
 def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from django_mysqlq.backend import MySQLQueueBackend, MySQLQueueTask, WorkerLost 
 from django_mysqlq.backend import checks as backend_checks  # noqa: E402
 from django_mysqlq.messages import NewMessage  # noqa: E402
 from django_mysqlq.models import Attempt, Message  # noqa: E402
+from tests.burst import expected_status  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.testapp import djtasks  # noqa: E402
 from tests.testapp import tasks as queue_tasks  # noqa: E402
@@ -51,7 +53,8 @@ def run_burst(start_worker, *args: str, env: dict[str, str] | None = None) -> st
     worker = start_worker("--burst", "--burst-wait", "10", *args, env=env)
     status = worker.wait(timeout=90)
     output = worker.output()
-    assert status == 0, output
+    dead = int(re.findall(r"^Summary: .* dead=(\d+) ", output, re.M)[-1])
+    assert status == expected_status(dead, args), output
     return output
 
 

@@ -34,6 +34,7 @@ from .compat import (
     normalize_json,
     task_enqueued,
 )
+from .kind import RunsOnThisQueue
 from .options import (
     VALIDATORS,
     BackendOptions,
@@ -68,7 +69,7 @@ class MySQLQueueTask(_TaskBase):
     timeout: float | None = None
 
 
-class MySQLQueueBackend(BaseTaskBackend):
+class MySQLQueueBackend(RunsOnThisQueue, BaseTaskBackend):
     """``TASKS = {"default": {"BACKEND": "django_mysqlq.backend.MySQLQueueBackend", ...}}``."""
 
     task_class = MySQLQueueTask
