@@ -98,6 +98,12 @@ class QueueSettings:
     #: Rows of stopped workers last heard from longer ago than this are deleted by the
     #: recovery leader. None: keep them forever.
     WORKER_RETENTION_SECONDS: float | None = 7 * 86400.0
+    #: Test mode: ``enqueue()`` runs the task in this process once the enqueuing transaction
+    #: commits, touching no queue table, so tests run on SQLite or PostgreSQL too.
+    IMMEDIATE: bool = False
+    #: In test mode, a task's exception is raised in the code that enqueued it (at the
+    #: commit). False: it is logged and kept in the handle's state instead.
+    IMMEDIATE_RAISE: bool = True
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(QueueSettings)}
@@ -152,7 +158,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
         value, option, 0, 1000))
 
-    for name in ("WAKEUP", "DETECT_PROXY"):
+    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
     if "LOG_FORMAT" in values and values["LOG_FORMAT"] not in LOG_FORMATS:

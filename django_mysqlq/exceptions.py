@@ -11,6 +11,10 @@ class ArgumentEncodingError(QueueError, TypeError):
     """A task argument can't be encoded as JSON; nothing was written."""
 
 
+class TaskArgumentError(QueueError, TypeError):
+    """An ``enqueue()`` call doesn't fit the task function's signature; nothing was written."""
+
+
 class PayloadTooLarge(QueueError, ValueError):
     """The encoded arguments exceed ``MYSQLQ['MAX_PAYLOAD_BYTES']``; nothing was written."""
 

@@ -116,6 +116,10 @@ if _framework is not None:
             "QUEUES": ["default"],
             "OPTIONS": {"max_attempts": 1},
         },
+        "plain": {  # no OPTIONS: Django's expectations (one attempt)
+            "BACKEND": "django_mysqlq.backend.MySQLQueueBackend",
+            "QUEUES": ["default"],
+        },
         "immediate": {
             "BACKEND": f"{_framework}.backends.immediate.ImmediateBackend",
         },

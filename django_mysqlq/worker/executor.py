@@ -16,6 +16,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import broker, payload
+from ..broker.base import only_test_transactions
 from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
 from ..log import one_line
@@ -81,7 +82,11 @@ def _close_open_transactions(marks: dict[str, broker.Mark] | None = None) -> lis
 def _left_open(connection: BaseDatabaseWrapper, mark: broker.Mark | None) -> bool:
     if connection.connection is None:
         return False  # never connected, or closed: nothing can be open
-    if connection.in_atomic_block or not connection.autocommit:
+    if connection.in_atomic_block:
+        # Only a TestCase's own transactions (testing.drain() inside a test): they are
+        # not the task's, and the server can't tell a task's raw one from them.
+        return not only_test_transactions(connection)
+    if not connection.autocommit:
         return True
     if connection.vendor != "mysql":
         return False
