@@ -1,4 +1,4 @@
-"""The queue's schema: the single source of truth for its three tables.
+"""The queue's schema: the single source of truth for its tables.
 
 * :class:`Message` is the hot table. It holds only unfinished messages; a
   finished one is deleted in the same transaction that writes its history row,
@@ -7,6 +7,7 @@
   action), the trace the admin shows and the input of analytics.
 * :class:`Worker` is one row per live worker process, renewed by heartbeats.
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
+* :class:`Lease` names the one recovery sweeper on a cluster (``GET_LOCK`` is per node).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -237,6 +238,10 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     #: Idle and parked in a SLEEP on ``connection_id``: producers wake it with KILL QUERY.
     listening = models.BooleanField(default=False)
+    #: The cluster node that connection is on (a Galera node's ``wsrep_gcomm_uuid``), empty
+    #: on a single server: connection ids mean something only on their own node, so a
+    #: producer on another node wakes it through its row instead (``broker.park``).
+    node = models.CharField(max_length=64, blank=True, default="", db_default="")
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 
@@ -268,6 +273,22 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
+
+
+class Lease(models.Model):
+    """A duty one process holds at a time across a cluster, where ``GET_LOCK`` is per node:
+    the recovery sweep. Taken and renewed by a conditional ``UPDATE``; it lapses at
+    ``expires_at`` unless its holder renews it (``broker.leader``)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=255)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "mysqlq_lease"
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder} until {self.expires_at}"
 
 
 class StuckMessage(Message):

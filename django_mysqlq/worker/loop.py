@@ -295,7 +295,8 @@ class Worker:
             self._listening = True
             self._park = PARK_START
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
-                                          sweep_check, watched=self.options.queues)
+                                          sweep_check, watched=self.options.queues,
+                                          worker_id=self.id)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
