@@ -62,3 +62,29 @@ def recovery(facts: Facts, events: list[Event]) -> Recovery:
             else:
                 result.unreclaimed.append(message.id)
     return result
+
+
+def node_recovery(facts: Facts, events: list[Event],
+                  ports_by_pid: dict[int, int | None]) -> Recovery:
+    """The same, for the claims of the workers connected to a Galera node killed -9 (their
+    processes live on; their claims are lost with their connections, then their leases)."""
+    result = Recovery()
+    for kill in (event for event in events if event.kind == ev.NODE_KILL):
+        for message in facts.messages.values():
+            for attempt in message.tries:
+                if (attempt.error_class != "WorkerLost" or attempt.pid is None
+                        or ports_by_pid.get(attempt.pid) != kill.port
+                        or attempt.finished < kill.at
+                        or (attempt.started is not None and attempt.started > kill.at)):
+                    continue
+                result.sweep.append(attempt.finished - kill.at)
+                later = [t.started for t in message.tries
+                         if t is not attempt and t.started is not None
+                         and t.started > kill.at]
+                later += [run.start for run in message.runs
+                          if run.pid != attempt.pid and run.start > kill.at]
+                if later:
+                    result.reclaim.append(min(later) - kill.at)
+                else:
+                    result.unreclaimed.append(message.id)
+    return result
