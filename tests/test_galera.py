@@ -298,6 +298,8 @@ def test_producers_on_one_node_and_workers_on_two_others_run_every_message_once(
     runs = ledger()
     assert sorted(label for label, _ in runs) == sorted(labels)
     assert {pid for _, pid in runs} == {w.pid for w in workers}  # both nodes worked
+    wait_for(lambda: galera.query(1, "SELECT COUNT(*) FROM mysqlq_message") == [(0,)],
+             timeout=30, message="every message acked")
     assert galera.query(1, "SELECT outcome, COUNT(*) FROM mysqlq_attempt GROUP BY outcome") \
         == [("succeeded", len(labels))]
     for worker in workers:
