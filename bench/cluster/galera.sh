@@ -13,7 +13,9 @@
 #   bash bench/cluster/galera.sh destroy        # stop and delete the data directories
 #
 # Needs the Debian packages galera-4 and rsync (.ci/setup installs them). Runs as root;
-# the servers run as the mysql user. A fresh start bootstraps node 1 (--wsrep-new-cluster)
+# the servers run as the mysql user, from a copy of mariadbd ($BASE/bin/mariadbd): tools
+# that find the main server by its executable (start-stop-daemon --exec /usr/sbin/mariadbd
+# in .ci/setup-runtime and the restart tests) must never take a node for it. A fresh start bootstraps node 1 (--wsrep-new-cluster)
 # and lets 2 and 3 join by rsync SST; a test cluster's data is disposable, so a cluster
 # whose nodes all went down is bootstrapped again from node 1 whatever its grastate says.
 set -euo pipefail
@@ -24,6 +26,8 @@ GCOMM=(4567 4577 4587)
 IST=(4568 4578 4588)
 SST=(4444 4454 4464)
 PROVIDER=/usr/lib/galera/libgalera_smm.so
+SERVER=/usr/sbin/mariadbd
+BINARY=$BASE/bin/mariadbd
 SYNC_TIMEOUT=${MYSQLQ_GALERA_TIMEOUT:-120}
 
 log() { printf '[galera] %s\n' "$*" >&2; }
@@ -54,6 +58,8 @@ write_config() {
   cat >"$dir/my.cnf" <<EOF
 [mariadbd]
 user=mysql
+basedir=/usr
+lc-messages-dir=/usr/share/mysql
 datadir=$dir/data
 socket=$dir/mysqld.sock
 pid-file=$dir/mysqld.pid
@@ -99,8 +105,12 @@ launch() {  # launch N [--wsrep-new-cluster]
   write_config "$n"
   install_db "$n"
   rm -f "$dir/mysqld.sock"
+  if ! cmp -s "$SERVER" "$BINARY"; then  # a copy: another inode than the main server's
+    mkdir -p "$BASE/bin"
+    install -m 755 "$SERVER" "$BINARY"
+  fi
   log "node $n: starting on port $(port "$n")${2:+ ($2)}"
-  setsid /usr/sbin/mariadbd --defaults-file="$dir/my.cnf" ${2:-} </dev/null \
+  setsid "$BINARY" --defaults-file="$dir/my.cnf" ${2:-} </dev/null \
     >>"$dir/stdout.log" 2>&1 &
 }
 
@@ -131,7 +141,7 @@ allow_bootstrap() {
 }
 
 start() {
-  command -v /usr/sbin/mariadbd >/dev/null && [[ -f $PROVIDER ]] || {
+  [[ -x $SERVER && -f $PROVIDER ]] || {
     log "needs mariadb-server and galera-4 (apt-get install galera-4 rsync)"; exit 1; }
   mkdir -p "$BASE"
   chmod 755 "$BASE"
