@@ -22,10 +22,9 @@ import MySQLdb
 import pytest
 from django.db import connections
 
+from bench.cluster import PORTS, PROVIDER, SCRIPT
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "cluster" / "galera.sh"
-PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
-PORTS = {1: 4306, 2: 4307, 3: 4308}
 DATABASE = os.environ.get(
     "MYSQLQ_TEST_GALERA_DB", "mysqlq_galera_" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8])
 #: Emptied before each test (the Django tables stay).
