@@ -374,3 +374,56 @@ def test_kill_9_of_a_database_node_while_producing_and_consuming_loses_nothing(n
     assert "Synced" in galera.cluster("status")
     for worker in workers:
         assert worker.popen.poll() is None, worker.output()  # rode the outage out
+
+
+# --------------------------------------------------------------------------- your transactions
+
+
+def test_an_enqueuing_transaction_that_loses_a_conflict_is_run_again_whole():
+    """Your transaction writes a row and enqueues on node 2; node 1 commits a change to
+    that row before your COMMIT: the COMMIT fails (1213). @retry_on_conflict runs it again;
+    the message exists once, with the business row of the run that committed."""
+    from django_mysqlq.conflicts import retry_on_conflict
+    from tests.testapp.models import Ledger
+
+    with galera.on_node(1):
+        row = Ledger.objects.create(label="order", value=0, pid=0)
+    runs: list[int] = []
+
+    @retry_on_conflict()
+    def place_order() -> int:
+        runs.append(1)
+        Ledger.objects.filter(pk=row.pk).update(value=len(runs))
+        handle = tasks.record.enqueue(f"confirm-{len(runs)}")
+        if len(runs) == 1:  # another node commits a change to the same row meanwhile
+            galera.query(1, "UPDATE testapp_ledger SET pid = 99 WHERE id = %s", [row.pk])
+        return int(handle.id)
+
+    with node_threads(2) as (producer,):
+        message_id = producer.call(place_order)
+    assert len(runs) == 2
+    seen_on(1, "SELECT 1 FROM mysqlq_message WHERE id = %s", [message_id])
+    assert galera.query(1, "SELECT task_name, payload FROM mysqlq_message") == [
+        ("tests.testapp.tasks.record", '{"args":["confirm-2"],"kwargs":{}}')]
+    assert galera.query(1, "SELECT value, pid FROM testapp_ledger WHERE id = %s",
+                        [row.pk]) == [(2, 99)]
+
+
+def test_without_the_retry_the_conflict_reaches_the_caller_and_nothing_is_kept():
+    from django.db import OperationalError, transaction
+
+    from tests.testapp.models import Ledger
+
+    with galera.on_node(1):
+        row = Ledger.objects.create(label="order", value=0, pid=0)
+
+    def place_order() -> None:
+        with transaction.atomic():
+            Ledger.objects.filter(pk=row.pk).update(value=1)
+            tasks.record.enqueue("confirm")
+            galera.query(1, "UPDATE testapp_ledger SET pid = 99 WHERE id = %s", [row.pk])
+
+    with node_threads(2) as (producer,), pytest.raises(OperationalError) as failed:
+        producer.call(place_order)
+    assert failed.value.args[0] == 1213
+    assert galera.query(1, "SELECT COUNT(*) FROM mysqlq_message") == [(0,)]
