@@ -132,8 +132,9 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
                 try:
                     cursor.execute(HOLD_OWN_ROW_SQL, [worker_id])
                     row = cursor.fetchone()
-                    if row is None or not row[0]:
+                    if row is not None and not row[0]:
                         return "woken", None  # rung between two parks
+                    # (No row: nothing to ring either; it parks as it would anyway.)
                     return _park(cursor, sql, params)
                 finally:
                     try:
