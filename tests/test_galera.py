@@ -15,11 +15,8 @@ The cluster (``bench/cluster/galera.sh``) is started once per session and left r
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +27,7 @@ import pytest
 from django_mysqlq import broker
 from django_mysqlq.broker import park, settle
 from tests import galera_support as galera
-from tests.conftest import OUTPUT, ROOT, WorkerProcess, wait_for
+from tests.conftest import WorkerProcess, WorkerStarter, wait_for
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.galera, pytest.mark.worker]
@@ -251,28 +248,15 @@ LEASE = 3.0
 @pytest.fixture
 def node_worker(request: pytest.FixtureRequest) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``runqueueworker`` subprocesses connected to a node; killed at teardown."""
-    started: list[WorkerProcess] = []
-    OUTPUT.mkdir(exist_ok=True)
+    starter = WorkerStarter(request, {})
 
     def start(node: int, *args: str) -> WorkerProcess:
-        name = f"{request.node.name}-node{node}-{len(started)}"
-        log_path = OUTPUT / f"worker-{name}.log"
         env = galera.node_env(node)
         env.update({"MYSQLQ_TEST_LEASE": str(LEASE), "MYSQLQ_TEST_HEARTBEAT": "1"})
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "django", "runqueueworker", *args], cwd=ROOT, env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        process = WorkerProcess(popen, log_path)
-        started.append(process)
-        return process
+        return starter.start(*args, env=env, label=f"-node{node}")
 
     yield start
-    for process in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        if process.popen.poll() is None:
-            process.popen.wait(timeout=10)
+    starter.kill_all()
 
 
 def registered(count: int) -> None:
