@@ -311,7 +311,8 @@ def test_kill_9_of_a_worker_is_recovered_by_a_peer_on_another_node_within_its_le
     print(f"kill -9 to both re-run on another node: {recovered_in:.2f}s (lease {LEASE}s)")
     lost = galera.query(1, "SELECT error_message FROM mysqlq_attempt WHERE outcome = 'lost'")
     assert len(lost) == 2 and all("lease expired" in row[0] for row in lost)
-    assert galera.query(1, "SELECT COUNT(*) FROM mysqlq_message") == [(0,)]
+    wait_for(lambda: galera.query(1, "SELECT COUNT(*) FROM mysqlq_message") == [(0,)],
+             timeout=30, message="the re-runs acked")
 
 
 def test_kill_9_of_a_database_node_while_producing_and_consuming_loses_nothing(node_worker):
