@@ -156,6 +156,27 @@ def _park(cursor: Any, sql: str, params: list[Any]) -> tuple[str, str | None]:
     return str(state), str(paused)
 
 
+#: The queues of these messages that are ready now (recovered, given back).
+READY_QUEUES_SQL = f"SELECT queue FROM {MESSAGE_TABLE} WHERE status = 'ready' AND id IN ({{ids}})"
+
+
+def wake_for(message_ids: Sequence[int], alias: str | None = None) -> int:
+    """Wake parked workers for messages that became ready without an enqueue (a recovery
+    gave them back): they would otherwise wait for the end of a park to see them."""
+    if not message_ids or not get_settings().WAKEUP:
+        return 0
+    alias = alias or default_alias()
+    try:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(READY_QUEUES_SQL.format(ids=", ".join(["%s"] * len(message_ids))),
+                           list(message_ids))
+            queues = [str(row[0]) for row in cursor.fetchall()]
+        return wake(queues, alias)
+    except DatabaseError as exc:  # they are ready; workers find them at their next park
+        logger.warning("Could not wake idle workers for recovered messages (%s).", exc)
+        return 0
+
+
 class _WakeState:
     """Per producer process: when each queue was last seen without listeners."""
 

@@ -8,7 +8,7 @@ from typing import Any
 from ..conf import get_settings
 from ..models import Outcome
 from ..signals import messages_recovered
-from . import leader
+from . import leader, park
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
@@ -209,6 +209,7 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
         logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
                        "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
         send_robust(messages_recovered, None, message_ids=ids)
+        park.wake_for(ids, alias)
     return ids
 
 
