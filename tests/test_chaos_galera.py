@@ -5,7 +5,7 @@ Producers on node 1, workers on nodes 2 and 3, kill -9 and SIGTERM of workers, K
 CONNECTION on their own node, a crashing task, a locked row, and a kill -9 of the database
 node most workers use, which rejoins while the load goes on. Then the audit: nothing lost,
 every duplicate explained, atomic work exactly once, kill -9 orphans claimed again within
-the lease + 2 s (median). The server on 3306 is not touched.
+the lease + two sweep intervals + 2 s (median). The server on 3306 is not touched.
 """
 
 from __future__ import annotations
