@@ -13,7 +13,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from . import limits, payload
+from . import gating, limits, payload
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
@@ -34,6 +34,9 @@ class EnqueueOptions:
     delay: float | None = None
     run_at: dt.datetime | None = None
     dedup_key: str | None = None
+    #: An ordered subject, or a concurrency key, for this call (see ``gating``).
+    subject: str | None = None
+    concurrency_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +120,8 @@ class QueueTask(Generic[P, R]):
     options: EnqueueOptions = EnqueueOptions()
     #: Set for tasks found by a resolver (see ``TaskRegistry.add_resolver``).
     hooks: TaskHooks | None = None
+    #: Its ordered subject or concurrency key, as declared (see ``gating``).
+    gate: gating.TaskGate = gating.NO_GATE
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -129,11 +134,19 @@ class QueueTask(Generic[P, R]):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         dedup_key: str | None = None,
+        subject: str | None = None,
+        concurrency_key: str | None = None,
     ) -> QueueTask[P, R]:
-        """A copy of this task with per-call options for the next enqueue."""
+        """A copy of this task with per-call options for the next enqueue.
+
+        ``subject``: run in this ordered subject (one at a time, in enqueue order);
+        ``concurrency_key``: count against this key of the task's ``concurrency_limit``.
+        """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
         current = self.options
+        subject, concurrency_key = gating.check_using(self.gate, self.name, subject,
+                                                      concurrency_key)
         options = EnqueueOptions(
             queue=_validate_queue(queue) if queue is not None else current.queue,
             priority=_validate_priority(priority) if priority is not None else current.priority,
@@ -143,11 +156,17 @@ class QueueTask(Generic[P, R]):
                 None if delay is not None else current.run_at),
             dedup_key=_validate_dedup_key(dedup_key) if dedup_key is not None
             else current.dedup_key,
+            subject=subject if subject is not None or concurrency_key is not None
+            else current.subject,
+            concurrency_key=concurrency_key if subject is not None or concurrency_key
+            is not None else current.concurrency_key,
         )
         return dataclasses.replace(self, options=options)
 
     def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewMessage:
         opts = self.options
+        gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
+                               opts.concurrency_key)
         return NewMessage(
             task_name=self.name,
             queue=opts.queue or self.queue,
@@ -159,6 +178,9 @@ class QueueTask(Generic[P, R]):
             retry_backoff=self.retry_backoff,
             timeout=self.timeout,
             dedup_key=opts.dedup_key,
+            gate_key=gate[0] if gate else None,
+            gate_mode=gate[1] if gate else None,
+            gate_limit=gate[2] if gate else None,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -293,6 +315,10 @@ def queue_task(
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -307,12 +333,22 @@ def queue_task(
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
     Options left out take their defaults from ``MYSQLQ`` when the decorator runs.
     ``atomic=True`` runs the body and its ack in one transaction on the queue's database:
     the task's writes there commit exactly when the message is marked done (exactly once).
+    ``ordered_by`` (an argument's name or a function of the arguments) gives each message
+    a subject: within a queue, a subject's messages run one at a time, in enqueue order;
+    ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
+    ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
+    argument's name or a function; left out: one key for the whole task) at once.
+    See docs/ordering.md.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -342,6 +378,9 @@ def queue_task(
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
             atomic=bool(atomic),
+            gate=gating.declare(function, task_name, ordered_by=ordered_by, on_dead=on_dead,
+                                concurrency_key=concurrency_key,
+                                concurrency_limit=concurrency_limit),
         )
         registry.register(task)
         return task

@@ -20,8 +20,9 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
-``purge``      history retention
 ``purge``      retention: history, dead messages, stopped workers' rows
+``subjects``   gates of ordered subjects and concurrency keys: slots, blocked messages
+``held``       subjects held by dead heads, their release, the repair of gate counters
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -42,7 +43,18 @@ from .base import (
     was_interrupted,
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
+from .defer import Deferral, defer
 from .enqueue import enqueue
+from .held import (
+    Holder,
+    Repair,
+    dead_heads,
+    gates_of,
+    holders,
+    release_subjects,
+    repair_gates,
+    requeue_heads,
+)
 from .isolation import own_connection
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
@@ -73,7 +85,7 @@ from .overview import (
     workers_alive,
 )
 from .park import idle_wait, listen, wake
-from .promote import promote_due
+from .promote import promote_due, promote_limited
 from .purge import (
     count_dead_before,
     count_history_before,
@@ -93,16 +105,15 @@ from .recover import (
 )
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
-    Deferral,
     ack,
     ack_many,
     ack_within,
-    defer,
     fail,
     mark_started,
     release,
     retry_delay,
 )
+from .subjects import GateRef
 from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
 
 __all__ = [
@@ -116,13 +127,16 @@ __all__ = [
     "AttemptResult",
     "ClaimedMessage",
     "Deferral",
+    "GateRef",
     "HistoryBucket",
+    "Holder",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
     "PurgeLag",
     "QueueOverview",
+    "Repair",
     "Runner",
     "Stuck",
     "ack",
@@ -141,15 +155,18 @@ __all__ = [
     "count_history_before",
     "count_workers_before",
     "database_now",
+    "dead_heads",
     "defer",
     "deregister_worker",
     "enqueue",
     "ensure_usable",
     "fail",
     "finish_by",
+    "gates_of",
     "has_pending",
     "heartbeat_worker",
     "history_window",
+    "holders",
     "idle_wait",
     "is_recovery_leader",
     "is_refusal",
@@ -159,6 +176,7 @@ __all__ = [
     "own_connection",
     "paused_queues",
     "promote_due",
+    "promote_limited",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -172,9 +190,12 @@ __all__ = [
     "release",
     "release_strays",
     "release_stuck",
+    "release_subjects",
     "renew_leases",
+    "repair_gates",
     "replay",
     "requeue",
+    "requeue_heads",
     "retry_delay",
     "send_robust",
     "set_paused",

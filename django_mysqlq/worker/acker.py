@@ -4,6 +4,11 @@ A crash loses the acks not yet committed, so those tasks run again: at most
 ``MYSQLQ['ACK_BATCH_SIZE']`` of them, since task threads wait while that many successes
 are unacked (being written or waiting to be). The acker reports each success once its
 ack is written (``succeeded``) or given up on (``unacked``: it will run again).
+
+A success of an ordered subject or a concurrency key is acked without the batching delay
+(its ack makes the next message of its gate ready), and the worker's control loop is
+nudged after it to claim that one. One whose gate another transaction holds (a producer's
+long transaction) is left out of its batch and tried again shortly, so the rest flow.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ logger = logging.getLogger("django_mysqlq")
 Finished = tuple[ClaimedMessage, Runner, AttemptResult]
 #: Seconds ``stop()`` waits past the stop's end for a statement started just before it.
 JOIN_MARGIN = SHORTEST_BOUND
+#: Seconds before a success whose gate was held by another transaction is tried again.
+BUSY_RETRY_SECONDS = 0.25
 
 
 def _no_report(**counts: int) -> None:
@@ -50,7 +57,8 @@ class Acker:
     """Collects successful attempts and acks them in batches on its own connection."""
 
     def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
-                 report: Callable[..., None] = _no_report) -> None:
+                 report: Callable[..., None] = _no_report,
+                 nudge: Callable[[], None] = lambda: None) -> None:
         self.batch_size = batch_size
         self.delay = delay
         self._give_up = give_up
@@ -59,6 +67,10 @@ class Acker:
         self._pending: list[Finished] = []
         #: The batch being written: its claims are still ours until it commits.
         self._writing: list[Finished] = []
+        #: Successes whose gate another transaction held, and when to try them again.
+        self._busy: list[tuple[Finished, float]] = []
+        #: Called after an ack that may have made a gate's next message ready.
+        self._nudge = nudge
         #: Tokens of successes whose ack was given up: a stop must not release those
         #: claims as unstarted (they ran; a peer recovers them and counts the attempt).
         self._unacked_tokens: set[str] = set()
@@ -76,12 +88,18 @@ class Acker:
     @property
     def pending(self) -> int:
         """Successes not acked yet (their claims must keep being renewed)."""
-        return len(self._pending)
+        return len(self._pending) + len(self._busy)
+
+    @property
+    def unacked(self) -> int:
+        """Successes not acked yet: waiting, being written, or waiting for a busy gate."""
+        return len(self._pending) + len(self._writing) + len(self._busy)
 
     def held_pairs(self) -> list[tuple[int, str]]:
         """(id, token) of successes not acked yet (being written or waiting)."""
         with self._cond:
-            return [(m.id, m.claim_token) for m, _, _ in [*self._writing, *self._pending]]
+            return [(m.id, m.claim_token) for m, _, _ in
+                    [*self._writing, *self._pending, *(f for f, _ in self._busy)]]
 
     def handover(self) -> Handover:
         return Handover(self)
@@ -94,7 +112,7 @@ class Acker:
     def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
         """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""
         with self._cond:
-            while (len(self._pending) + len(self._writing) >= self.batch_size
+            while (len(self._pending) + len(self._writing) + len(self._busy) >= self.batch_size
                    and not self._stopping):
                 self._cond.wait(0.1)
             if not self._pending:
@@ -122,7 +140,7 @@ class Acker:
             return
         with self._cond:
             self._abandoned = True
-            stuck = [*self._writing, *self._pending]
+            stuck = [*self._writing, *self._pending, *(f for f, _ in self._busy)]
             self._unacked_tokens.update(m.claim_token for m, _, _ in stuck)
         if stuck:
             self._report(unacked=len(stuck))
@@ -132,10 +150,18 @@ class Acker:
     def _take(self) -> list[Finished] | None:
         with self._cond:
             while True:
+                now = time.monotonic()
+                due = [f for f, at in self._busy if self._stopping or at <= now]
+                if due:
+                    self._busy = [(f, at) for f, at in self._busy if f not in due]
+                    if not self._pending:
+                        self._oldest = now
+                    self._pending[:0] = due
                 if self._pending and (
                     self._stopping
                     or len(self._pending) >= self.batch_size
-                    or time.monotonic() - self._oldest >= self.delay
+                    or now - self._oldest >= self.delay
+                    or any(m.gate_key is not None for m, _, _ in self._pending)
                 ):
                     batch, self._pending = self._pending, []
                     self._writing = batch
@@ -143,23 +169,35 @@ class Acker:
                     return batch
                 if self._stopping:
                     return None
-                timeout = self.delay - (time.monotonic() - self._oldest) if self._pending \
-                    else None
-                self._cond.wait(timeout)
+                waits = [at - now for _, at in self._busy]
+                if self._pending:
+                    waits.append(self.delay - (now - self._oldest))
+                self._cond.wait(max(0.0, min(waits)) if waits else None)
 
     def _ack(self, batch: list[Finished]) -> int:
-        """Ack a batch; return how many acks were written (the rest will run again).
+        """Ack a batch; return how many acks were written. Those whose gate was busy go to
+        ``_busy`` to be tried again; the rest will run again.
 
         If the server refuses the batch, ack one by one so one bad row stays alone.
         """
+        busy: list[Finished] = []
+
         def attempt() -> set[int]:
+            busy.clear()
             if self._end is not None:
                 broker.finish_by(self._end)
-            return broker.ack_many(batch)
+            # Stopping, a busy gate is waited for (within the stop's end), not left behind.
+            return broker.ack_many(batch, busy=None if self._stopping else busy)
 
         try:
             owned = settle(attempt, f"a batch of {len(batch)} acks", self._give_up,
                            lambda: self._end)
+            if owned is not None and busy:
+                retry_at = time.monotonic() + BUSY_RETRY_SECONDS
+                with self._cond:
+                    self._busy.extend((finished, retry_at) for finished in busy)
+            if owned and any(m.gate_key is not None for m, _, _ in batch):
+                self._nudge()  # a gate's next message may be ready: claim it now
             return len(owned) if owned is not None else 0
         except DatabaseError as exc:
             if len(batch) == 1:
@@ -181,8 +219,11 @@ class Acker:
                     self._cond.notify_all()
                     if self._abandoned:
                         continue  # stop() has counted this batch already
-                    if acked < len(batch):
-                        self._unacked_tokens.update(m.claim_token for m, _, _ in batch)
-                self._report(succeeded=acked, unacked=len(batch) - acked)
+                    later = {f[0].claim_token for f, _ in self._busy}
+                    given_up = [m for m, _, _ in batch if m.claim_token not in later]
+                    unacked = len(given_up) - acked
+                    if unacked > 0:
+                        self._unacked_tokens.update(m.claim_token for m in given_up)
+                self._report(succeeded=acked, unacked=max(0, unacked))
         finally:
             connections.close_all()

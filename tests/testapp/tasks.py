@@ -354,3 +354,6 @@ def naps(label: str, seconds: float) -> str:
     Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
     time.sleep(seconds)
     return label
+
+
+from . import gated  # noqa: E402, F401  (ordered and limited tasks: workers register them)
