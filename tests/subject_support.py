@@ -85,21 +85,37 @@ def runs(label: str) -> dict[str, list[Run]]:
     return {key: sorted(found) for key, found in by_key.items()}
 
 
-def order_violations(label: str) -> list[str]:
-    """Runs of an ordered subject that started out of order or alongside another run."""
+def order_violations(label: str, killed: frozenset[int] = frozenset(),
+                     keys: Iterable[str] | None = None) -> list[str]:
+    """Runs of an ordered subject that started out of order or alongside another run.
+
+    A run that succeeded in a process killed with ``kill -9`` may run again (its ack may
+    not have committed: at-least-once); any other success must be the last run of its seq.
+    """
     problems = []
-    for key, found in runs(label).items():
+    found_runs = runs(label)
+    pids = _pids(label)
+    for key, found in found_runs.items():
+        if keys is not None and key not in set(keys):
+            continue
         for before, after in itertools.pairwise(found):
             if after[2] < before[2]:
                 problems.append(f"{key}: #{after[2]} started after #{before[2]}")
             if before[1] is not None and after[0] < before[1]:
                 problems.append(f"{key}: #{after[2]} started while #{before[2]} ran")
-            if before[3] == "ok" and after[2] == before[2]:
+            if (before[3] == "ok" and after[2] == before[2]
+                    and pids.get((key, before[2], before[0])) not in killed):
                 problems.append(f"{key}: #{before[2]} ran again after it succeeded")
             if after[2] > before[2] and before[3] != "ok":
                 problems.append(f"{key}: #{after[2]} started after #{before[2]} "
                                 f"{before[3]} (not after its success)")
     return problems
+
+
+def _pids(label: str) -> dict[tuple[str, int, float], int]:
+    """The process of each run, by (key, seq, start)."""
+    return {(key, seq, at): pid for key, seq, at, pid in GateRun.objects.filter(
+        label=label, edge="start").values_list("key", "seq", "at", "pid")}
 
 
 def most_at_once(label: str) -> dict[str, int]:

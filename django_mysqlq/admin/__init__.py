@@ -2,9 +2,10 @@
 and the queue dashboard. Importing this package registers them with ``admin.site``."""
 
 from .attempts import AttemptAdmin
+from .blocked import BlockedMessageAdmin
 from .dashboard import QueueDashboardAdmin
 from .messages import DeadMessageAdmin, MessageAdmin, StuckMessageAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["AttemptAdmin", "DeadMessageAdmin", "MessageAdmin", "QueueDashboardAdmin",
-           "StuckMessageAdmin", "WorkerAdmin"]
+__all__ = ["AttemptAdmin", "BlockedMessageAdmin", "DeadMessageAdmin", "MessageAdmin",
+           "QueueDashboardAdmin", "StuckMessageAdmin", "WorkerAdmin"]
