@@ -152,7 +152,7 @@ BLOCKED_PER_SUBJECT = 5
 
 
 def fill_subjects(cursor: Any, subjects: int) -> None:
-    """Ordered subjects of task_3 in q1 (``subject-N``): a head each (dead for one in four,
+    """Ordered subjects of task_9 in q1 (``subject-N``): a head each (dead for one in four,
     ready otherwise) and ``BLOCKED_PER_SUBJECT`` blocked behind it, with their gate rows."""
     from django_mysqlq.models import GATE_ID_LENGTH
 
@@ -163,7 +163,7 @@ def fill_subjects(cursor: Any, subjects: int) -> None:
           (queue, task_name, payload, status, priority, enqueued_at, run_at, attempts,
            max_attempts, retry_backoff, timeout, dedup_key, last_error, gate_key, gate_mode,
            gate_limit)
-        SELECT 'q1', 'app.tasks.task_3', '{{"args": [], "kwargs": {{}}}}',
+        SELECT 'q1', 'app.tasks.task_9', '{{"args": [], "kwargs": {{}}}}',
                IF(seq % {per} = 0, IF(seq DIV {per} % 4 = 0, 'dead', 'ready'), 'blocked'), 0,
                UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, 3, 2, NULL, NULL,
                IF(seq % {per} = 0 AND seq DIV {per} % 4 = 0, 'ValueError: boom', ''),
@@ -255,7 +255,7 @@ def pages() -> dict[str, str]:
         "stuck list, task task_19": f"{ADMIN}/stuckmessage/?task=app.tasks.task_19",
         "blocked list": f"{ADMIN}/blockedmessage/",
         "blocked list, queue q1": f"{ADMIN}/blockedmessage/?queue=q1",
-        "blocked list, task task_3": f"{ADMIN}/blockedmessage/?task=app.tasks.task_3",
+        "blocked list, task task_9": f"{ADMIN}/blockedmessage/?task=app.tasks.task_9",
         "dead list": f"{ADMIN}/deadmessage/",
         "dead list, queue q1": f"{ADMIN}/deadmessage/?queue=q1",
         "dead list, queue q0 (none)": f"{ADMIN}/deadmessage/?queue=q0",

@@ -36,7 +36,7 @@ ROWS_FROM = {
     "messages, search task name": "mysqlq_msg_task",
     "blocked list": "mysqlq_msg_due",
     "blocked list, queue q1": "mysqlq_msg_claim",
-    "blocked list, task task_3": "mysqlq_msg_task",
+    "blocked list, task task_9": "mysqlq_msg_task",
     "messages, search subject": "mysqlq_msg_gate",
     "dead list": "mysqlq_msg_due",
     "dead list, queue q0 (none)": "mysqlq_msg_claim",

@@ -101,3 +101,10 @@ def test_queuestats_shows_blocked_counts(capsys):
     header, row = out.splitlines()[:2]
     assert header.split()[4] == "blocked"
     assert row.split()[4] == "2"
+
+
+def test_search_finds_a_numeric_subject_that_is_no_message_id(root):
+    ids = [ordered_step.enqueue(98765432101, seq, "admin").id for seq in (1, 2)]
+    page = root.get("/admin/django_mysqlq/message/?q=98765432101").content.decode()
+    for message_id in ids:
+        assert f">{message_id}<" in page

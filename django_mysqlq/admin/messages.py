@@ -68,13 +68,18 @@ def search(term: str) -> tuple[Q, bool]:
     """What the search box finds, and whether it is a task's messages (maybe many).
 
     A number is a message id (or a numeric dedup key); other text is a dedup key if a
-    message has it, an ordered subject or concurrency key if one has that, else a task's
-    full name. Each is one index lookup: a substring search would read every row of a
-    million-message table.
+    message has it. Either, when no message has it, is an ordered subject or concurrency
+    key if one has that (``ordered_by="order_id"`` makes keys like "42"); other text is
+    then a task's full name. Each is one index lookup: a substring search would read every
+    row of a million-message table.
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
-        return Q(pk=int(term)) | Q(dedup_key=term) | Q(gate_key=term), False
+        by_id = Q(pk=int(term)) | Q(dedup_key=term)
+        if Message.objects.filter(by_id).exists() or \
+                not Message.objects.filter(gate_key=term).exists():
+            return by_id, False
+        return Q(gate_key=term), False
     if Message.objects.filter(dedup_key=term).exists():
         return Q(dedup_key=term), False
     if Message.objects.filter(gate_key=term).exists():
