@@ -6,8 +6,9 @@ are unacked (being written or waiting to be). The acker reports each success onc
 ack is written (``succeeded``) or given up on (``unacked``: it will run again).
 
 A success of an ordered subject or a concurrency key is acked without the batching delay
-(its ack makes the next message of its gate ready), and the worker's control loop is
-nudged after it to claim that one. One whose gate another transaction holds (a producer's
+while the worker has nothing else claimed to run (its ack makes the next message of its
+gate ready, which may be all there is to do), and the worker's control loop is nudged
+after it to claim that one. A worker with claimed messages waiting batches them as usual. One whose gate another transaction holds (a producer's
 long transaction) is left out of its batch and tried again shortly, so the rest flow.
 """
 
@@ -58,7 +59,8 @@ class Acker:
 
     def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
                  report: Callable[..., None] = _no_report,
-                 nudge: Callable[[], None] = lambda: None) -> None:
+                 nudge: Callable[[], None] = lambda: None,
+                 idle: Callable[[], bool] = lambda: True) -> None:
         self.batch_size = batch_size
         self.delay = delay
         self._give_up = give_up
@@ -71,6 +73,9 @@ class Acker:
         self._busy: list[tuple[Finished, float]] = []
         #: Called after an ack that may have made a gate's next message ready.
         self._nudge = nudge
+        #: Whether the worker has no claimed message waiting for a thread: then a gated
+        #: success is acked at once, since its gate's next message may be the only work.
+        self._idle = idle
         #: Tokens of successes whose ack was given up: a stop must not release those
         #: claims as unstarted (they ran; a peer recovers them and counts the attempt).
         self._unacked_tokens: set[str] = set()
@@ -161,7 +166,8 @@ class Acker:
                     self._stopping
                     or len(self._pending) >= self.batch_size
                     or now - self._oldest >= self.delay
-                    or any(m.gate_key is not None for m, _, _ in self._pending)
+                    or (any(m.gate_key is not None for m, _, _ in self._pending)
+                        and self._idle())
                 ):
                     batch, self._pending = self._pending, []
                     self._writing = batch
@@ -196,7 +202,7 @@ class Acker:
                 retry_at = time.monotonic() + BUSY_RETRY_SECONDS
                 with self._cond:
                     self._busy.extend((finished, retry_at) for finished in busy)
-            if owned and any(m.gate_key is not None for m, _, _ in batch):
+            if owned and self._idle() and any(m.gate_key is not None for m, _, _ in batch):
                 self._nudge()  # a gate's next message may be ready: claim it now
             return len(owned) if owned is not None else 0
         except DatabaseError as exc:

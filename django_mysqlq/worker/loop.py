@@ -116,9 +116,14 @@ class Worker:
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
-                           self.stats.add, nudge=self.wakeup.set) if batch > 1 else None
+                           self.stats.add, nudge=self.wakeup.set,
+                           idle=self._nothing_waiting) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+
+    def _nothing_waiting(self) -> bool:
+        """No claimed message waits for a task thread (the one being acked still counts)."""
+        return self.holdings.in_flight <= self.options.concurrency
 
     # ------------------------------------------------------------------ control loop
 
