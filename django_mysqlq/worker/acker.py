@@ -8,8 +8,9 @@ ack is written (``succeeded``) or given up on (``unacked``: it will run again).
 A success of an ordered subject or a concurrency key is acked without the batching delay
 while the worker has nothing else claimed to run (its ack makes the next message of its
 gate ready, which may be all there is to do), and the worker's control loop is nudged
-after it to claim that one. A worker with claimed messages waiting batches them as usual. One whose gate another transaction holds (a producer's
-long transaction) is left out of its batch and tried again shortly, so the rest flow.
+after it to claim that one; a worker with claimed messages waiting batches them as usual.
+One whose gate another transaction holds (a producer's long transaction) is left out of
+its batch and tried again shortly, so the rest flow.
 """
 
 from __future__ import annotations
