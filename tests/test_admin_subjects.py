@@ -108,3 +108,22 @@ def test_search_finds_a_numeric_subject_that_is_no_message_id(root):
     page = root.get("/admin/django_mysqlq/message/?q=98765432101").content.decode()
     for message_id in ids:
         assert f">{message_id}<" in page
+
+
+def test_the_queuesubject_command_shows_releases_and_requeues(capsys):
+    from django.core.management.base import CommandError
+
+    dead, rest = held_subject("order:5")
+    call_command("queuesubject", "show", "order:5")
+    out = capsys.readouterr().out
+    assert "slots=1 active=1 blocked=2" in out and f"#{dead} (dead)" in out
+    call_command("queuesubject", "requeue-head", "order:5")
+    assert statuses(dead, *rest) == ["ready", "blocked", "blocked"]
+    with pytest.raises(CommandError, match="No dead head holds"):
+        call_command("queuesubject", "release", "order:5")
+    [head] = claim()
+    broker.fail(head, RUNNER, failed())  # dead again (its one attempt)
+    call_command("queuesubject", "release", "order:5")
+    assert statuses(dead, *rest) == ["dead", "ready", "blocked"]
+    call_command("queuesubject", "show", "nothing-here")
+    assert "nothing waits or runs" in capsys.readouterr().out

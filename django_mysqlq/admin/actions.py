@@ -95,15 +95,15 @@ ACTIONS: dict[str, Action] = {action.name: action for action in (
            "Retrying {n} dead message(s).", "{n} skipped: not dead."),
     Action("cancel", "Cancel", CANCEL,
            "Cancelled messages are deleted from the queue; history keeps their arguments, "
-           "so they can be replayed.", ("ready", "scheduled", "dead"),
+           "so they can be replayed.", ("ready", "scheduled", "blocked", "dead"),
            lambda ids, op, _: broker.cancel(ids, op),
            "Cancelled {n} message(s).",
-           "{n} skipped: running, finished or not ready/scheduled/dead."),
+           "{n} skipped: running or finished."),
     Action("priority", "Change priority", PRIORITY, "Messages take the new priority "
            "(-100..100, higher runs first); running ones are left alone.",
-           ("ready", "scheduled", "dead"), _priority,
+           ("ready", "scheduled", "blocked", "dead"), _priority,
            "Changed the priority of {n} message(s).",
-           "{n} skipped: running, finished or not ready/scheduled/dead.", needs_priority=True),
+           "{n} skipped: running or finished.", needs_priority=True),
     Action("release", "Release stuck claim", RELEASE, "", ("claimed",), _release,
            "Released {n} stuck claim(s): back in the queue (or dead if out of attempts).",
            "{n} refused: their worker is alive (or they are no longer claimed). Stop the "
