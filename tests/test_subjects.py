@@ -156,3 +156,22 @@ def test_a_subject_is_per_queue():
     here = enqueue("a", 1)[0]
     there = ordered_step.using(queue="other").enqueue("a", 1, "t").id
     assert status(here, there) == ["ready", "ready"]
+
+
+def test_a_deduplicated_enqueue_into_a_subject_counts_it_once():
+    first = ordered_step.using(dedup_key="d1").enqueue("a", 1, "t").id
+    again = ordered_step.using(dedup_key="d1").enqueue("a", 1, "t").id
+    assert again == first
+    assert gate("a") == (1, 0)  # the refused insert's count was rolled back with it
+    enqueue("a", 2)
+    assert gate("a") == (1, 1)
+
+
+def test_recovery_gives_a_lost_head_back_holding_its_subject():
+    from tests.operator_support import claim_in_peer
+
+    head, after = enqueue("a", 1, 2)
+    claim_in_peer(head)  # claimed and started on a connection that is gone now
+    assert broker.recover(liveness="connection") == [head]
+    assert status(head, after) == ["ready", "blocked"]
+    assert gate("a") == (1, 1)
