@@ -175,3 +175,17 @@ def test_recovery_gives_a_lost_head_back_holding_its_subject():
     assert broker.recover(liveness="connection") == [head]
     assert status(head, after) == ["ready", "blocked"]
     assert gate("a") == (1, 1)
+
+
+def test_a_busy_subject_takes_one_place_in_line_and_starves_nobody():
+    busy = enqueue("busy", *range(50))
+    others = [enqueue(f"o{n}", 0)[0] for n in range(20)]
+    ordered_step.using(priority=5).enqueue("urgent", 0, "t")
+    first = claim(limit=10)
+    # Heads by priority, then age: the urgent one, the busy subject's head (oldest), then
+    # the others in enqueue order; never a second message of the busy subject.
+    assert [m.gate_key for m in first[:2]] == ["urgent", "busy"]
+    assert [m.id for m in first[2:]] == others[:8]
+    ack(first)
+    second = claim(limit=10)
+    assert [m.id for m in second] == [busy[1], *others[8:17]]

@@ -152,3 +152,39 @@ def test_an_atomic_ordered_task_moves_its_subject_with_its_own_commit(start_work
     assert worker.wait(timeout=60) == 0, worker.output()
     assert [seq for _, _, seq, _ in runs(label)["s"]] == list(range(5))
     assert not Gate.objects.exists()
+
+
+def test_subjects_keep_order_with_repeatable_read_producers_and_workers(start_worker):
+    """The site at REPEATABLE READ: the worker's task connections (atomic tasks ack in the
+    task's own transaction, with its older snapshot) and a producer enqueueing into the same
+    subjects while they run (its transactions one after another, so seq is commit order;
+    concurrent producers: tests/test_subjects_hostile.py)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    label = "rr"
+    worker = start_worker(*WORKER, env={"MYSQLQ_TEST_ISOLATION": "repeatable read"})
+
+    def produce() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for seq in range(40):
+                with transaction.atomic():
+                    for s in range(4):
+                        gated.ordered_atomic.enqueue(f"s{s}", seq, label)
+        finally:
+            connection.close()
+
+    producers = [threading.Thread(target=produce)]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join(60)
+    wait_for(lambda: gated_left() == 0, timeout=PATIENCE, message="every subject to drain")
+    stop(worker)
+    assert order_violations(label) == []
+    assert {key: sorted(seqs) for key, seqs in succeeded_seqs(label).items()} == {
+        f"s{s}": list(range(40)) for s in range(4)}
+    assert not Gate.objects.exists()
