@@ -20,8 +20,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
-``purge``      history retention
 ``purge``      retention: history, dead messages, stopped workers' rows
+``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -94,6 +94,11 @@ from .recover import (
     release_strays,
     renew_leases,
 )
+from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import fire_due as fire_due_schedules
+from .schedules import prune as prune_schedules
+from .schedules import set_paused as set_schedules_paused
+from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
     Deferral,
@@ -125,7 +130,9 @@ __all__ = [
     "WORKER_TABLE",
     "AttemptResult",
     "ClaimedMessage",
+    "DeclaredSchedule",
     "Deferral",
+    "Fired",
     "HistoryBucket",
     "Mark",
     "NewMessage",
@@ -135,6 +142,7 @@ __all__ = [
     "QueueOverview",
     "Runner",
     "Stuck",
+    "Synced",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -160,6 +168,7 @@ __all__ = [
     "error_code",
     "fail",
     "finish_by",
+    "fire_due_schedules",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -174,6 +183,7 @@ __all__ = [
     "own_connection",
     "paused_queues",
     "promote_due",
+    "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -195,9 +205,11 @@ __all__ = [
     "served_queues",
     "set_paused",
     "set_priority",
+    "set_schedules_paused",
     "stats",
     "status_counts",
     "stuck_messages",
+    "sync_schedules",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",
