@@ -161,8 +161,9 @@ class Plan:
     fire: list[dt.datetime]
     #: The schedule's next occurrence after this check: strictly after ``now``.
     next_run_at: dt.datetime
-    #: Missed occurrences not enqueued (by the policy, or past ``CATCH_UP_LIMIT``), and
-    #: whether that count stopped at the limit (there were more).
+    #: Occurrences missed (older than the grace period when found due), those of them not
+    #: enqueued, and whether the count stopped at the limit (there were more, dropped).
+    missed: int = 0
     dropped: int = 0
     dropped_capped: bool = False
     #: The oldest occurrence that was pending, for the log line.
@@ -196,7 +197,8 @@ def plan(cron: Cron, pending_from: dt.datetime | None, now: dt.datetime, policy:
         missed = missed[-limit:]
         capped = True
     fire = (missed[-wanted:] if wanted else []) + on_time
-    return Plan(fire, following, dropped=len(missed) - min(wanted, len(missed)),
+    return Plan(fire, following, missed=len(missed),
+                dropped=len(missed) - min(wanted, len(missed)),
                 dropped_capped=capped, pending_from=pending_from)
 
 

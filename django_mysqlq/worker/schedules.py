@@ -50,19 +50,22 @@ def fire() -> int:
     written = 0
     for fired in broker.fire_due_schedules(get_settings().SCHEDULE_GRACE_SECONDS):
         plan = fired.plan
-        if plan.dropped or plan.dropped_capped:
-            kept = {"skip": "enqueued none of them", "latest": "enqueued the latest",
-                    "all": "enqueued them"}[fired.catch_up]
-            more = " (and more before the ones counted)" if plan.dropped_capped else ""
+        if plan.missed:
+            more = "more than " if plan.dropped_capped else ""
+            kept = {"skip": "none of them enqueued",
+                    "latest": "only the most recent one enqueued",
+                    "all": (f"the most recent {plan.missed} enqueued, older ones dropped"
+                            if plan.dropped_capped else "all of them enqueued now")
+                    }[fired.catch_up]
             logger.warning(
-                "Schedule %r missed occurrences while no worker ran, from %s; catch_up=%r "
-                "%s; %d not enqueued%s.", fired.name,
+                "Schedule %r missed %s%d occurrence(s) from %s while no worker ran; "
+                "catch_up=%r: %s.", fired.name, more, plan.missed,
                 _shown(plan.pending_from, fired.timezone) if plan.pending_from else "?",
-                fired.catch_up, kept, plan.dropped, more)
+                fired.catch_up, kept)
         for occurrence, message_id in zip(fired.occurrences, fired.message_ids, strict=True):
             logger.info("Schedule %r: enqueued %s #%s for %s.", fired.name, fired.task_name,
                         message_id, _shown(occurrence, fired.timezone))
-        if not fired.message_ids and not plan.dropped:
+        if not fired.message_ids and not plan.missed:
             logger.info("Schedule %r: nothing to enqueue after all (its next run time was "
                         "missing or out of date); its next is %s.", fired.name,
                         _shown(fired.next_run_at, fired.timezone))
