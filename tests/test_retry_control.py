@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 
 import pytest
 
-from django_mysqlq import InvalidTaskOptions, Retry, TaskContext, TaskArgumentError
+from django_mysqlq import InvalidTaskOptions, Retry, TaskArgumentError, TaskContext
 from django_mysqlq.models import Attempt, Message
 from django_mysqlq.retries import decide
 from tests.testapp import cron_tasks
@@ -141,7 +142,7 @@ def test_a_task_asks_for_its_own_retry_with_a_delay(start_worker):
     assert [a.outcome for a in attempts] == ["retried", "retried", "succeeded"]
     assert attempts[0].error_class == "django_mysqlq.exceptions.Retry"
     assert "asked to be retried in 1.2s: attempt 1 wants more" in attempts[0].error_message
-    for earlier, later in zip(attempts, attempts[1:], strict=False):
+    for earlier, later in itertools.pairwise(attempts):
         assert later.started_at - earlier.finished_at >= dt.timedelta(seconds=1.1)
     assert attempts[-1].result == "done on 3"
     assert "detail=the task asked for a retry after 1.2s" in output
@@ -160,7 +161,7 @@ def test_a_backoff_schedule_spaces_the_retries_step_by_step(start_worker):
     attempts = list(Attempt.objects.for_message(handle.id))
     assert [a.outcome for a in attempts] == ["retried", "retried", "retried", "failed"]
     gaps = [(later.started_at - earlier.finished_at).total_seconds()
-            for earlier, later in zip(attempts, attempts[1:], strict=False)]
+            for earlier, later in itertools.pairwise(attempts)]
     # The n-th retry waits the n-th delay (no jitter): 0.2, 1.5, 0.4 seconds.
     assert gaps[0] >= 0.2 and gaps[1] >= 1.5 and gaps[2] >= 0.4
     assert gaps[1] > gaps[0] and gaps[1] > gaps[2]

@@ -154,3 +154,24 @@ def test_the_dashboard_shows_the_schedules(root, three_schedules):
     page = root.get(DASHBOARD).content.decode()
     assert 'id="schedules"' in page and 'id="schedule-nightly"' in page
     assert "2025-11-03 01:30:00 EST" in page and "paused" in page
+
+
+def test_run_now_enqueues_one_extra_run_and_moves_nothing(three_schedules, root):
+    from django_mysqlq.models import Message
+
+    before = Schedule.objects.get(name="nightly")
+    out = run("queueschedule", "run", "nightly", "hourly")
+    made = dict(Message.objects.values_list("pk", "task_name"))
+    assert len(made) == 2 and set(made.values()) == {"shop.tasks.report"}
+    assert out.startswith("Enqueued: nightly (#") and "hourly (#" in out
+    after = Schedule.objects.get(name="nightly")
+    assert (after.next_run_at, after.last_run_at, after.last_message_id) == (
+        before.next_run_at, before.last_run_at, before.last_message_id)
+    message = Message.objects.get(pk=max(made))
+    assert (message.status, message.queue) == ("ready", "reports")
+    response = root.post(SCHEDULES, {"action": "run_selected",
+                                     "_selected_action": ["nightly"]}, follow=True)
+    assert "Enqueued one run now of 1 schedule(s): nightly (#" in response.content.decode()
+    assert Message.objects.count() == 3
+    with pytest.raises(CommandError, match="run needs the names"):
+        call_command("queueschedule", "run")

@@ -1,5 +1,5 @@
 """Recurring tasks in the admin: each schedule with its last and next run, and the
-operator's pause, resume and prune (through :mod:`django_mysqlq.scheduling`)."""
+operator's pause, resume, run-now and prune (through :mod:`django_mysqlq.scheduling`)."""
 
 from __future__ import annotations
 
@@ -79,13 +79,23 @@ def prune_selected(modeladmin: ScheduleAdmin, request: HttpRequest,
                                "skipped: still declared by the workers' code") + ".", level)
 
 
+@admin.action(description="Run the selected schedules once now", permissions=["pause"])
+def run_selected(modeladmin: ScheduleAdmin, request: HttpRequest,
+                 queryset: QuerySet[Any]) -> None:
+    made = scheduling.run_now(_names(queryset), actions.who(request))
+    modeladmin.message_user(request, f"Enqueued one run now of {len(made)} schedule(s): "
+                            + ", ".join(f"{name} (#{message_id})" for name, message_id
+                                        in made.items())
+                            + ". Their next occurrences are unchanged.", messages.SUCCESS)
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(ReadOnlyAdminMixin, _Base):
     list_display = ("name", "task_name", "cron", "timezone", "catch_up", "state",
                     "last_run", "next_run", "last_message")
     list_filter = (StateFilter, "source", "queue")
     search_fields = ("name", "task_name")
-    actions = [pause_selected, resume_selected, prune_selected]
+    actions = [pause_selected, resume_selected, run_selected, prune_selected]
     readonly_fields = ("name", "source", "task_name", "queue", "priority", "max_attempts",
                        "retry_backoff", "timeout", "payload", "cron", "timezone", "catch_up",
                        "state", "last_run", "next_run", "last_enqueued_at", "last_message",

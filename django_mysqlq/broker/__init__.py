@@ -97,6 +97,7 @@ from .recover import (
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
 from .schedules import prune as prune_schedules
+from .schedules import run_now as run_schedule_now
 from .schedules import set_paused as set_schedules_paused
 from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
@@ -201,6 +202,7 @@ __all__ = [
     "replay",
     "requeue",
     "retry_delay",
+    "run_schedule_now",
     "send_robust",
     "served_queues",
     "set_paused",

@@ -30,14 +30,15 @@ def table(rows: list[scheduling.ScheduleStatus]) -> str:
 class Command(BaseCommand):
     help = ("List recurring tasks with their last and next run; pause or resume them (a "
             "resumed one starts from its next occurrence: the paused ones are not caught "
-            "up); prune those no worker declares any more.")
+            "up); prune those no worker declares any more; run one now.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("action", nargs="?", default="list",
-                            choices=("list", "pause", "resume", "prune"),
-                            help="list (default), pause, resume or prune.")
-        parser.add_argument("names", nargs="*", help="Schedule names (pause and resume "
-                                                     "need at least one).")
+                            choices=("list", "pause", "resume", "prune", "run"),
+                            help="list (default), pause, resume, prune, or run (enqueue "
+                                 "one run of each now, its schedule unchanged).")
+        parser.add_argument("names", nargs="*", help="Schedule names (pause, resume and "
+                                                     "run need at least one).")
         parser.add_argument("--json", action="store_true", help="list: print JSON instead.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,6 +60,12 @@ class Command(BaseCommand):
             return
         if not names:
             raise CommandError(f"{action} needs the names of the schedules to {action}.")
+        if action == "run":
+            made = scheduling.run_now(names, ops.cli_operator())
+            self.stdout.write("Enqueued: " + ", ".join(f"{name} (#{message_id})"
+                                                      for name, message_id in made.items())
+                              + ".")
+            return
         changed = scheduling.set_paused(names, action == "pause", ops.cli_operator())
         verb = "Paused" if action == "pause" else "Resumed"
         self.stdout.write(f"{verb}: {', '.join(changed) or 'none (already so)'}.")
