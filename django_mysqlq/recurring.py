@@ -54,7 +54,10 @@ def from_settings(name: str, entry: dict[str, Any]) -> DeclaredSchedule:
         raise ScheduleProblem(
             f"{where}: its 'args' and 'kwargs' don't fit the task: "
             f"{str(exc).replace('; nothing was enqueued', '')}") from None
-    return _row(name, SETTINGS, task, schedule)
+    try:
+        return _row(name, SETTINGS, task, schedule)
+    except QueueError as exc:  # over MAX_PAYLOAD_BYTES
+        raise ScheduleProblem(f"{where}: {exc}") from None
 
 
 def declared() -> list[DeclaredSchedule]:

@@ -225,3 +225,13 @@ def test_good_settings_schedules_are_declared_with_their_task(settings):
     assert (row.source, row.task_name, row.queue, row.cron, row.timezone, row.catch_up) == (
         "settings", cron_tasks.tick.name, "cron", "0 3 * * *", "Europe/Paris", "latest")
     assert row.payload == '{"args":[],"kwargs":{"label":"nightly"}}'
+
+
+def test_settings_schedule_arguments_over_the_payload_limit_are_E006(settings):
+    from tests.testapp import cron_tasks
+
+    settings.MYSQLQ = {"MAX_PAYLOAD_BYTES": 100, "SCHEDULES": {"big": {
+        "task": cron_tasks.tick.name, "cron": "0 3 * * *", "args": ["x" * 200]}}}
+    [error] = check_schedules()
+    assert "MYSQLQ['SCHEDULES']['big']: The arguments of task" in error.msg
+    assert "over MYSQLQ['MAX_PAYLOAD_BYTES'] (100)" in error.msg
