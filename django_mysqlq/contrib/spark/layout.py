@@ -60,6 +60,9 @@ DEAD_SCHEMA = StructType(_fields(
 ))
 
 
+SCHEMAS = {HISTORY: HISTORY_SCHEMA, DEAD: DEAD_SCHEMA}
+
+
 def join(root: str, *parts: str) -> str:
     """``root/part/…`` for a local path or any Hadoop URI."""
     return "/".join([root.rstrip("/"), *parts])

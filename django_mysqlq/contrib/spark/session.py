@@ -46,10 +46,6 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
     merged = dict(DEFAULT_CONF)
     if master.startswith("local"):
         merged["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
-        # Executors run this interpreter (a different python3 on the PATH is refused
-        # by PySpark as a version mismatch) unless PYSPARK_PYTHON says otherwise.
-        if not os.environ.get("PYSPARK_PYTHON"):
-            merged["spark.pyspark.python"] = sys.executable
     if settings.SPARK_JDBC_JAR:
         merged["spark.jars"] = settings.SPARK_JDBC_JAR
     merged.update(conf or {})
@@ -75,6 +71,10 @@ def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     if active is not None:
         prepare(active)
         return active
+    if master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # Executors run this interpreter (a different python3 on the PATH is refused by
+        # PySpark as a version mismatch) unless PYSPARK_PYTHON says otherwise.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in session_conf(master, conf).items():
         builder = builder.config(key, value)
