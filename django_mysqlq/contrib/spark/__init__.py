@@ -32,14 +32,14 @@ _API = {
     "build_session": "session",
     "Database": "database",
     "PipelineError": "errors",
-    "report": "report",
-    "ReportResult": "report",
-    "archive": "archive",
-    "ArchiveResult": "archive",
+    "report": "analytics",
+    "ReportResult": "analytics",
+    "archive": "archiving",
+    "ArchiveResult": "archiving",
     "enqueue": "fanout",
     "EnqueueResult": "fanout",
-    "replay": "replay",
-    "ReplayResult": "replay",
+    "replay": "replaying",
+    "ReplayResult": "replaying",
 }
 
 __all__ = ["INSTALL_HINT", "available", *_API]
