@@ -109,11 +109,13 @@ def _writer(spec: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
         import pyarrow as pa
 
         setup_django()
+        # Imported here, after setup_django(): the broker needs the app registry.
+        from django_mysqlq.broker import Operator as Who
         from django_mysqlq.broker import fanout
         from django_mysqlq.broker.replay import ReplayCopy, insert_replays, replay_key
         from django_mysqlq.messages import NewMessage
 
-        operator = Operator(**spec["operator"])
+        operator = Who(**spec["operator"])
         rows = inserted = 0
         conn = connect(spec["connect"])
         try:

@@ -101,8 +101,10 @@ class Command(BaseCommand):
         enqueue.add_argument("--format", choices=("parquet", "csv", "json"),
                              help="The --input format (default: from its extension)")
         enqueue.add_argument("--args", type=cli._csv, default=[], metavar="COL,COL…",
+                             dest="arg_columns",
                              help="Columns of the positional arguments, in order")
         enqueue.add_argument("--kwargs", type=_kwargs, default={}, metavar="NAME=COL,…",
+                             dest="kwarg_columns",
                              help="Keyword arguments from columns")
         enqueue.add_argument("--queue", help="Queue (default: the task's)")
         enqueue.add_argument("--priority", type=_priority, help="-100..100 (default: the task's)")
@@ -200,7 +202,7 @@ class Command(BaseCommand):
             frame = read_query(session, options["query"], options["database"])
         delay = options["delay"].total_seconds() if options["delay"] else 0.0
         result = pipeline.enqueue(
-            frame, options["task"], args=options["args"], kwargs=options["kwargs"],
+            frame, options["task"], args=options["arg_columns"], kwargs=options["kwarg_columns"],
             queue=options["queue"], priority=options["priority"], delay=delay,
             dedup_column=options["dedup_column"], **self._common(options))
         self.stdout.write(f"Enqueued {result.enqueued} message(s) of {options['task']} from "
