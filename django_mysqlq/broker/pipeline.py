@@ -11,6 +11,7 @@ JVM time zone can shift them.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from .base import ATTEMPT_TABLE, MESSAGE_TABLE, connection_for, naive_utc
 
@@ -65,8 +66,10 @@ SELECT MIN(id), MAX(id) FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_replayed)
 """
 
 #: The derived tables Spark's partitions read; each partition adds its id slice.
-HISTORY_SELECT = f"(SELECT {{columns}} FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) WHERE {{where}}) AS history"
-DEAD_SELECT = f"(SELECT {{columns}} FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY) WHERE {{where}}) AS dead"
+HISTORY_SELECT = (f"(SELECT {{columns}} FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) "
+                  "WHERE {where}) AS history")
+DEAD_SELECT = (f"(SELECT {{columns}} FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY) "
+               "WHERE {where}) AS dead")
 REPLAYED_SELECT = (f"(SELECT id, replayed_from FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) "
                    "WHERE replayed_from IS NOT NULL) AS replayed")
 
@@ -88,7 +91,7 @@ def dead_where(before: dt.datetime) -> str:
     return f"status = 'dead' AND run_at < {datetime_literal(before)}"
 
 
-def _row(sql: str, params: list[object], alias: str | None) -> tuple[object, ...]:
+def _row(sql: str, params: list[Any], alias: str | None) -> tuple[object, ...]:
     with connection_for(alias).cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()

@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django_mysqlq.models import Attempt, Message
 
 from ..conftest import ROOT, wait_for
-from .support import NOW, seed_history, sql, sql_counts
+from .support import NOW, seed_history, sql_counts
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -111,10 +111,10 @@ def test_include_dead_archives_old_dead_messages(spark, history, tmp_path: Path)
 
 def test_a_second_archive_at_once_is_refused_and_writes_nothing(spark, history,
                                                                tmp_path: Path):
-    from django_mysqlq.contrib.spark import PipelineError, archive
-
     import MySQLdb
     from django.db import connection
+
+    from django_mysqlq.contrib.spark import PipelineError, archive
 
     conf = connection.settings_dict
     other = MySQLdb.connect(host=conf["HOST"], port=int(conf["PORT"]), user=conf["USER"],
@@ -172,7 +172,8 @@ def test_archive_killed_at_every_step_then_rerun_is_exactly_once(history, tmp_pa
     for step in ("written", "committed", "renamed", "deleting"):
         marker.unlink(missing_ok=True)
         process = _run_archive(worker_env, root, step, marker)
-        wait_for(lambda: marker.exists() or process.poll() is not None, timeout=120,
+        wait_for(lambda process=process: marker.exists() or process.poll() is not None,
+                 timeout=120,
                  message=f"the archive to reach {step}")
         assert process.poll() is None, f"the archive ended before {step}"
         os.killpg(process.pid, signal.SIGKILL)

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def failed() -> list[Attempt]:
-    rows = seed_history(64, start=NOW - dt.timedelta(hours=3), span=dt.timedelta(hours=2))
+    seed_history(64, start=NOW - dt.timedelta(hours=3), span=dt.timedelta(hours=2))
     return [row for row in Attempt.objects.filter(outcome="failed").order_by("id")]
 
 

@@ -91,7 +91,7 @@ def test_report_files_and_filters(spark, seeded, tmp_path: Path, capsys):
 
 def test_report_rejects_an_empty_window_and_writes_nothing(spark, tmp_path: Path):
     target = tmp_path / "out"
-    with pytest.raises(CommandError, match="--since .* must be before --until"):
+    with pytest.raises(CommandError, match=r"--since .* must be before --until"):
         call_command("queuepipeline", "report", "--since", "1h", "--until", "2h",
                      "--output", str(target))
     assert not target.exists()

@@ -3,7 +3,7 @@ and the archive together.
 
 Counts are exact (plain sums over the rows); wait and run time percentiles are Spark's
 ``percentile_approx`` with ``accuracy`` :data:`ACCURACY`: the value returned for a
-percentile p of n values has a rank within ``n / ACCURACY`` of ``p × n`` (a relative
+percentile p of n values has a rank within ``n / ACCURACY`` of ``p * n`` (a relative
 rank error of 1/ACCURACY = 0.01 %).
 
 *attempts* are the rows a worker ran (``succeeded``, ``retried``, ``failed``, ``lost``);

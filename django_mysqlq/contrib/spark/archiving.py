@@ -98,7 +98,7 @@ class Deleter(threading.Thread):
                 if self.progress is not None:
                     self.progress(f"batch {record['batch']}: deleted {done} of "
                                   f"{len(ids)} rows")
-        except BaseException as exc:  # reported by finish(); the batch stays committed
+        except BaseException as exc:  # noqa: BLE001  (reported by finish(); the batch stays committed)
             self.error = exc
         finally:
             connections[self.alias].close()
@@ -152,7 +152,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
             delete_batch: int = DEFAULT_DELETE_BATCH, partition_rows: int | None = None,
             max_connections: int | None = None,
             progress: Progress | None = None) -> ArchiveResult:
-    """Move history finished before now − ``older_than`` (and, with ``include_dead``,
+    """Move history finished before now - ``older_than`` (and, with ``include_dead``,
     messages dead since before then) to Parquet under ``to``, then delete them.
 
     First finishes what an interrupted run left. ``dry_run`` counts, changes nothing.

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.utils import AnalysisException
 
 from ... import limits
 from ...broker import wake
@@ -78,7 +78,7 @@ def read_query(spark: SparkSession, query: str, database_alias: str | None = Non
     db = database(database_alias)
     try:
         return spark.read.jdbc(db.url, f"({query}) AS input", properties=db.jdbc_properties())
-    except Exception as exc:  # noqa: BLE001  (a JDBC SQL error comes as a Py4J error)
+    except Exception as exc:
         raise PipelineError(f"--query failed: {str(exc).splitlines()[0][:500]}") from exc
 
 

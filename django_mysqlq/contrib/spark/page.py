@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.pyplot as plt
 
 OUTCOME_COLOURS = {"succeeded": "#2e7d32", "retried": "#f9a825", "failed": "#c62828",
                    "lost": "#6a1b9a", "cancelled": "#757575"}
@@ -125,7 +125,7 @@ def errors_chart(errors: list[dict[str, Any]]) -> str | None:
 
 def _number(value: Any) -> str:
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return f"{value:,}" if isinstance(value, int) else escape(str(value))
@@ -149,7 +149,7 @@ def render_page(summary: dict[str, Any], tables: dict[str, list[dict[str, Any]]]
             ("succeeded", f"{totals['succeeded']:,}"), ("retried", f"{totals['retried']:,}"),
             ("failed", f"{totals['failed']:,}"), ("lost", f"{totals['lost']:,}"),
             ("cancelled", f"{totals['cancelled']:,}"),
-            ("success rate", f"{rate:.2%}" if rate is not None else "–")))
+            ("success rate", f"{rate:.2%}" if rate is not None else "-")))
     percentiles = summary["percentiles"]
     task_columns = ["queue", "task_name", "attempts", "messages", "succeeded", "retried",
                     "failed", "lost", "cancelled", "success_rate", "attempts_per_message",

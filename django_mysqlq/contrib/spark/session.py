@@ -24,7 +24,7 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.adaptive.enabled": "true",
 }
-#: Shuffle partitions on one machine: the reports' groups are small (queues × tasks).
+#: Shuffle partitions on one machine: the reports' groups are small (queues by tasks).
 LOCAL_SHUFFLE_PARTITIONS = "8"
 
 

@@ -81,7 +81,9 @@ def history(spark: SparkSession, db: Database, since: dt.datetime, until: dt.dat
 
 def _split_columns(columns: str) -> list[str]:
     """Top-level comma-separated items of a column list (commas in calls don't split)."""
-    items, depth, current = [], 0, []
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in columns:
         if char == "(":
             depth += 1

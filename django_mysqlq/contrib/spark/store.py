@@ -16,7 +16,7 @@ class Store:
         self._jvm: Any = context._jvm
         self.root = root.rstrip("/") or "/"
         self._fs: Any = self._path(self.root).getFileSystem(
-            context._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+            context._jsc.hadoopConfiguration())
         # No ".name.crc" files beside what this writes on a local disk.
         self._fs.setWriteChecksum(False)
 
