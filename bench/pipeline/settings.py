@@ -5,4 +5,4 @@ import os
 
 os.environ.setdefault("MYSQLQ_BENCH_DB", "mysqlq_pipeline_bench")
 
-from bench.perf.settings import *  # noqa: E402,F403
+from bench.perf.settings import *  # noqa: F403

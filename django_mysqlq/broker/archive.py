@@ -31,10 +31,15 @@ ARCHIVE_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('mysqlq_archive:', DATABASE()))
 
 #: What the source holds of one archive batch, per day and queue: rows, and sum, first
 #: and last of their ids. Along the primary key over the batch's id range.
+#: Read from mysqlq_att_finished alone (it holds finished_at, queue and the primary key),
+#: over the finish times the written files span: a fraction of the table's bytes. A
+#: source row outside that span is not counted here, and is not deleted either (the
+#: delete takes the files' ids): it stays in MySQL for the next run.
 HISTORY_STATS_SQL = f"""
 SELECT DATE(finished_at) AS day, queue, COUNT(*), SUM(id), MIN(id), MAX(id)
-  FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY)
- WHERE id >= %s AND id < %s AND finished_at < %s
+  FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_finished)
+ WHERE finished_at >= %s AND finished_at <= %s AND finished_at < %s
+   AND id >= %s AND id < %s
  GROUP BY day, queue
 """
 DEAD_STATS_SQL = f"""
@@ -67,26 +72,28 @@ def release_archive_lock(alias: str | None = None) -> None:
         cursor.execute(ARCHIVE_UNLOCK_SQL)
 
 
-def _stats(sql: str, low: int, high: int, before: dt.datetime,
-           alias: str | None) -> PartitionStats:
+def _stats(sql: str, params: list[Any], alias: str | None) -> PartitionStats:
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(sql, [low, high, naive_utc(before)])
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     return {(day.isoformat(), str(queue)): (int(count), int(total), int(first), int(last))
             for day, queue, count, total, first, last in rows}
 
 
 def history_partition_stats(low: int, high: int, before: dt.datetime,
+                            span: tuple[dt.datetime, dt.datetime],
                             alias: str | None = None) -> PartitionStats:
     """Per day and queue, the history rows with ``low <= id < high`` finished before
-    ``before``: what an archive batch over that range must have written."""
-    return _stats(HISTORY_STATS_SQL, low, high, before, alias)
+    ``before`` and within ``span`` (first and last finish of the rows written): what an
+    archive batch over that range must have written."""
+    return _stats(HISTORY_STATS_SQL, [naive_utc(span[0]), naive_utc(span[1]),
+                                      naive_utc(before), low, high], alias)
 
 
 def dead_partition_stats(low: int, high: int, before: dt.datetime,
                          alias: str | None = None) -> PartitionStats:
     """The same for dead messages that died before ``before``."""
-    return _stats(DEAD_STATS_SQL, low, high, before, alias)
+    return _stats(DEAD_STATS_SQL, [low, high, naive_utc(before)], alias)
 
 
 def _delete(sql: str, ids: Sequence[int], extra: list[Any], alias: str | None) -> int:

@@ -34,6 +34,8 @@ HISTORY_COLUMNS = (
     "worker_id, host, pid, connection_id, thread, error_class, error_message, traceback, "
     "result, payload, actor, replayed_from"
 )
+#: What replay needs of a history row (the arguments, and what a filter asks about).
+REPLAY_COLUMNS = "id, message_id, queue, task_name, priority, outcome, error_class, payload"
 #: Every column of a dead message, for ``archive --include-dead``.
 DEAD_COLUMNS = (
     "id, queue, task_name, payload, status, priority, "

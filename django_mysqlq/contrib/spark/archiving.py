@@ -53,6 +53,8 @@ class ArchiveResult:
     #: For a dry run: batches an interrupted run left (committed, staged).
     pending: tuple[list[str], list[str]] = ([], [])
     seconds: float = 0.0
+    #: Seconds per step, summed over batches (``delete`` runs beside the next batch).
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _frame(spark: SparkSession, db: Database, batch: Batch, partition_rows: int | None,
@@ -86,15 +88,18 @@ class Deleter(threading.Thread):
         self.progress = progress
         self.work: queue.Queue[tuple[dict[str, Any], list[int]] | None] = queue.Queue(1)
         self.deleted: dict[str, int] = {}
+        self.seconds = 0.0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while (item := self.work.get()) is not None:
                 record, ids = item
+                started = time.monotonic()
                 done = batches.delete(self.control, record, ids, self.alias,
                                       self.delete_batch)
                 self.deleted[record["kind"]] = self.deleted.get(record["kind"], 0) + done
+                self.seconds += time.monotonic() - started
                 if self.progress is not None:
                     self.progress(f"batch {record['batch']}: deleted {done} of "
                                   f"{len(ids)} rows")
@@ -124,12 +129,27 @@ def _ranges(low: int, high: int, batch_rows: int) -> list[tuple[int, int]]:
             for start in range(low, high + 1, batch_rows)]
 
 
+class Timer:
+    """Seconds per step, summed."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.mark = time.monotonic()
+
+    def step(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.mark
+        self.mark = now
+
+
 def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: Batch,
                    deleter: Deleter, partition_rows: int | None,
-                   max_connections: int | None) -> int:
+                   max_connections: int | None, timer: Timer) -> int:
     for attempt in range(BATCH_TRIES):
-        if not batches.stage(control, batch,
-                             _frame(spark, db, batch, partition_rows, max_connections)):
+        staged = batches.stage(control, batch,
+                               _frame(spark, db, batch, partition_rows, max_connections))
+        timer.step("stage")
+        if not staged:
             control.store.delete(control.staging(batch.name))
             return 0
         try:
@@ -139,9 +159,15 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
             if attempt == BATCH_TRIES - 1:
                 raise
             continue
+        finally:
+            timer.step("verify")
         record = batches.commit(control, batch, stats)
         finals = batches.move(control, record)
-        deleter.submit(record, batches.archived_ids(control, record, finals))
+        timer.step("commit and move")
+        ids = batches.archived_ids(control, record, finals)
+        timer.step("read back ids")
+        deleter.submit(record, ids)
+        timer.step("wait for the previous batch's delete")
         return int(record["rows"])
     raise AssertionError("unreachable")
 
@@ -181,7 +207,9 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
     result = ArchiveResult(cutoff=cutoff, dry_run=False)
     deleter = Deleter(control, db.alias, delete_batch, progress)
     try:
+        timer = Timer(result.timings)
         result.recovered = batches.recover(control, db.alias, delete_batch)
+        timer.step("recover")
         if progress is not None and (result.recovered.finished or result.recovered.dropped):
             progress(f"finished {len(result.recovered.finished)} batch(es) an interrupted "
                      f"run committed ({result.recovered.deleted} rows deleted); dropped "
@@ -191,6 +219,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         for kind in kinds:
             bounds = (reads.older_bounds(cutoff, db.alias) if kind == HISTORY
                       else reads.dead_bounds(cutoff, db.alias))
+            timer.step("plan")
             result.rows[kind] = 0
             if bounds is None:
                 continue
@@ -198,17 +227,19 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
                 batch = Batch(kind, low, high, cutoff,
                               f"{kind}-{low:012d}-{high:012d}-{stamp}")
                 rows = _archive_batch(spark, control, db, batch, deleter, partition_rows,
-                                      max_connections)
+                                      max_connections, timer)
                 if rows:
                     result.rows[kind] += rows
                     result.committed.append(batch.name)
                     if progress is not None:
                         progress(f"batch {batch.name}: {rows} rows written and verified")
         result.deleted = deleter.finish()
+        timer.step("wait for the last delete")
     finally:
         if deleter.is_alive():
             deleter.work.put(None)
             deleter.join()
         statements.release_archive_lock(db.alias)
     result.seconds = time.monotonic() - started
+    result.timings["delete (beside the next batch)"] = deleter.seconds
     return result

@@ -23,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+from django.db import connections
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -105,25 +107,38 @@ def _read(spark: SparkSession, kind: str, base: str, paths: list[str]) -> DataFr
     return spark.read.schema(SCHEMAS[kind]).option("basePath", base).parquet(*paths)
 
 
-def file_stats(frame: DataFrame) -> PartitionStats:
-    """Per day and queue: rows, sum, first and last id of what the files hold."""
+def file_stats(frame: DataFrame, kind: str) -> tuple[PartitionStats,
+                                                     tuple[dt.datetime, dt.datetime] | None]:
+    """Per day and queue: rows, sum, first and last id of what the files hold; and the
+    first and last finish time of the history rows among them."""
+    time = F.unix_micros(F.col("finished_at" if kind == HISTORY else "died_at"))
     rows = frame.groupBy("day", "queue").agg(
-        F.count(F.lit(1)), F.sum("id"), F.min("id"), F.max("id")).collect()
-    return {(row[0].isoformat(), str(row[1])): (int(row[2]), int(row[3]), int(row[4]),
-                                                int(row[5])) for row in rows}
+        F.count(F.lit(1)), F.sum("id"), F.min("id"), F.max("id"), F.min(time),
+        F.max(time)).collect()
+    stats = {(row[0].isoformat(), str(row[1])): (int(row[2]), int(row[3]), int(row[4]),
+                                                 int(row[5])) for row in rows}
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    span = (epoch + dt.timedelta(microseconds=min(row[6] for row in rows)),
+            epoch + dt.timedelta(microseconds=max(row[7] for row in rows))) if rows else None
+    return stats, span
 
 
-def source_stats(batch: Batch, alias: str) -> PartitionStats:
+def source_stats(batch: Batch, alias: str,
+                 span: tuple[dt.datetime, dt.datetime] | None) -> PartitionStats:
     if batch.kind == HISTORY:
-        return statements.history_partition_stats(batch.low, batch.high, batch.cutoff, alias)
+        if span is None:
+            return {}
+        return statements.history_partition_stats(batch.low, batch.high, batch.cutoff, span,
+                                                  alias)
     return statements.dead_partition_stats(batch.low, batch.high, batch.cutoff, alias)
 
 
 def verify(control: Control, batch: Batch, alias: str) -> PartitionStats:
     """Compare the staged files with the source, per partition; raise if they differ."""
     staging = control.staging(batch.name)
-    written = file_stats(_read(control.spark, batch.kind, staging, [staging]))
-    source = source_stats(batch, alias)
+    written, span = file_stats(_read(control.spark, batch.kind, staging, [staging]),
+                               batch.kind)
+    source = source_stats(batch, alias, span)
     if written != source:
         differing = sorted(set(written.items()) ^ set(source.items()))[:4]
         raise BatchMismatch(
@@ -186,19 +201,41 @@ def chunks(ids: list[int], size: int) -> Iterator[list[int]]:
         yield ids[start:start + size]
 
 
+#: Connections deleting one batch at once (each its own every-other statement).
+DELETE_THREADS = 2
+
+
 def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
-           delete_batch: int, progress: Callable[[int], None] | None = None) -> int:
-    """Delete the batch's ids from MySQL, mark it done, drop its staging."""
-    deleted = 0
+           delete_batch: int) -> int:
+    """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections), mark it
+    done, drop its staging."""
     cutoff = dt.datetime.fromisoformat(record["cutoff"])
-    for part in chunks(ids, delete_batch):
-        if record["kind"] == HISTORY:
-            deleted += statements.delete_history(part, alias)
-        else:
-            deleted += statements.delete_dead(part, cutoff, alias)
-        checkpoint("deleting")
-        if progress is not None:
-            progress(len(part))
+    parts = list(chunks(ids, delete_batch))
+    counts = [0] * DELETE_THREADS
+    errors: list[BaseException] = []
+
+    def work(lane: int) -> None:
+        try:
+            for part in parts[lane::DELETE_THREADS]:
+                if record["kind"] == HISTORY:
+                    counts[lane] += statements.delete_history(part, alias)
+                else:
+                    counts[lane] += statements.delete_dead(part, cutoff, alias)
+                checkpoint("deleting")
+        except BaseException as exc:  # noqa: BLE001  (raised below, in the caller)
+            errors.append(exc)
+        finally:
+            connections[alias].close()
+
+    lanes = [threading.Thread(target=work, args=(lane,), name=f"mysqlq-archive-delete-{lane}")
+             for lane in range(DELETE_THREADS)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    if errors:
+        raise errors[0]
+    deleted = sum(counts)
     checkpoint("deleted")
     control.store.write_text(control.done_path(record["batch"]), f"{deleted}\n")
     control.store.delete(control.staging(record["batch"]))

@@ -165,7 +165,7 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
     since = since or EPOCH
     if since >= until:
         raise PipelineError("--since must be before --until.")
-    frame, _, _ = history(spark, db, since, until, statements.HISTORY_COLUMNS, archive,
+    frame, _, _ = history(spark, db, since, until, statements.REPLAY_COLUMNS, archive,
                           max_connections=max_connections)
     if frame is None:
         return ReplayResult(0, 0, 0, [], dry_run, time.monotonic() - started)

@@ -189,6 +189,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Archived {rows} {kind} row(s) finished before {cutoff} to "
                               f"{options['to']}; deleted {result.deleted.get(kind, 0)} from "
                               f"the database, in {result.seconds:.1f}s.")
+        self.stdout.write("Seconds per step: " + ", ".join(
+            f"{step} {seconds:.1f}" for step, seconds in result.timings.items()))
         if result.recovered.finished or result.recovered.dropped:
             self.stdout.write(f"Finished {len(result.recovered.finished)} batch(es) of an "
                               f"interrupted run ({result.recovered.deleted} rows deleted).")
