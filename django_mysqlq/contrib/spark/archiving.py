@@ -31,7 +31,10 @@ from .errors import PipelineError
 from .layout import DEAD, HISTORY, SCHEMAS
 from .reading import micros_to_timestamp, plan, read
 
-DEFAULT_BATCH_ROWS = 500_000
+#: Ids per batch: small enough that deleting one batch overlaps writing the next most of
+#: the time (only the last batch's delete runs alone), big enough that a batch's fixed
+#: Spark jobs (write, read back, ids) stay a small part of it.
+DEFAULT_BATCH_ROWS = 200_000
 DEFAULT_DELETE_BATCH = 2_000
 #: Times a batch is staged again when the source changed under it.
 BATCH_TRIES = 3

@@ -85,8 +85,8 @@ class Command(BaseCommand):
                              help="Print what would move; change nothing")
         archive.add_argument("--include-dead", action="store_true",
                              help="Also archive messages dead since before the cut-off")
-        archive.add_argument("--batch-rows", type=_count(1, 100_000_000), default=500_000,
-                             help="Ids per archive batch (default 500000)")
+        archive.add_argument("--batch-rows", type=_count(1, 100_000_000), default=200_000,
+                             help="Ids per archive batch (default 200000)")
         archive.add_argument("--delete-batch", type=_count(1, 100_000), default=2000,
                              help="Rows per DELETE statement (default 2000)")
 
