@@ -24,7 +24,7 @@ border-radius:6px;padding:.6rem 1rem;min-width:7rem}.card b{display:block;font-s
 table{border-collapse:collapse;width:100%;font-size:.85rem}th,td{padding:.3rem .5rem;
 border-bottom:1px solid #eee;text-align:right}th:first-child,td:first-child,
 th:nth-child(2),td:nth-child(2){text-align:left}img{max-width:100%}.grid{display:grid;
-grid-template-columns:1fr 1fr;gap:1rem}@media(max-width:800px){.grid{grid-template-columns:1fr}}
+grid-template-columns:1fr 1fr;gap:1rem}.wide{overflow-x:auto}@media(max-width:800px){.grid{grid-template-columns:1fr}}
 """
 
 
@@ -61,11 +61,13 @@ def throughput_chart(series: list[dict[str, Any]], unit: str) -> str | None:
         if any(values):
             axes.bar(positions, values, bottom=bottom, color=colour, label=outcome, width=1.0)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    step = max(1, len(buckets) // 8)
+    step = max(1, len(buckets) // 6)
     axes.set_xticks(list(positions)[::step],
-                    [str(bucket)[5:16].replace("T", " ") for bucket in buckets][::step])
-    axes.set_title(f"Throughput: attempts per {unit} by outcome")
-    axes.legend(loc="upper left", fontsize=8, ncols=5)
+                    [str(bucket)[5:16].replace("T", " ") for bucket in buckets][::step],
+                    rotation=20, fontsize=8)
+    axes.set_title(f"Throughput: attempts per {unit} by outcome", pad=24)
+    axes.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=8, ncols=5,
+                frameon=False)
     axes.spines[["top", "right"]].set_visible(False)
     return _png(figure)
 
@@ -118,7 +120,7 @@ def errors_chart(errors: list[dict[str, Any]]) -> str | None:
                     [f"{row['error_class']} ({row['task_name'].rsplit('.', 1)[-1]})"
                      for row in rows], fontsize=8)
     axes.set_title("Top errors (split by half of the window)")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="lower right")
     axes.invert_yaxis()
     return _png(figure)
 
@@ -135,7 +137,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     head = "".join(f"<th>{escape(column)}</th>" for column in columns)
     body = "".join("<tr>" + "".join(f"<td>{_number(row.get(column))}</td>"
                                     for column in columns) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}'
+            "</tbody></table></div>")
 
 
 def render_page(summary: dict[str, Any], tables: dict[str, list[dict[str, Any]]]) -> str:
