@@ -186,3 +186,27 @@ def test_archive_killed_at_every_step_then_rerun_is_exactly_once(history, tmp_pa
     assert sorted(Attempt.objects.values_list("id", flat=True)) == history["new"]
     staged = root / "_mysqlq" / "staging"
     assert not staged.exists() or list(staged.iterdir()) == []
+
+
+def test_a_batch_whose_source_changed_is_dropped_not_deleted(spark, history, tmp_path: Path):
+    """Verification compares the written files with MySQL: a row purged between the write
+    and the check makes the batch fail it, and nothing of it is committed or deleted."""
+    from django_mysqlq.contrib.spark.archiving import _frame
+    from django_mysqlq.contrib.spark.batches import (
+        Batch,
+        BatchMismatch,
+        Control,
+        stage,
+        verify,
+    )
+    from django_mysqlq.contrib.spark.database import database
+
+    control = Control(spark, str(tmp_path))
+    cutoff = NOW - dt.timedelta(hours=20)
+    batch = Batch("history", history["old"][0], history["old"][-1] + 1, cutoff, "b-test")
+    assert stage(control, batch, _frame(spark, database(), batch, None, None))
+    Attempt.objects.filter(pk=history["old"][7]).delete()  # a purge, meanwhile
+    with pytest.raises(BatchMismatch, match="disagree"):
+        verify(control, batch, "default")
+    assert control.records() == {}
+    assert Attempt.objects.count() == len(history["old"]) + len(history["new"]) - 1

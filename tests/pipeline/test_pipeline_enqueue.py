@@ -48,47 +48,54 @@ def test_enqueue_from_parquet_then_again_adds_nothing(spark, tmp_path: Path, cap
 
 
 def test_a_spark_task_that_fails_after_writing_is_retried_without_duplicates(
-        spark, tmp_path: Path):
-    """The first attempt of a task dies after the writer committed 5,000 rows; Spark runs
-    the task again (local[2,3]) and the dedup keys keep each row once."""
+        spark, tmp_path: Path, monkeypatch):
+    """The first attempt of a writing task dies after the broker committed its first
+    5,000 rows; Spark runs the task again (local[2,3]) and the dedup keys keep each row
+    once."""
     from django.db import connection
 
-    from django_mysqlq.contrib.spark import enqueue
+    from django_mysqlq.contrib.spark import enqueue, fanout
 
-    marker = tmp_path / "failed-once"
+    marker = tmp_path / "committed-before-failure"
     conf = dict(connection.settings_dict)
     connect = {"host": conf["HOST"], "port": int(conf["PORT"]), "user": conf["USER"],
                "password": conf["PASSWORD"], "database": conf["NAME"]}
+    real_writer = fanout._writer
 
-    def fail_once(batches):
-        import MySQLdb
+    def failing_writer(spec):
+        write = real_writer(spec)
 
-        for batch in batches:
-            for start in range(0, batch.num_rows, 6000):
-                yield batch.slice(start, 6000)
-                if batch.column("value")[0].as_py() == 0 and not marker.exists():
-                    # Wait until the writer (fed through the JVM) has committed its
-                    # first 5,000 rows, record that, then fail this attempt.
-                    import time
+        def first_attempt_fails(batches):
+            from pyspark import TaskContext
 
-                    db = MySQLdb.connect(autocommit=True, **connect)
-                    cursor = db.cursor()
-                    deadline = time.monotonic() + 60
-                    count = 0
-                    while count < 5000 and time.monotonic() < deadline:
-                        cursor.execute("SELECT COUNT(*) FROM mysqlq_message")
-                        count = cursor.fetchone()[0]
-                        time.sleep(0.1)
-                    marker.write_text(str(count))
-                    db.close()
-                    raise RuntimeError("this Spark task fails on its first attempt")
+            context = TaskContext.get()
+            doomed = context.partitionId() == 0 and context.attemptNumber() == 0
 
+            def feed():
+                for batch in batches:
+                    yield batch.slice(0, 6000)
+                    if doomed:  # the writer has flushed 5,000 rows and asks for more
+                        import MySQLdb
+
+                        db = MySQLdb.connect(autocommit=True, **connect)
+                        cursor = db.cursor()
+                        cursor.execute("SELECT COUNT(*) FROM mysqlq_message "
+                                       "WHERE JSON_VALUE(payload, '$.kwargs.value') < 10000")
+                        marker.write_text(str(cursor.fetchone()[0]))
+                        db.close()
+                        raise RuntimeError("this Spark task fails on its first attempt")
+                    yield batch.slice(6000)
+
+            yield from write(feed())
+
+        return first_attempt_fails
+
+    monkeypatch.setattr(fanout, "_writer", failing_writer)
     frame = (spark.range(0, 20_000, 1, 2)
              .selectExpr("concat('row-', id) AS label", "id AS value"))
-    frame = frame.mapInArrow(fail_once, frame.schema)
     result = enqueue(frame, TASK, args=["label"], kwargs={"value": "value"},
                      max_connections=2)
-    assert int(marker.read_text()) >= 5000  # the failed attempt had written rows
+    assert int(marker.read_text()) == 5000  # the failed attempt had committed rows
     assert result.rows == 20_000
     assert Message.objects.count() == 20_000
     values = [p["kwargs"]["value"] for p in _payloads()]
