@@ -167,6 +167,7 @@ def test_archive_killed_at_every_step_then_rerun_is_exactly_once(history, tmp_pa
                                                                  worker_env):
     """The driver (Python and its JVM) is SIGKILLed at each step of a batch in turn; each
     re-run first finishes or drops what the previous one left."""
+    pytest.importorskip("pyspark")
     marker = tmp_path / "paused"
     root = tmp_path / "archive"
     for step in ("written", "committed", "renamed", "deleting"):
