@@ -24,7 +24,8 @@ border-radius:6px;padding:.6rem 1rem;min-width:7rem}.card b{display:block;font-s
 table{border-collapse:collapse;width:100%;font-size:.85rem}th,td{padding:.3rem .5rem;
 border-bottom:1px solid #eee;text-align:right}th:first-child,td:first-child,
 th:nth-child(2),td:nth-child(2){text-align:left}img{max-width:100%}.grid{display:grid;
-grid-template-columns:1fr 1fr;gap:1rem}.wide{overflow-x:auto}@media(max-width:800px){.grid{grid-template-columns:1fr}}
+grid-template-columns:1fr 1fr;gap:1rem}.wide{overflow-x:auto}
+@media(max-width:800px){.grid{grid-template-columns:1fr}}
 """
 
 
