@@ -18,6 +18,7 @@ from .base import (
     MESSAGE_TABLE,
     connection_for,
     default_alias,
+    in_transaction,
     naive_utc,
     placeholders,
     require_autocommit,
@@ -50,6 +51,11 @@ SELECT DATE(run_at) AS day, queue, COUNT(*), SUM(id), MIN(id), MAX(id)
 """
 #: Exactly the archived history rows of one delete batch.
 DELETE_HISTORY_SQL = f"DELETE FROM {ATTEMPT_TABLE} WHERE id IN ({{ids}})"
+#: The same as a range of the primary key (MariaDB): faster than a list of ids, and the
+#: ids it returns are compared with the archived ones before the transaction commits.
+DELETE_HISTORY_RANGE_SQL = f"""
+DELETE FROM {ATTEMPT_TABLE} WHERE id >= %s AND id <= %s AND finished_at < %s RETURNING id
+"""
 #: Exactly the archived dead messages, if they are still dead and still as old: one an
 #: operator requeued since stays (and is archived again if it dies again).
 DELETE_DEAD_SQL = f"""
@@ -108,11 +114,37 @@ def _delete(sql: str, ids: Sequence[int], extra: list[Any], alias: str | None) -
     return with_lock_retry(alias, run)
 
 
-def delete_history(ids: Sequence[int], alias: str | None = None) -> int:
-    """Delete these history rows (one autocommit statement); return how many went."""
+def delete_history(ids: Sequence[int], alias: str | None = None,
+                   before: dt.datetime | None = None) -> int:
+    """Delete exactly these history rows; return how many went.
+
+    On MariaDB, with ``before`` (the archive's cut-off), as one range of the primary key
+    in a short transaction that commits only if the ids deleted are these ids (else it
+    rolls back and deletes the list); elsewhere one autocommit ``DELETE … IN (…)``.
+    """
     if not ids:
         return 0
-    return _delete(DELETE_HISTORY_SQL, [int(i) for i in ids], [], alias)
+    ids = sorted(int(i) for i in ids)
+    alias = alias or default_alias()
+    if before is not None and connection_for(alias).mysql_is_mariadb:  # type: ignore[attr-defined]
+        wanted = set(ids)
+
+        def body(cursor: Any) -> int:
+            cursor.execute(DELETE_HISTORY_RANGE_SQL, [ids[0], ids[-1], naive_utc(before)])
+            if {int(row[0]) for row in cursor.fetchall()} <= wanted:
+                return int(cursor.rowcount)
+            raise _NotOnlyThese
+
+        require_autocommit(alias, "An archive's delete")
+        try:
+            return in_transaction(alias, body)
+        except _NotOnlyThese:
+            pass  # a row in the range was not archived (committed late): delete the list
+    return _delete(DELETE_HISTORY_SQL, ids, [], alias)
+
+
+class _NotOnlyThese(Exception):
+    """A range delete touched a row that is not in the archive: it is rolled back."""
 
 
 def delete_dead(ids: Sequence[int], before: dt.datetime, alias: str | None = None) -> int:

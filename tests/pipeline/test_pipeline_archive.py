@@ -211,3 +211,19 @@ def test_a_batch_whose_source_changed_is_dropped_not_deleted(spark, history, tmp
         verify(control, batch, "default")
     assert control.records() == {}
     assert Attempt.objects.count() == len(history["old"]) + len(history["new"]) - 1
+
+
+def test_a_range_delete_never_takes_a_row_that_was_not_archived(history):
+    """The archive deletes a range of ids only if the range holds nothing but archived
+    ids; a row inside it that was not archived (committed late) makes it fall back to
+    deleting the list, and that row stays."""
+    from django_mysqlq.broker.archive import delete_history
+
+    old = history["old"]
+    cutoff = NOW - dt.timedelta(hours=20)
+    archived = [pk for pk in old[:50] if pk != old[10]]  # old[10] "was not archived"
+    assert delete_history(archived, before=cutoff) == 49
+    assert Attempt.objects.filter(pk=old[10]).exists()
+    assert not Attempt.objects.filter(pk__in=archived).exists()
+    assert delete_history(old[50:100], before=cutoff) == 50  # the fast path, all archived
+    assert Attempt.objects.filter(pk__in=old[:100]).count() == 1

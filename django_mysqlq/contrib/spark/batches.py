@@ -218,7 +218,7 @@ def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
         try:
             for part in parts[lane::DELETE_THREADS]:
                 if record["kind"] == HISTORY:
-                    counts[lane] += statements.delete_history(part, alias)
+                    counts[lane] += statements.delete_history(part, alias, cutoff)
                 else:
                     counts[lane] += statements.delete_dead(part, cutoff, alias)
                 checkpoint("deleting")
