@@ -18,6 +18,8 @@ from django.dispatch import receiver
 from . import limits
 
 LivenessMode = Literal["connection", "lease"]
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 SETTING_NAME = "MYSQLQ"
 #: Largest BATCH_SIZE and ACK_BATCH_SIZE: rows per claim or ack statement.
@@ -72,6 +74,10 @@ class QueueSettings:
     GRACE_SECONDS: float = 30.0
     #: Seconds between the worker's one-line summaries in the log (0 turns them off).
     SUMMARY_SECONDS: float = 60.0
+    #: Format of the log handler ``runqueueworker`` installs when the project's ``LOGGING``
+    #: shows nothing of ``django_mysqlq``: ``text`` or ``json`` (one object per line, for
+    #: log shippers). ``runqueueworker --log-format`` overrides it.
+    LOG_FORMAT: LogFormat = "text"
     #: InnoDB history list length past which the worker summary, ``queuestats`` and the
     #: dashboard warn of purge lag (0 turns that warning off).
     PURGE_LAG_WARNING: int = 100_000
@@ -92,6 +98,12 @@ class QueueSettings:
     #: Rows of stopped workers last heard from longer ago than this are deleted by the
     #: recovery leader. None: keep them forever.
     WORKER_RETENTION_SECONDS: float | None = 7 * 86400.0
+    #: Test mode: ``enqueue()`` runs the task in this process once the enqueuing transaction
+    #: commits, touching no queue table, so tests run on SQLite or PostgreSQL too.
+    IMMEDIATE: bool = False
+    #: In test mode, a task's exception is raised in the code that enqueued it (at the
+    #: commit). False: it is logged and kept in the handle's state instead.
+    IMMEDIATE_RAISE: bool = True
     # The Spark pipeline (``queuepipeline``, the ``spark`` extra): see docs/pipeline.md.
     #: The JDBC driver jar Spark loads (``spark.jars``): Debian's libmariadb-java by
     #: default. "" adds none (a cluster that ships its own, or ``spark.jars.packages``).
@@ -162,9 +174,13 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
         if name in values and not isinstance(values[name], str):
             problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
-    for name in ("WAKEUP", "DETECT_PROXY"):
+    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
+    if "LOG_FORMAT" in values and values["LOG_FORMAT"] not in LOG_FORMATS:
+        problems.append(
+            f"MYSQLQ['LOG_FORMAT'] must be 'text' or 'json', not {values['LOG_FORMAT']!r}."
+        )
     if "LIVENESS" in values and values["LIVENESS"] not in ("connection", "lease"):
         problems.append(
             f"MYSQLQ['LIVENESS'] must be 'connection' or 'lease', not {values['LIVENESS']!r}."

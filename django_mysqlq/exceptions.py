@@ -11,6 +11,10 @@ class ArgumentEncodingError(QueueError, TypeError):
     """A task argument can't be encoded as JSON; nothing was written."""
 
 
+class TaskArgumentError(QueueError, TypeError):
+    """An ``enqueue()`` call doesn't fit the task function's signature; nothing was written."""
+
+
 class PayloadTooLarge(QueueError, ValueError):
     """The encoded arguments exceed ``MYSQLQ['MAX_PAYLOAD_BYTES']``; nothing was written."""
 
@@ -41,3 +45,13 @@ class TaskTimeout(QueueError):
 
 class TransactionLeftOpen(QueueError):
     """A task returned inside a transaction; the worker rolled it back and failed the attempt."""
+
+
+class WorkerCannotRun(QueueError):
+    """The database can't serve the worker until someone acts (tables missing, the database
+    unknown, the login or a grant refused): no retry helps, so the worker exits at once
+    with ``exit_status`` instead of waiting."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

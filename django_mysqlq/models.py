@@ -231,7 +231,9 @@ class Worker(models.Model):
     id = models.CharField(max_length=200, primary_key=True)
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
-    queues = models.CharField(max_length=1000)
+    #: Comma-separated, in claim order. Text: a worker serving every known queue may list
+    #: many, and every name must be whole for wake-ups (FIND_IN_SET) and the unserved check.
+    queues = models.TextField()
     concurrency = models.PositiveIntegerField()
     connection_id = models.PositiveBigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()

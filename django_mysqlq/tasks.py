@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import limits, payload
+from . import calls, limits, payload
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
@@ -42,6 +43,9 @@ class TaskCall:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    #: The function these arguments were checked against (by ``.call()``), or None.
+    checked_for: Callable[..., Any] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
 
 def _checked(problem: str | None) -> None:
@@ -146,7 +150,10 @@ class QueueTask(Generic[P, R]):
         )
         return dataclasses.replace(self, options=options)
 
-    def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewMessage:
+    def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+                     checked: bool = False, where: str = "") -> NewMessage:
+        if not checked:
+            calls.check_call(self.name, self.func, args, kwargs, where=where)
         opts = self.options
         return NewMessage(
             task_name=self.name,
@@ -164,21 +171,30 @@ class QueueTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         """Write one message in the caller's transaction and return its handle.
 
-        The message exists exactly when that transaction commits. Arguments must be
-        JSON values; one that isn't raises :class:`ArgumentEncodingError` and nothing
-        is written.
+        The message exists exactly when that transaction commits. Arguments must fit the
+        function's signature (else :class:`TaskArgumentError`) and be JSON values (else
+        :class:`ArgumentEncodingError`); nothing is written when they don't. With
+        ``MYSQLQ['IMMEDIATE']`` the task runs in this process after the commit instead.
         """
         from . import broker
 
-        [message_id] = broker.enqueue([self._new_message(args, kwargs)])
+        message = self._new_message(args, kwargs)
+        if get_settings().IMMEDIATE:
+            from . import immediate
+
+            [handle] = immediate.enqueue(self, [message])
+            return handle
+        [message_id] = broker.enqueue([message])
         return MessageHandle(message_id, self.name)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         return await sync_to_async(self.enqueue)(*args, **kwargs)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
-        """One call's arguments, for :meth:`enqueue_many` (type-checked like a real call)."""
-        return TaskCall(tuple(args), dict(kwargs))
+        """One call's arguments, for :meth:`enqueue_many`: type-checked like a real call,
+        and checked against the signature here (:class:`TaskArgumentError`)."""
+        calls.check_call(self.name, self.func, args, kwargs)
+        return TaskCall(tuple(args), dict(kwargs), checked_for=self.func)
 
     def enqueue_many(self, calls: Iterable[TaskCall | Sequence[Any]]) -> list[MessageHandle]:
         """Enqueue many calls with multi-row inserts; return their handles in order.
@@ -197,16 +213,22 @@ class QueueTask(Generic[P, R]):
             )
         messages = []
         for index, call in enumerate(calls):
+            where = f"Item {index} of enqueue_many(): "
             if isinstance(call, TaskCall):
-                messages.append(self._new_message(call.args, call.kwargs))
+                messages.append(self._new_message(
+                    call.args, call.kwargs, checked=call.checked_for is self.func, where=where))
             elif isinstance(call, list | tuple):
-                messages.append(self._new_message(call, {}))
+                messages.append(self._new_message(call, {}, where=where))
             else:
                 raise InvalidTaskOptions(
                     f"Item {index} of enqueue_many() is {call!r}: give "
                     f"{self.name.rsplit('.', 1)[-1]}.call(*args, **kwargs) or a list/tuple of "
                     "positional arguments, e.g. [(pk,) for pk in ids]."
                 )
+        if get_settings().IMMEDIATE:
+            from . import immediate
+
+            return list(immediate.enqueue(self, messages))
         ids = broker.enqueue(messages)
         return [MessageHandle(message_id, self.name) for message_id in ids]
 
@@ -262,6 +284,11 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def queues(self) -> set[str]:
+        """The queues of the registered tasks (a worker's default ``--queues``)."""
+        with self._lock:
+            return {task.queue for task in self._tasks.values()}
+
 
 def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
@@ -271,12 +298,31 @@ registry = TaskRegistry()
 
 
 def import_task_modules() -> None:
-    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``."""
-    from django.utils.module_loading import autodiscover_modules
+    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``.
 
-    autodiscover_modules("tasks")
+    A module that fails raises ``ImproperlyConfigured`` naming it and the error (the
+    system check ``django_mysqlq.E005`` reports the same before a worker starts).
+    """
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    for config in apps.get_app_configs():
+        if module_has_submodule(config.module, "tasks"):
+            _import_task_module(f"{config.name}.tasks", "the tasks module of the app "
+                                                        f"{config.label!r}")
     for module in get_settings().TASK_MODULES:
+        _import_task_module(module, "MYSQLQ['TASK_MODULES'] lists it")
+
+
+def _import_task_module(module: str, why: str) -> None:
+    try:
         importlib.import_module(module)
+    except Exception as exc:  # any error inside the module stops the worker
+        raise ImproperlyConfigured(
+            f"Could not import the task module {module!r} ({why}): "
+            f"{type(exc).__name__}: {exc}. Fix the module, or the dotted path in "
+            "MYSQLQ['TASK_MODULES'] (a module, not a file path or a function)."
+        ) from exc
 
 
 @overload

@@ -127,3 +127,25 @@ def test_the_check_catches_the_plans_that_were_slow_at_a_million_rows(filled):
     assert costly("SELECT COUNT(*) FROM mysqlq_attempt WHERE outcome = 'succeeded'")
     assert costly("SELECT COUNT(*) FROM (SELECT id FROM mysqlq_attempt WHERE outcome = "
                   "'succeeded' LIMIT 10001) AS capped") == []
+
+
+def test_the_dead_lists_filter_choices_take_one_dive_per_value(root, filled):
+    """Its task choices are a loose index scan of mysqlq_msg_task (task_name, status):
+    one dive per (task, dead); its queue choices one dive per queue into the claim index.
+    Neither reads the dead messages themselves, nor needs an index of its own."""
+    sqls, _ = statements(root, pages()["dead list"])
+    [tasks_sql] = [s for s in sqls if "DISTINCT" in s and "`task_name`" in s]
+    [queues_sql] = [s for s in sqls if "EXISTS" in s]
+    task_plan = [t for t in tables(explain(tasks_sql)) if t["table_name"] == "mysqlq_message"]
+    assert [(t["key"], t.get("using_index_for_group_by")) for t in task_plan] == [
+        ("mysqlq_msg_task", True)]
+    queue_plan = [t for t in tables(explain(queues_sql)) if t["table_name"] == "mysqlq_message"]
+    assert queue_plan and {(t["key"], t["access_type"]) for t in queue_plan} == {
+        ("mysqlq_msg_claim", "ref")}
+    assert costly(tasks_sql) == [] and costly(queues_sql) == []
+    # What they offer: the filled tables' dead messages (sequence numbers ending in 9)
+    # are of task_9 and task_19, in q1 and q3 only.
+    page = root.get(pages()["dead list"]).content.decode()
+    assert sorted(set(re.findall(r'href="\?task=([^"&]+)"', page))) == [
+        "app.tasks.task_19", "app.tasks.task_9"]
+    assert sorted(set(re.findall(r'href="\?queue=([^"&]+)"', page))) == ["q1", "q3"]

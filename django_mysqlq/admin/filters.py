@@ -2,7 +2,8 @@
 
 Their choices come from an index, one dive per distinct value (a loose index scan, or
 the broker's skip scan of the claim index), never from ``SELECT DISTINCT`` over every
-row: the sidebar renders on every page load.
+row: the sidebar renders on every page load. A list of one status (the dead list) offers
+only the queues and tasks that have messages in it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from .. import broker
-from ..models import Attempt, Message
+from ..models import Attempt, Message, MessageStatus
 
 #: Choices a filter offers at most; any other value still works in the URL.
 MAX_CHOICES = 200
@@ -33,21 +34,38 @@ class QueueFilter(_ExactFilter):
     title = "queue"
     parameter_name = "queue"
     column = "queue"
+    #: Offer only queues holding a message in this status (None: any unfinished one).
+    status: str | None = None
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in broker.queue_names(MAX_CHOICES)]
+        names = broker.queue_names(MAX_CHOICES) if self.status is None \
+            else broker.queues_holding(self.status, MAX_CHOICES)
+        return [(name, name) for name in names]
 
 
 class TaskFilter(_ExactFilter):
     title = "task"
     parameter_name = "task"
     column = "task_name"
+    #: Offer only tasks with a message in this status (None: any unfinished one).
+    status: str | None = None
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # A loose index scan of mysqlq_msg_task (task_name, status).
-        names = Message.objects.order_by("task_name").values_list("task_name", flat=True) \
+        # A loose index scan of mysqlq_msg_task (task_name, status): one dive per task,
+        # with a status one dive per (task, status), so no new index is needed.
+        messages = Message.objects.all() if self.status is None \
+            else Message.objects.filter(status=self.status)
+        names = messages.order_by("task_name").values_list("task_name", flat=True) \
             .distinct()[:MAX_CHOICES]
         return [(name, name) for name in names]
+
+
+class DeadQueueFilter(QueueFilter):
+    status = MessageStatus.DEAD
+
+
+class DeadTaskFilter(TaskFilter):
+    status = MessageStatus.DEAD
 
 
 class StuckFilter(admin.SimpleListFilter):

@@ -7,6 +7,7 @@ operator action from :mod:`.actions`, which goes through the broker.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from .. import broker, ops
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions
 from .actions import ACTIONS, Action, outside_request_transaction
-from .filters import QueueFilter, StuckFilter, TaskFilter
+from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
 
@@ -46,6 +47,20 @@ TASK_ORDER = ("status", "id")
 #: mysqlq_msg_due (status, run_at, id), backwards: the most recently due first.
 DUE_ORDER = ("-run_at", "-id")
 NEWEST_FIRST = ("-id",)
+#: Characters of an error a list row shows: its first line, cut here with an ellipsis.
+ERROR_WIDTH = 120
+
+
+def first_line(text: str, width: int = ERROR_WIDTH) -> str:
+    """The first non-blank line of ``text``, at most ``width`` characters; an ellipsis
+    says there is more (another line, or the rest of this one) on the message's page."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return ""
+    line = lines[0].strip()
+    if len(line) > width:
+        return line[:width - 1].rstrip() + "\u2026"
+    return line + (" \u2026" if len(lines) > 1 else "")
 
 
 def search(term: str) -> tuple[Q, bool]:
@@ -163,7 +178,15 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="attempts")
     def attempts_label(self, obj: Message) -> str:
+        """Attempts spent of those allowed. A requeue grants at least one more (see
+        ``broker.requeue``), so only a row requeued by an older version spends more."""
+        if obj.attempts > obj.max_attempts:
+            return f"{obj.attempts} (max {obj.max_attempts}, requeued)"
         return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="last error")
+    def last_error_line(self, obj: Message) -> str:
+        return first_line(obj.last_error) or "-"
 
     @admin.display(description="age", ordering="enqueued_at")
     def age(self, obj: Message) -> str:
@@ -358,8 +381,8 @@ _stuck_now: contextvars.ContextVar[dict[int, broker.Stuck]] = contextvars.Contex
 
 @admin.register(StuckMessage)
 class StuckMessageAdmin(_EntryPoint):
-    list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label", "owner",
-                    "claimed_at"]
+    list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label",
+                    "last_error_line", "owner", "claimed_at"]
     list_filter = [QueueFilter, TaskFilter]
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
@@ -380,7 +403,14 @@ class StuckMessageAdmin(_EntryPoint):
 
 @admin.register(DeadMessage)
 class DeadMessageAdmin(_EntryPoint):
-    list_filter = [QueueFilter, TaskFilter]
+    list_display = ["id", "queue", "task_name", "attempts_label", "last_error_line",
+                    "priority", "died", "age"]
+    # Only queues and tasks that have dead messages (see filters).
+    list_filter = [DeadQueueFilter, DeadTaskFilter]
+
+    @admin.display(description="died")
+    def died(self, obj: Message) -> dt.datetime:
+        return obj.run_at  # a message's death sets run_at to that moment
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
         return message_ordering(request.GET, dead_only=True)

@@ -30,6 +30,7 @@ from django.apps import apps
 from ..conf import get_settings
 from ..exceptions import UnknownTask
 from .compat import InvalidTaskBackend, Task, task_backends
+from .kind import RunsOnThisQueue
 
 
 def task_modules() -> frozenset[str]:
@@ -93,15 +94,13 @@ def queue_alias(task: Task[..., Any], enqueued_with: str | None) -> str:
     Raises ``UnknownTask`` when that alias is not a ``MySQLQueueBackend``: the task is
     not meant to run from this queue.
     """
-    from .core import MySQLQueueBackend
-
     alias = enqueued_with if enqueued_with is not None else task.backend
     try:
         backend = task_backends[alias]
     except InvalidTaskBackend as exc:
         raise UnknownTask(f"The task {task.module_path!r} names the backend {alias!r}, "
                           f"which is not configured in TASKS: {exc}") from exc
-    if not isinstance(backend, MySQLQueueBackend):
+    if not isinstance(backend, RunsOnThisQueue):
         raise UnknownTask(
             f"The task {task.module_path!r} was enqueued for the backend {alias!r} "
             f"({type(backend).__name__}), not a MySQLQueueBackend: it is not run from this "

@@ -47,6 +47,12 @@ _INSERT_ROW_NOW = (
 _INSERT_ROW_NOW_NO_KEY = (
     "(%s, %s, %s, %s, %s, %s, %s, NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'ready', 0, '')"
 )
+#: The enqueue INSERT of one or more ``{rows}`` (``_INSERT_ROW…`` templates, comma-joined).
+INSERT_SQL = f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {{rows}}"
+#: The same, reading the new ids back (MariaDB only: MySQL has no INSERT … RETURNING).
+INSERT_RETURNING_SQL = INSERT_SQL + " RETURNING id"
+#: The pending message that holds a dedup key (the unique key refused ours).
+DEDUP_HOLDER_SQL = f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s"
 
 
 
@@ -73,7 +79,7 @@ def _row(message: NewMessage) -> tuple[str, list[Any]]:
 def _insert_one(alias: str, message: NewMessage) -> int:
     row, params = _row(message)
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {row}", params)
+        cursor.execute(INSERT_SQL.format(rows=row), params)
         return int(cursor.lastrowid)
 
 
@@ -92,10 +98,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
                 rows.append(row)
                 params.extend(row_params)
             values = ", ".join(rows)
-            cursor.execute(
-                f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {values} RETURNING id",
-                params,
-            )
+            cursor.execute(INSERT_RETURNING_SQL.format(rows=values), params)
             ids.extend(int(row[0]) for row in cursor.fetchall())
     return ids
 
@@ -121,9 +124,7 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
                 return _insert_one(alias, message), True
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:
-                cursor.execute(
-                    f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s", [message.dedup_key]
-                )
+                cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
                 row = cursor.fetchone()
             if row is not None:
                 return int(row[0]), False

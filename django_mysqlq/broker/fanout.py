@@ -18,13 +18,13 @@ from typing import Any
 from ..messages import NewMessage
 from .base import MESSAGE_TABLE
 from .enqueue import _INSERT_COLUMNS, _row
+from .isolation import SESSION_READ_COMMITTED_SQL
 from .packets import MAX_PACKET_SQL, PACKET_HEADROOM, STATEMENT_BYTES
 
 INSERT_IGNORE_HEAD = f"INSERT IGNORE INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES "
 #: What a skipped duplicate leaves in ``SHOW WARNINGS``; any other warning is an error.
 DUPLICATE_ENTRY = 1062
 SHOW_WARNINGS_SQL = "SHOW WARNINGS"
-READ_COMMITTED_SQL = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 
 class FanoutRefused(RuntimeError):
@@ -35,7 +35,7 @@ def prepare(conn: Any) -> int:
     """Make a fresh connection the broker's (READ COMMITTED, no autocommit); return the
     bytes a statement may take on it."""
     cursor = conn.cursor()
-    cursor.execute(READ_COMMITTED_SQL)
+    cursor.execute(SESSION_READ_COMMITTED_SQL)
     cursor.execute(MAX_PACKET_SQL)
     packet = int(cursor.fetchone()[0])
     conn.autocommit(False)

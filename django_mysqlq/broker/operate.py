@@ -52,9 +52,14 @@ SELECT id, queue FROM {MESSAGE_TABLE}
  ORDER BY id
    FOR UPDATE
 """
+#: Without a reset, a message out of attempts gets one more by raising its own limit, so
+#: its attempts keep reading "3/3", never "3/2". MariaDB and MySQL assign left to right:
+#: max_attempts is computed from the attempts before the reset.
 REQUEUE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', run_at = UTC_TIMESTAMP(6), attempts = IF(%s, 0, attempts)
+   SET status = 'ready', run_at = UTC_TIMESTAMP(6),
+       max_attempts = IF(%s, max_attempts, GREATEST(max_attempts, attempts + 1)),
+       attempts = IF(%s, 0, attempts)
  WHERE id IN ({{ids}})
 """
 CANCEL_SQL = f"DELETE FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})"
@@ -157,7 +162,9 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
             statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
     """Make ready, scheduled or dead messages ready now; return the ids requeued.
 
-    Without ``reset_attempts`` a dead message gets one more attempt; with it, a full set.
+    Without ``reset_attempts`` a dead message gets one more attempt: its ``max_attempts``
+    rises to its attempts + 1, so it reads "3/3" after that attempt, not "3/2". With
+    ``reset_attempts`` its attempts go back to 0: a full set of ``max_attempts``.
     ``statuses`` narrows which messages qualify (``("dead",)`` to retry dead ones only).
     """
     if not set(statuses) <= set(OPERABLE_STATUSES):
@@ -167,7 +174,7 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
 
     def change(cursor: Any, locked: list[int]) -> None:
         cursor.execute(REQUEUE_SQL.format(ids=placeholders(len(locked))),
-                       [reset_attempts, *locked])
+                       [reset_attempts, reset_attempts, *locked])
 
     return _operate(ids, operator, Outcome.REQUEUED, note, change, statuses=statuses)
 

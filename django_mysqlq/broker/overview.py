@@ -94,18 +94,35 @@ SELECT trx.trx_mysql_thread_id,
  ORDER BY trx.trx_started, trx.trx_id
  LIMIT 1
 """
+#: Unfinished messages by queue and status: of every queue, or of the queues in ``{queues}``.
+ALL_QUEUE_COUNTS_SQL = f"SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE} GROUP BY queue, status"
+QUEUE_COUNTS_SQL = f"""
+SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
+ GROUP BY queue, status
+"""
+#: Any ready or claimed message in the queues in ``{queues}``, or a scheduled one due
+#: within %s microseconds: whether a burst worker still has work to wait for.
+HAS_PENDING_SQL = f"""
+SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
+   AND (status IN (%s, %s)
+        OR (status = %s AND run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND))
+ LIMIT 1
+"""
+#: Whether queue %s holds a message in status %s, labelled with the queue: one dive into
+#: the claim index, one arm of a ``UNION ALL``.
+QUEUE_HOLDS_SQL = f"""
+SELECT %s, EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+                   WHERE queue = %s AND status = %s LIMIT 1)
+"""
 #: "Access denied; you need the PROCESS privilege", and "SELECT command denied".
 _NO_PRIVILEGE = frozenset({1227, 1142})
 
 
 def queue_counts(queues: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
     """``{queue: {status: count}}`` of unfinished messages."""
-    sql = f"SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE}"
-    params: list[Any] = []
-    if queues:
-        sql += " WHERE queue IN (" + ", ".join(["%s"] * len(queues)) + ")"
-        params = list(queues)
-    sql += " GROUP BY queue, status"
+    sql = QUEUE_COUNTS_SQL.format(queues=placeholders(len(queues))) if queues \
+        else ALL_QUEUE_COUNTS_SQL
+    params: list[Any] = list(queues or ())
     counts: dict[str, dict[str, int]] = {}
     with connection_for().cursor() as cursor:
         cursor.execute(sql, params)
@@ -120,12 +137,9 @@ def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
     ``--burst`` workers stop when this turns false; retries due within
     ``scheduled_within`` seconds still count as work to wait for.
     """
-    placeholders = ", ".join(["%s"] * len(queues))
     with connection_for().cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({placeholders}) AND "
-            "(status IN (%s, %s) OR (status = %s AND "
-            "run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)) LIMIT 1",
+            HAS_PENDING_SQL.format(queues=placeholders(len(queues))),
             [*queues, MessageStatus.READY, MessageStatus.CLAIMED, MessageStatus.SCHEDULED,
              micros(scheduled_within)],
         )
@@ -145,7 +159,7 @@ class QueueOverview:
     capped: frozenset[str] = frozenset()
 
 
-def _groups(cursor: Any) -> list[tuple[str, str, int, int]]:
+def claim_groups(cursor: Any) -> list[tuple[str, str, int, int]]:
     """Every (queue, status, priority) of unfinished messages with its smallest id."""
     cursor.execute(FIRST_GROUP_SQL)
     row = cursor.fetchone()
@@ -171,7 +185,7 @@ def queue_overview(cap: int | None = None) -> dict[str, QueueOverview]:
     """
     limit = _limit(cap)
     with connection_for().cursor() as cursor:
-        groups = _groups(cursor)
+        groups = claim_groups(cursor)
         pairs = sorted({(queue, status) for queue, status, _, _ in groups})
         counted: list[tuple[str, str, int]] = []
         if pairs:
@@ -223,6 +237,19 @@ def queue_names(limit: int = 200) -> list[str]:
             cursor.execute(NEXT_QUEUE_SQL, [names[-1]])
             row = cursor.fetchone()
     return names
+
+
+def queues_holding(status: str, limit: int = 200) -> list[str]:
+    """Names of the queues (of the first ``limit``) that hold a message in ``status``, in
+    order: the skip scan of ``queue_names``, then one dive per queue."""
+    names = queue_names(limit)
+    if not names:
+        return []
+    with connection_for().cursor() as cursor:
+        cursor.execute(" UNION ALL ".join([QUEUE_HOLDS_SQL] * len(names)),
+                       [p for name in names for p in (name, name, status)])
+        holding = {str(name) for name, holds in cursor.fetchall() if holds}
+    return [name for name in names if name in holding]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,9 @@ from typing import Any
 
 from ..messages import NewMessage
 from ..models import Outcome
-from .base import ATTEMPT_TABLE, MESSAGE_TABLE, placeholders
-from .enqueue import _INSERT_COLUMNS, INSERT_ROW_BYTES, _row
-from .fanout import check_warnings
+from .base import ATTEMPT_TABLE, placeholders
+from .enqueue import INSERT_ROW_BYTES, _row
+from .fanout import INSERT_IGNORE_HEAD, check_warnings
 from .operate import Operator
 from .packets import escaped_size, split_by_size
 
@@ -31,7 +31,6 @@ KEY_PREFIX = "replay:"
 ALREADY_REPLAYED_SQL = f"""
 SELECT DISTINCT replayed_from FROM {ATTEMPT_TABLE} WHERE replayed_from IN ({{ids}})
 """
-INSERT_COPIES_HEAD = f"INSERT IGNORE INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES "
 #: MariaDB returns the rows it inserted (not the ones IGNORE skipped).
 INSERT_COPIES_RETURNING = " RETURNING id, dedup_key"
 REPLAY_HISTORY_HEAD = f"""
@@ -81,7 +80,7 @@ def _insert_copies(conn: Any, cursor: Any, copies: Sequence[ReplayCopy]) -> dict
             row, row_params = _row(copy.message)
             rows.append(row)
             params.extend(row_params)
-        cursor.execute(INSERT_COPIES_HEAD + ", ".join(rows) + INSERT_COPIES_RETURNING, params)
+        cursor.execute(INSERT_IGNORE_HEAD + ", ".join(rows) + INSERT_COPIES_RETURNING, params)
         new = {int(str(key)[len(KEY_PREFIX):]): int(message_id)
                for message_id, key in cursor.fetchall()}
         check_warnings(conn, len(copies) - len(new))
@@ -89,7 +88,7 @@ def _insert_copies(conn: Any, cursor: Any, copies: Sequence[ReplayCopy]) -> dict
     new = {}
     for copy in copies:  # MySQL has no INSERT … RETURNING: one by one, to learn each id
         row, row_params = _row(copy.message)
-        cursor.execute(INSERT_COPIES_HEAD + row, row_params)
+        cursor.execute(INSERT_IGNORE_HEAD + row, row_params)
         if cursor.rowcount:
             new[copy.original] = int(cursor.lastrowid)
         check_warnings(conn, 1 - int(cursor.rowcount))

@@ -157,10 +157,7 @@ def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -
         except DatabaseError as exc:  # 4025 arrives as an IntegrityError, 1153 operational
             if not attempt.recoverable(exc):
                 raise
-    for message in messages:
-        if message.id not in owned:
-            logger.warning("%s #%s finished after its claim was recovered by a peer; it will "
-                           "run again (at-least-once).", message.task_name, message.id)
+    # A message not in ``owned`` runs again: the worker's attempt line says so.
     return owned
 
 
@@ -285,9 +282,7 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
         return True
 
     if not in_transaction(alias, body):
-        logger.warning("%s #%s failed after its claim was recovered by a peer; its new "
-                       "owner decides what happens next.", message.task_name, message.id)
-        return str(Outcome.LOST)
+        return str(Outcome.LOST)  # the worker's attempt line says so
     return str(outcome)
 
 

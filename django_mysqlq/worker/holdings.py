@@ -64,6 +64,9 @@ class Holdings:
         self._waiting: dict[int, ClaimedMessage] = {}
         self._running: dict[int, RunningTask] = {}
         self._given_back: list[ClaimedMessage] = []
+        #: Taken for release whose release is not known to have been written yet: a second
+        #: signal arriving meanwhile releases them again (a release is idempotent).
+        self._releasing: dict[Pair, ClaimedMessage] = {}
         self._in_flight = 0
         self._lost: set[Pair] = set()
         #: Cleared when the control connection failed: until the claims are checked again
@@ -139,7 +142,11 @@ class Holdings:
             return list(self._running.values())
 
     def take_unstarted(self) -> list[ClaimedMessage]:
-        """Empty the inbox (and what threads gave back) for release; frees their slots."""
+        """Empty the inbox (and what threads gave back) for release; frees their slots.
+
+        They are remembered as being released until :meth:`released` says the release
+        was written, so that a forced exit in between still gives them back.
+        """
         unstarted: list[ClaimedMessage] = []
         while True:
             try:
@@ -152,7 +159,34 @@ class Holdings:
             unstarted.extend(self._given_back)
             self._given_back.clear()
             self._in_flight -= len(unstarted)
+            self._releasing.update((pair(m), m) for m in unstarted)
         return unstarted
+
+    def released(self, messages: list[ClaimedMessage]) -> None:
+        """Their release was written (or given up on): nothing more to do for them."""
+        with self._lock:
+            for message in messages:
+                self._releasing.pop(pair(message), None)
+
+    def unstarted_for_forced_exit(self, patience: float) -> list[ClaimedMessage]:
+        """Everything not started, for a second signal's release: the inbox, what threads
+        gave back, and a release under way (it may never finish: the process exits).
+
+        Runs on the exit helper's thread while the main thread sits in the signal handler,
+        possibly interrupted while holding a lock here: after ``patience`` seconds it reads
+        without the lock rather than wait for ever (the main thread won't run again).
+        """
+        locked = self._lock.acquire(timeout=patience)
+        inbox_locked = self._inbox.mutex.acquire(timeout=patience)
+        try:
+            found = [m for m in list(self._inbox.queue) if m is not None]
+            found += list(self._given_back) + list(self._releasing.values())
+        finally:
+            if inbox_locked:
+                self._inbox.mutex.release()
+            if locked:
+                self._lock.release()
+        return list({pair(m): m for m in found}.values())
 
     def close(self, threads: int) -> None:
         """Tell every task thread to end once the inbox is empty."""

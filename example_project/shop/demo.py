@@ -16,6 +16,7 @@ from django.db.models import Count
 
 from django_mysqlq.models import Attempt, Message, MessageStatus, Outcome
 
+from .crash import Recovery, recovery_of, recovery_problems
 from .models import DemoRun, Invoice, Order, OrderEvent, OrderStatus
 from .tasks import charge_card, record_order_event
 
@@ -138,6 +139,8 @@ class Report:
     invoices: int
     events: Counter[str]
     repeated_events: int
+    #: The recovery of the worker ``demokill`` killed, when the run killed one.
+    recovery: Recovery | None
     problems: list[str]
 
     @property
@@ -229,9 +232,9 @@ def build_report(run: DemoRun) -> Report:
         dead_examples=dead_examples, first_started=first_started, last_finished=last_finished,
         orders=orders, invoices=Invoice.objects.filter(order__run=run).count(), events=events,
         repeated_events=OrderEvent.objects.filter(order__run=run, times__gt=1).count(),
-        problems=[],
+        recovery=recovery_of(run), problems=[],
     )
-    report.problems = _consistency_problems(report)
+    report.problems = _consistency_problems(report) + recovery_problems(report.recovery)
     return report
 
 

@@ -16,6 +16,11 @@ class DemoRun(models.Model):
     orders = models.PositiveIntegerField(default=0)
     #: Id of the first queue message this run enqueued; later runs start above it.
     first_message_id = models.BigIntegerField(null=True, blank=True)
+    #: The worker ``demokill`` killed with SIGKILL mid-run, when (database clock), and how
+    #: many claimed messages it left behind: ``demoreport`` shows their recovery.
+    killed_worker = models.CharField(max_length=200, blank=True, default="")
+    killed_at = models.DateTimeField(null=True, blank=True)
+    killed_holding = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-id"]

@@ -354,3 +354,10 @@ def naps(label: str, seconds: float) -> str:
     Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
     time.sleep(seconds)
     return label
+
+
+@queue_task(max_attempts=1)
+def fails_verbosely(size: int) -> None:
+    """Fails at once with a message of two lines and ``size`` more characters: the log
+    line cuts it, the history keeps it (tests/test_worker_logging.py)."""
+    raise ValueError("first line\nsecond line " + "x" * size)

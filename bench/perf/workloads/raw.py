@@ -27,8 +27,9 @@ claim_module = importlib.import_module("django_mysqlq.broker.claim")
 enqueue_module = importlib.import_module("django_mysqlq.broker.enqueue")
 settle_module = importlib.import_module("django_mysqlq.broker.settle")
 
-_INSERT_HEAD = f"INSERT INTO {broker.MESSAGE_TABLE} ({enqueue_module._INSERT_COLUMNS}) VALUES "
-#: The row the library writes for a message that is ready at once.
+#: The library's enqueue statements and the row it writes for a message ready at once.
+_INSERT = enqueue_module.INSERT_SQL
+_INSERT_RETURNING = enqueue_module.INSERT_RETURNING_SQL
 _INSERT_ROW = enqueue_module._INSERT_ROW_NOW_NO_KEY
 #: queue, task, payload, priority, max_attempts, backoff, timeout
 _ROW_PARAMS = [DEFAULT_QUEUE, NOOP_TASK, NOOP_PAYLOAD, 0, 1, 0.0, None]
@@ -72,7 +73,7 @@ def run(ctx: Context) -> None:
 def _single_inserts(ctx: Context, count: int) -> None:
     cur = ctx.conn.cursor()
     cur.execute("TRUNCATE TABLE mysqlq_message")
-    sql = _INSERT_HEAD + _INSERT_ROW
+    sql = _INSERT.format(rows=_INSERT_ROW)
     started = time.perf_counter()
     for _ in range(count):
         cur.execute(sql, _ROW_PARAMS)
@@ -86,7 +87,7 @@ def _single_inserts_txn(ctx: Context, count: int) -> None:
     conn = ctx.conn
     cur = conn.cursor()
     cur.execute("TRUNCATE TABLE mysqlq_message")
-    sql = _INSERT_HEAD + _INSERT_ROW
+    sql = _INSERT.format(rows=_INSERT_ROW)
     started = time.perf_counter()
     try:
         for _ in range(count):
@@ -105,7 +106,7 @@ def _single_inserts_txn(ctx: Context, count: int) -> None:
 def _multi_inserts(ctx: Context, statements: int) -> None:
     cur = ctx.conn.cursor()
     cur.execute("TRUNCATE TABLE mysqlq_message")
-    sql = _INSERT_HEAD + ", ".join([_INSERT_ROW] * 1000) + " RETURNING id"
+    sql = _INSERT_RETURNING.format(rows=", ".join([_INSERT_ROW] * 1000))
     params = _ROW_PARAMS * 1000
     started = time.perf_counter()
     for _ in range(statements):

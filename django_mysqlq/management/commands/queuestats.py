@@ -20,7 +20,8 @@ def _table(data: ops.Dashboard) -> str:
     for q in data.queues:
         oldest = "-" if q.oldest_ready_seconds is None else f"{q.oldest_ready_seconds:.0f}s"
         rate = "-" if q.failure_rate is None else f"{100 * q.failure_rate:.0f}"
-        rows.append((q.name + (" (paused)" if q.paused else ""), str(q.ready),
+        marks = (" (paused)" if q.paused else "") + (" (no worker)" if q.unserved else "")
+        rows.append((q.name + marks, str(q.ready),
                      str(q.scheduled), str(q.claimed), str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -28,6 +29,8 @@ def _table(data: ops.Dashboard) -> str:
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.append(f"workers alive: {data.workers_alive}   stuck: {data.stuck}")
+    if data.unserved:
+        lines.append(f"WARNING: {data.unserved_text}")
     lines.append(f"purge lag: {data.purge_lag.describe()}")
     if data.purge_warning:
         lines.append(f"WARNING: {data.purge_warning}")

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_mysqlq.models import MessageStatus, Outcome
-from example_project.shop import demo
+from example_project.shop import crash, demo
 from example_project.shop.models import DemoRun
 
 OUTCOMES = (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.FAILED, Outcome.LOST, Outcome.CANCELLED)
@@ -43,7 +43,8 @@ class Command(BaseCommand):
                                    f"run {run.pk}.")
         else:
             self.stdout.write("Consistency: OK (every order is paid with an invoice or "
-                              "payment_failed with a dead charge; every event recorded once).")
+                              "payment_failed with a dead charge; every event recorded; "
+                              "nothing the killed worker held was lost).")
 
     def _print(self, report: demo.Report) -> None:
         out = self.stdout.write
@@ -69,3 +70,19 @@ class Command(BaseCommand):
         events = " ".join(f"{kind}={count}" for kind, count in sorted(report.events.items()))
         out(f"Shop: orders {orders}; invoices={report.invoices}")
         out(f"      events {events}; recorded more than once={report.repeated_events}")
+        if report.recovery is not None:
+            self._print_recovery(report.recovery)
+
+    def _print_recovery(self, r: crash.Recovery) -> None:
+        out = self.stdout.write
+        out(f"kill -9: worker {r.worker} at {r.killed_at:%H:%M:%S.%f} UTC, holding "
+            f"{r.holding} claimed message(s), {r.started} of them started")
+        if not r.recovered_after:
+            out("  recovered: none")
+            return
+        out(f"  recovered by its peers: {len(r.recovered_after)} message(s), "
+            f"{r.fastest:.1f}-{r.slowest:.1f}s after the kill (a 'lost' attempt each; "
+            f"{r.started} spent an attempt, {len(r.recovered_after) - r.started} got theirs "
+            "back)")
+        rerun = ", ".join(f"{worker} ({count})" for worker, count in sorted(r.rerun_by.items()))
+        out(f"  run again by: {rerun or 'nobody yet'}; unfinished: {len(r.unfinished)}")

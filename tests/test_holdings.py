@@ -1,0 +1,44 @@
+"""Holdings bookkeeping that a real-process test can hit only by luck: a second signal
+arriving while the first one's release of the unstarted messages is under way."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+from django_mysqlq.messages import ClaimedMessage
+from django_mysqlq.worker.holdings import Holdings
+
+
+def _message(message_id: int) -> ClaimedMessage:
+    return ClaimedMessage(
+        id=message_id, queue="default", task_name="t", payload="{}", priority=0, attempt=1,
+        max_attempts=3, retry_backoff=1.0, timeout=None,
+        enqueued_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), claim_token=f"tok{message_id}",
+        connection_id=1)
+
+
+def _holdings() -> Holdings:
+    return Holdings(threading.Event(), threading.Event(), fresh_seconds=10.0,
+                    clock=lambda: dt.datetime.now(dt.UTC))
+
+
+def test_a_release_under_way_is_still_released_by_a_forced_exit():
+    holdings = _holdings()
+    holdings.add([_message(1), _message(2)])
+    taken = holdings.take_unstarted()  # the first signal's drain took them ...
+    assert {m.id for m in taken} == {1, 2}
+    # ... and a second signal comes before its release is written: nothing may be dropped.
+    assert {m.id for m in holdings.unstarted_for_forced_exit(0.1)} == {1, 2}
+    holdings.released(taken)
+    assert holdings.unstarted_for_forced_exit(0.1) == []
+
+
+def test_a_forced_exit_reads_the_holdings_even_if_the_interrupted_thread_holds_the_lock():
+    holdings = _holdings()
+    holdings.add([_message(3)])
+    holdings._lock.acquire()  # the main thread, interrupted by the signal inside a method
+    try:
+        assert [m.id for m in holdings.unstarted_for_forced_exit(0.05)] == [3]
+    finally:
+        holdings._lock.release()
