@@ -111,6 +111,16 @@ class QueueSettings:
     #: A schedule's occurrence enqueued at most this many seconds late is on time; one
     #: older was missed (no worker ran) and follows the schedule's ``catch_up`` policy.
     SCHEDULE_GRACE_SECONDS: float = 60.0
+    # The Spark pipeline (``queuepipeline``, the ``spark`` extra): see docs/pipeline.md.
+    #: The JDBC driver jar Spark loads (``spark.jars``): Debian's libmariadb-java by
+    #: default. "" adds none (a cluster that ships its own, or ``spark.jars.packages``).
+    SPARK_JDBC_JAR: str = "/usr/share/java/mariadb-java-client.jar"
+    #: The JDBC driver class in that jar.
+    SPARK_JDBC_DRIVER: str = "org.mariadb.jdbc.Driver"
+    #: Most database connections one pipeline stage opens at once (reads and writes).
+    SPARK_MAX_CONNECTIONS: int = 4
+    #: Primary-key ids per read partition: each partition is one short SELECT.
+    SPARK_PARTITION_ROWS: int = 100_000
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(QueueSettings)}
@@ -165,6 +175,12 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
         value, option, 0, 1000))
 
+    check("SPARK_MAX_CONNECTIONS", whole(1000))
+    check("SPARK_PARTITION_ROWS", lambda value, option: limits.whole_problem(
+        value, option, 1000, 100_000_000))
+    for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
+        if name in values and not isinstance(values[name], str):
+            problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
     for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")

@@ -197,6 +197,9 @@ class Attempt(models.Model):
     #: Who did it, for operator actions ("admin:alice", "cli:root"); empty for attempts.
     #: A database default too: the broker's raw INSERTs (and older workers) omit it.
     actor = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: On a ``replayed`` row: the message this one is a copy of (the pipeline's replay
+    #: skips originals that already have one, so a re-run enqueues nothing twice).
+    replayed_from = models.BigIntegerField(null=True, blank=True)
 
     objects = AttemptQuerySet.as_manager()
 
@@ -211,6 +214,7 @@ class Attempt(models.Model):
             models.Index(fields=["outcome", "finished_at"], name="mysqlq_att_outcome"),
             models.Index(fields=["task_name", "finished_at"], name="mysqlq_att_task"),
             models.Index(fields=["queue", "finished_at"], name="mysqlq_att_queue"),
+            models.Index(fields=["replayed_from"], name="mysqlq_att_replayed"),
         ]
 
     def __str__(self) -> str:

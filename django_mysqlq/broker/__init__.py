@@ -22,6 +22,10 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``overview``   read-only counts for the dashboard and the CLI
 ``purge``      retention: history, dead messages, stopped workers' rows
 ``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
+``pipeline``   what the Spark pipeline reads (id bounds, the partitions' SELECTs)
+``archive``    the archive's source check and exact deletes
+``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
+``replay``     bulk replay, each copy linked to its original
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.

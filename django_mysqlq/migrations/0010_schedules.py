@@ -30,7 +30,7 @@ class Migration(migrations.Migration):
     atomic = False  # DDL on MySQL commits anyway
 
     dependencies = [
-        ('django_mysqlq', '0008_worker_queues_text'),
+        ('django_mysqlq', '0009_attempt_replayed_from'),
     ]
 
     operations = [
