@@ -7,6 +7,7 @@
   action), the trace the admin shows and the input of analytics.
 * :class:`Worker` is one row per live worker process, renewed by heartbeats.
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
+* :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -272,6 +273,59 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
+
+
+class Schedule(models.Model):
+    """A recurring task: the code declares it, workers enqueue each occurrence once.
+
+    Workers write a row per schedule their code declares when they start (and mark the
+    rest ``removed_at``); the row then holds what each occurrence's message is made of,
+    so any worker can enqueue it, and ``next_run_at``, the first occurrence not yet
+    enqueued. Enqueuing an occurrence and moving ``next_run_at`` on is one transaction
+    whose ``UPDATE … WHERE name = %s AND next_run_at = %s`` only one worker can win.
+    """
+
+    name = models.CharField(max_length=255, primary_key=True)
+    #: ``code`` (``@queue_task(cron=...)``) or ``settings`` (``MYSQLQ['SCHEDULES']``).
+    source = models.CharField(max_length=8)
+    # What each occurrence's message is made of.
+    task_name = models.CharField(max_length=255)
+    queue = models.CharField(max_length=64)
+    priority = models.SmallIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    retry_backoff = models.FloatField()
+    timeout = models.FloatField(null=True, blank=True)
+    payload = models.TextField()
+    # When.
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    #: ``skip``, ``latest`` or ``all``: what happens to occurrences missed while no
+    #: worker ran (see docs/schedules.md).
+    catch_up = models.CharField(max_length=6)
+    paused = models.BooleanField(default=False)
+    #: The first occurrence not enqueued yet (UTC); NULL until a worker computes it.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    #: The last occurrence enqueued, when it was enqueued, and its message.
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
+    last_message_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    #: When a starting worker last found it in its code.
+    declared_at = models.DateTimeField()
+    #: Set when a worker started without it in its code: it no longer fires.
+    removed_at = models.DateTimeField(null=True, blank=True)
+    #: Why workers can't compute its occurrences (a row changed by hand); '' when fine.
+    error = models.TextField(blank=True, default="")
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "mysqlq_schedule"
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause, resume and prune recurring tasks")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"
 
 
 class StuckMessage(Message):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker, limits
+from . import broker, limits, scheduling
 from .broker import Operator
 from .conf import get_settings
 from .exceptions import UnknownTask
@@ -250,6 +250,8 @@ class Dashboard:
     purge_warning: str | None
     #: Queues with ready messages that no live worker serves, by name.
     unserved: list[broker.UnservedQueue] = dataclasses.field(default_factory=list)
+    #: Recurring tasks with their last and next run.
+    schedules: list[scheduling.ScheduleStatus] = dataclasses.field(default_factory=list)
 
     @property
     def unserved_text(self) -> str:
@@ -271,6 +273,7 @@ class Dashboard:
             ],
             "top_failing": [{"task": t, "failures": n} for t, n in self.top_failing],
             "per_minute": self.per_minute,
+            "schedules": [schedule.as_json() for schedule in self.schedules],
         }
 
 
@@ -321,4 +324,5 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
     return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
-                     purge_lag=lag, purge_warning=lag.warning(), unserved=unserved)
+                     purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
+                     schedules=scheduling.statuses())

@@ -14,9 +14,11 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import calls, limits, payload
+from . import calls, limits, payload, retries
 from .conf import get_settings
-from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
+from .cron import CronError, CronSchedule
+from .cron import declare as cron_declare
+from .exceptions import InvalidTaskOptions, QueueError, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
 from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
@@ -121,6 +123,15 @@ class QueueTask(Generic[P, R]):
     options: EnqueueOptions = EnqueueOptions()
     #: Set for tasks found by a resolver (see ``TaskRegistry.add_resolver``).
     hooks: TaskHooks | None = None
+    #: Exceptions that alone retry (empty: all), and exceptions that never retry.
+    retry_on: retries.ExceptionClasses = ()
+    dont_retry: retries.ExceptionClasses = ()
+    #: Delays of the n-th retry, the last repeating (empty: exponential ``retry_backoff``).
+    retry_schedule: tuple[float, ...] = ()
+    #: The function's first parameter receives a :class:`~django_mysqlq.context.TaskContext`.
+    takes_context: bool = False
+    #: Its recurring schedule (``cron=...``), enqueued by the workers; None for most tasks.
+    schedule: CronSchedule | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -153,7 +164,8 @@ class QueueTask(Generic[P, R]):
     def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
                      checked: bool = False, where: str = "") -> NewMessage:
         if not checked:
-            calls.check_call(self.name, self.func, args, kwargs, where=where)
+            calls.check_call(self.name, self.func, args, kwargs, where=where,
+                             skip_first=self.takes_context)
         opts = self.options
         return NewMessage(
             task_name=self.name,
@@ -193,7 +205,7 @@ class QueueTask(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
         """One call's arguments, for :meth:`enqueue_many`: type-checked like a real call,
         and checked against the signature here (:class:`TaskArgumentError`)."""
-        calls.check_call(self.name, self.func, args, kwargs)
+        calls.check_call(self.name, self.func, args, kwargs, skip_first=self.takes_context)
         return TaskCall(tuple(args), dict(kwargs), checked_for=self.func)
 
     def enqueue_many(self, calls: Iterable[TaskCall | Sequence[Any]]) -> list[MessageHandle]:
@@ -290,6 +302,44 @@ class TaskRegistry:
             return {task.queue for task in self._tasks.values()}
 
 
+def _check_takes_context(function: Callable[..., Any], takes_context: object) -> None:
+    if not isinstance(takes_context, bool):
+        raise InvalidTaskOptions(f"takes_context must be True or False, not {takes_context!r}.")
+    if not takes_context:
+        return
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to check (some C callables): the call will tell
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not parameters or parameters[0].kind not in positional:
+        raise InvalidTaskOptions(
+            f"{_qualified(function)} has takes_context=True, so its first parameter receives "
+            "the task context: add one, e.g. def task(context, ...).")
+
+
+def _declare_schedule(task: QueueTask[Any, Any], expression: object, tz: object,
+                      catch_up: object, args: object, kwargs: object) -> CronSchedule:
+    """Check ``cron=...`` and the arguments each occurrence is called with."""
+    try:
+        declared = cron_declare(task.name, expression, tz, catch_up, args, kwargs)
+    except CronError as exc:
+        raise InvalidTaskOptions(str(exc)) from None
+    try:
+        calls.check_call(task.name, task.func, declared.args, declared.kwargs,
+                         skip_first=task.takes_context)
+        payload.encode(task.name, declared.args, declared.kwargs,
+                       get_settings().MAX_PAYLOAD_BYTES)
+    except QueueError as exc:
+        raise InvalidTaskOptions(
+            f"{task.name}: each occurrence of cron={declared.cron!r} calls it with "
+            f"cron_args={list(declared.args)!r} and cron_kwargs={declared.kwargs!r}, which "
+            f"can't be used: {str(exc).replace('; nothing was enqueued', '')} Give "
+            "cron_args/cron_kwargs that fit, or defaults to its parameters.") from None
+    return declared
+
+
 def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
@@ -335,10 +385,18 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -349,10 +407,18 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
@@ -364,9 +430,14 @@ def queue_task(
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
         conf = get_settings()
         attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
-        backoff = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
+        backoff: object = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
         _checked(limits.max_attempts_problem(attempts))
+        schedule: tuple[float, ...] = ()
+        if isinstance(backoff, list | tuple):
+            schedule = retries.backoff_schedule(backoff)
+            backoff = schedule[0]  # what a worker without schedules uses: the first delay
         _checked(limits.seconds_problem(backoff, "retry_backoff"))
+        assert isinstance(backoff, int | float)
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if atomic and inspect.iscoroutinefunction(function):
@@ -379,6 +450,7 @@ def queue_task(
             raise InvalidTaskOptions(
                 f"name must be a non-empty string of at most 255 characters, not {task_name!r}."
             )
+        _check_takes_context(function, takes_context)
         task: QueueTask[P, R] = QueueTask(
             func=function,
             name=task_name,
@@ -388,7 +460,18 @@ def queue_task(
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
             atomic=bool(atomic),
+            retry_on=retries.exception_classes(retry_on, "retry_on"),
+            dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
+            retry_schedule=schedule,
+            takes_context=takes_context,
         )
+        if cron is not None:
+            task = dataclasses.replace(task, schedule=_declare_schedule(
+                task, cron, cron_tz, catch_up, cron_args, cron_kwargs))
+        elif (cron_tz, catch_up, tuple(cron_args), cron_kwargs) != (None, "skip", (), None):
+            raise InvalidTaskOptions(
+                f"{task_name}: cron_tz, catch_up, cron_args and cron_kwargs go with cron=...; "
+                "give the schedule's cron expression too.")
         registry.register(task)
         return task
 

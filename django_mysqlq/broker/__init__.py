@@ -20,8 +20,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
-``purge``      history retention
 ``purge``      retention: history, dead messages, stopped workers' rows
+``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
 ``pipeline``   what the Spark pipeline reads (id bounds, the partitions' SELECTs)
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
@@ -98,6 +98,12 @@ from .recover import (
     release_strays,
     renew_leases,
 )
+from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import fire_due as fire_due_schedules
+from .schedules import prune as prune_schedules
+from .schedules import run_now as run_schedule_now
+from .schedules import set_paused as set_schedules_paused
+from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
     Deferral,
@@ -129,7 +135,9 @@ __all__ = [
     "WORKER_TABLE",
     "AttemptResult",
     "ClaimedMessage",
+    "DeclaredSchedule",
     "Deferral",
+    "Fired",
     "HistoryBucket",
     "Mark",
     "NewMessage",
@@ -139,6 +147,7 @@ __all__ = [
     "QueueOverview",
     "Runner",
     "Stuck",
+    "Synced",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -164,6 +173,7 @@ __all__ = [
     "error_code",
     "fail",
     "finish_by",
+    "fire_due_schedules",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -178,6 +188,7 @@ __all__ = [
     "own_connection",
     "paused_queues",
     "promote_due",
+    "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -195,13 +206,16 @@ __all__ = [
     "replay",
     "requeue",
     "retry_delay",
+    "run_schedule_now",
     "send_robust",
     "served_queues",
     "set_paused",
     "set_priority",
+    "set_schedules_paused",
     "stats",
     "status_counts",
     "stuck_messages",
+    "sync_schedules",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

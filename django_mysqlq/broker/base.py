@@ -30,6 +30,7 @@ MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
 QUEUE_TABLE = "mysqlq_queue"
+SCHEDULE_TABLE = "mysqlq_schedule"
 
 DEADLOCK = 1213
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.

@@ -255,8 +255,11 @@ def retry_delay(message: ClaimedMessage) -> float:
 
 
 def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
-         *, retry: bool = True) -> str:
+         *, retry: bool = True, retry_in: float | None = None) -> str:
     """Record a failed attempt; schedule a retry or, out of attempts, make it dead.
+
+    ``retry=False`` makes it dead at once; ``retry_in`` is the retry's delay in seconds
+    (the task's backoff schedule, or what it asked for), else the exponential backoff.
 
     Returns the outcome written (``retried`` or ``failed``), or ``lost`` when a peer had
     recovered the message meanwhile: then nothing is written (the recovery already
@@ -266,7 +269,7 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     will_retry = retry and message.attempt < message.max_attempts
     outcome = Outcome.RETRIED if will_retry else Outcome.FAILED
     summary = f"{result.error_class}: {result.error_message}".strip(": ")
-    delay = retry_delay(message) if will_retry else 0.0
+    delay = (retry_delay(message) if retry_in is None else retry_in) if will_retry else 0.0
     params = attempt_params(message, outcome, runner, result, not will_retry)
 
     def body(cursor: Any) -> bool:

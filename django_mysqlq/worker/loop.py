@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..signals import task_overran, worker_started
 from ..tasks import import_task_modules
-from . import draining, fatal, queues, retention
+from . import draining, fatal, queues, retention, schedules
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -143,12 +143,13 @@ class Worker:
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
                     " (burst)" if self.options.burst else "")
-        if self.options.report_queues:
-            try:
+        try:
+            self._call_until_up(lambda: schedules.start(self.id))
+            if self.options.report_queues:
                 queues.report(f"Worker {self.id}", self.options.queues)
-            except WorkerCannotRun:
-                draining.deregister(self)  # its row must not count as serving its queues
-                raise
+        except WorkerCannotRun:
+            draining.deregister(self)  # its row must not count as serving its queues
+            raise
         if self.acker is not None:
             self.acker.start()
         for index in range(self.options.concurrency):
@@ -244,6 +245,7 @@ class Worker:
             due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
             broker.promote_due()
+            schedules.fire()  # recurring tasks' due occurrences, once whoever fires them
             due.promote = now + conf.POLL_SECONDS
         self._report_overruns()
         if now >= due.summary:

@@ -11,6 +11,8 @@ from django.core.management.base import BaseCommand
 
 from django_mysqlq import ops
 
+from .queueschedule import table as schedule_table
+
 COLUMNS = ("queue", "ready", "scheduled", "claimed", "dead", "oldest", "1m", "5m", "60m",
            "fail%")
 
@@ -37,12 +39,14 @@ def _table(data: ops.Dashboard) -> str:
     if data.top_failing:
         lines.append("top failing (60 min): " + ", ".join(f"{t} ({n})"
                                                             for t, n in data.top_failing[:5]))
+    if data.schedules:
+        lines.extend(["", schedule_table(data.schedules)])
     return "\n".join(lines)
 
 
 class Command(BaseCommand):
     help = ("Per-queue counts, oldest ready age, throughput and failure rate; workers alive; "
-            "the server's purge lag.")
+            "the server's purge lag; recurring tasks with their last and next run.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")
