@@ -1,7 +1,9 @@
-"""System checks: settings (E001-E004, W002) and the live server (W001)."""
+"""System checks: settings (E001-E006, W002, W003) and the live server (W001)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +14,25 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.utils import load_backend
 
-from .conf import SettingsError, load_settings
+from .conf import QueueSettings, SettingsError, load_settings
+
+
+def queue_vendor(alias: str) -> str:
+    """The vendor of the database ``alias`` (by backend, so MySQL wrappers count as mysql)."""
+    engine = str(settings.DATABASES[alias].get("ENGINE", ""))
+    try:
+        return str(load_backend(engine).DatabaseWrapper.vendor)
+    except ImproperlyConfigured:
+        return "unknown"
+
+
+#: What to do about a queue database that isn't MySQL (E003 and E104 say it).
+NOT_MYSQL_HINT = (
+    "django-mysqlq needs MySQL or MariaDB (ENGINE 'django.db.backends.mysql'). To run your "
+    "tests on another database, turn the test mode on in the test settings: "
+    "MYSQLQ = {'IMMEDIATE': True} runs each enqueued task in-process after the commit "
+    "(see docs/testing.md)."
+)
 
 
 @register()
@@ -32,16 +52,13 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
             f"MYSQLQ['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES.",
             hint=f"Use one of: {', '.join(settings.DATABASES)}.", id="django_mysqlq.E002"))
     else:
-        engine = str(settings.DATABASES[conf.DATABASE].get("ENGINE", ""))
-        try:  # by vendor, so MySQL wrappers and subclassed backends pass
-            vendor = load_backend(engine).DatabaseWrapper.vendor
-        except ImproperlyConfigured:
-            vendor = "unknown"
-        if vendor != "mysql":
+        vendor = queue_vendor(conf.DATABASE)
+        # The test mode touches no queue table: any database will do.
+        if vendor != "mysql" and not conf.IMMEDIATE:
+            engine = settings.DATABASES[conf.DATABASE].get("ENGINE", "")
             errors.append(Error(
                 f"The queue database {conf.DATABASE!r} uses {engine!r} ({vendor}).",
-                hint="django-mysqlq needs MySQL or MariaDB (ENGINE "
-                     "'django.db.backends.mysql').", id="django_mysqlq.E003"))
+                hint=NOT_MYSQL_HINT, id="django_mysqlq.E003"))
     if not settings.USE_TZ:
         errors.append(Error(
             "USE_TZ is False.",
@@ -61,6 +78,8 @@ def check_binlog_format(app_configs: Sequence[AppConfig] | None = None,
         return []
     if not databases or alias not in databases or alias not in settings.DATABASES:
         return []
+    if queue_vendor(alias) != "mysql":
+        return []  # a statement error could abort a PostgreSQL transaction
     try:
         with connections[alias].cursor() as cursor:
             cursor.execute("SELECT @@GLOBAL.binlog_format")
@@ -83,6 +102,8 @@ def check_isolation_level(app_configs: Sequence[AppConfig] | None = None,
     except SettingsError:
         return []
     database: dict[str, Any] = settings.DATABASES.get(alias, {})
+    if not database or queue_vendor(alias) != "mysql":
+        return []  # another vendor's isolation_level means something else
     options: dict[str, Any] = database.get("OPTIONS") or {}
     level = options.get("isolation_level", "read committed")
     if isinstance(level, str) and level.lower() == "read committed":
@@ -97,3 +118,92 @@ def check_isolation_level(app_configs: Sequence[AppConfig] | None = None,
              "and tasks see your level. Remove the option (Django's default is 'read "
              "committed') unless your own code needs another level; see docs/install.md.",
         id="django_mysqlq.W002")]
+
+
+@register()
+def check_task_modules(app_configs: Sequence[AppConfig] | None = None,
+                       **kwargs: Any) -> list[CheckMessage]:
+    """Every module a worker imports at start must import: else it stops with a traceback.
+
+    ``MYSQLQ['TASK_MODULES']`` entries are looked up first (a typo names no module), then
+    imported to surface errors inside them; so are the installed apps' ``tasks`` modules
+    that exist. Importing is what a worker does anyway, and Python imports a module once.
+    """
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []  # E001 reports it
+    errors: list[CheckMessage] = []
+    for module, why in _task_modules(conf):
+        problem = _import_problem(module)
+        if problem is not None:
+            errors.append(Error(
+                f"{why} {module!r}, which can't be imported: {problem}",
+                hint="Fix the dotted module path (a module such as 'billing.jobs', not a "
+                     "file path or a function) or the error inside the module: workers "
+                     "import it at start and refuse to start until it imports.",
+                id="django_mysqlq.E005"))
+    return errors
+
+
+def _task_modules(conf: QueueSettings) -> list[tuple[str, str]]:
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    found = [(f"{config.name}.tasks", f"The app {config.label!r} has a tasks module")
+             for config in apps.get_app_configs()
+             if module_has_submodule(config.module, "tasks")]
+    found.extend((module, "MYSQLQ['TASK_MODULES'] lists") for module in conf.TASK_MODULES)
+    return found
+
+
+def _import_problem(module: str) -> str | None:
+    """Why ``module`` can't be imported, or None."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return f"no module named {module!r} exists."
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any error inside the module is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@register(deploy=True)
+def check_immediate_in_production(app_configs: Sequence[AppConfig] | None = None,
+                                  **kwargs: Any) -> list[CheckMessage]:
+    """The test mode runs tasks inside web requests: never what a deployment wants."""
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []
+    if not conf.IMMEDIATE:
+        return []
+    return [Warning(
+        "MYSQLQ['IMMEDIATE'] is True: every enqueued task runs inside the process that "
+        "enqueued it (a web request), once, without retries, and no worker sees it.",
+        hint="Set IMMEDIATE only in the settings your tests use.", id="django_mysqlq.W003")]
+
+
+@register()
+def check_schedules(app_configs: Sequence[AppConfig] | None = None,
+                    **kwargs: Any) -> list[CheckMessage]:
+    """Each ``MYSQLQ['SCHEDULES']`` entry names a registered task its arguments fit.
+
+    The task modules are imported first, as a worker does; if one can't be, E005 says so
+    and this check waits for it.
+    """
+    try:
+        load_settings()
+    except SettingsError:
+        return []
+    from . import recurring
+    from .tasks import import_task_modules
+
+    try:
+        import_task_modules()
+    except ImproperlyConfigured:
+        return []
+    return [Error(problem, hint="Fix MYSQLQ['SCHEDULES'] (docs/schedules.md): workers write "
+                                "every declared schedule when they start and refuse to "
+                                "start on one they can't write.", id="django_mysqlq.E006")
+            for problem in recurring.problems()]

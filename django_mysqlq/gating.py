@@ -54,15 +54,18 @@ def _fail(task: str, problem: str) -> InvalidTaskOptions:
     return InvalidTaskOptions(f"{task}: {problem}")
 
 
-def _source(func: Callable[..., Any], source: object, option: str, task: str
-            ) -> tuple[KeySource, inspect.Signature | None]:
-    """Check an argument name (it must be a parameter) or a function."""
+def _source(func: Callable[..., Any], source: object, option: str, task: str,
+            takes_context: bool = False) -> tuple[KeySource, inspect.Signature | None]:
+    """Check an argument name (it must be a parameter) or a function. With
+    ``takes_context`` the first parameter is the worker's, not the caller's."""
     if callable(source):
         return source, None
     if not isinstance(source, str) or not source:
         raise _fail(task, f"{option} must be the name of one of the task's arguments or a "
                           f"function of its arguments, not {source!r}.")
     signature = inspect.signature(func)
+    if takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
                     for p in signature.parameters.values())
     if source not in signature.parameters and not takes_any:
@@ -74,7 +77,7 @@ def _source(func: Callable[..., Any], source: object, option: str, task: str
 
 def declare(func: Callable[..., Any], task: str, *, ordered_by: object = None,
             on_dead: object = HOLD, concurrency_key: object = None,
-            concurrency_limit: object = None) -> TaskGate:
+            concurrency_limit: object = None, takes_context: bool = False) -> TaskGate:
     """Check a task's gate options; return its gate (``NO_GATE`` if it declares none)."""
     if on_dead not in ON_DEAD:
         raise _fail(task, f"on_dead must be 'hold' (a dead head holds its subject until an "
@@ -86,7 +89,7 @@ def declare(func: Callable[..., Any], task: str, *, ordered_by: object = None,
                           "subject, in order) or concurrency_key/concurrency_limit (N at "
                           "once per key, in no set order), not both.")
     if ordered_by is not None:
-        source, signature = _source(func, ordered_by, "ordered_by", task)
+        source, signature = _source(func, ordered_by, "ordered_by", task, takes_context)
         return TaskGate(source, True, str(on_dead), 1, None, signature)
     if concurrency_limit is None:
         if concurrency_key is not None:
@@ -100,7 +103,8 @@ def declare(func: Callable[..., Any], task: str, *, ordered_by: object = None,
     assert isinstance(concurrency_limit, int)
     if concurrency_key is None:  # one limit for the whole task
         return TaskGate(None, False, str(on_dead), concurrency_limit, task[-255:], None)
-    source, signature = _source(func, concurrency_key, "concurrency_key", task)
+    source, signature = _source(func, concurrency_key, "concurrency_key", task,
+                                takes_context)
     return TaskGate(source, False, str(on_dead), concurrency_limit, None, signature)
 
 

@@ -9,6 +9,7 @@
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
 * :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
   messages may hold a slot, how many do, and how many wait (``blocked``).
+* :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -232,6 +233,9 @@ class Attempt(models.Model):
     #: Who did it, for operator actions ("admin:alice", "cli:root"); empty for attempts.
     #: A database default too: the broker's raw INSERTs (and older workers) omit it.
     actor = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: On a ``replayed`` row: the message this one is a copy of (the pipeline's replay
+    #: skips originals that already have one, so a re-run enqueues nothing twice).
+    replayed_from = models.BigIntegerField(null=True, blank=True)
 
     objects = AttemptQuerySet.as_manager()
 
@@ -246,6 +250,7 @@ class Attempt(models.Model):
             models.Index(fields=["outcome", "finished_at"], name="mysqlq_att_outcome"),
             models.Index(fields=["task_name", "finished_at"], name="mysqlq_att_task"),
             models.Index(fields=["queue", "finished_at"], name="mysqlq_att_queue"),
+            models.Index(fields=["replayed_from"], name="mysqlq_att_replayed"),
         ]
 
     def __str__(self) -> str:
@@ -263,7 +268,9 @@ class Worker(models.Model):
     id = models.CharField(max_length=200, primary_key=True)
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
-    queues = models.CharField(max_length=1000)
+    #: Comma-separated, in claim order. Text: a worker serving every known queue may list
+    #: many, and every name must be whole for wake-ups (FIND_IN_SET) and the unserved check.
+    queues = models.TextField()
     concurrency = models.PositiveIntegerField()
     connection_id = models.PositiveBigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()
@@ -354,6 +361,59 @@ class Gate(models.Model):
     def __str__(self) -> str:
         kind = "subject" if self.ordered else "concurrency key"
         return f"{self.queue}: {kind} {self.gate_key}"
+
+
+class Schedule(models.Model):
+    """A recurring task: the code declares it, workers enqueue each occurrence once.
+
+    Workers write a row per schedule their code declares when they start (and mark the
+    rest ``removed_at``); the row then holds what each occurrence's message is made of,
+    so any worker can enqueue it, and ``next_run_at``, the first occurrence not yet
+    enqueued. Enqueuing an occurrence and moving ``next_run_at`` on is one transaction
+    whose ``UPDATE … WHERE name = %s AND next_run_at = %s`` only one worker can win.
+    """
+
+    name = models.CharField(max_length=255, primary_key=True)
+    #: ``code`` (``@queue_task(cron=...)``) or ``settings`` (``MYSQLQ['SCHEDULES']``).
+    source = models.CharField(max_length=8)
+    # What each occurrence's message is made of.
+    task_name = models.CharField(max_length=255)
+    queue = models.CharField(max_length=64)
+    priority = models.SmallIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    retry_backoff = models.FloatField()
+    timeout = models.FloatField(null=True, blank=True)
+    payload = models.TextField()
+    # When.
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    #: ``skip``, ``latest`` or ``all``: what happens to occurrences missed while no
+    #: worker ran (see docs/schedules.md).
+    catch_up = models.CharField(max_length=6)
+    paused = models.BooleanField(default=False)
+    #: The first occurrence not enqueued yet (UTC); NULL until a worker computes it.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    #: The last occurrence enqueued, when it was enqueued, and its message.
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
+    last_message_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    #: When a starting worker last found it in its code.
+    declared_at = models.DateTimeField()
+    #: Set when a worker started without it in its code: it no longer fires.
+    removed_at = models.DateTimeField(null=True, blank=True)
+    #: Why workers can't compute its occurrences (a row changed by hand); '' when fine.
+    error = models.TextField(blank=True, default="")
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "mysqlq_schedule"
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause, resume and prune recurring tasks")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"
 
 
 class StuckMessage(Message):

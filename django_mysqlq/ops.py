@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker, limits
+from . import broker, limits, scheduling
 from .broker import Operator
 from .conf import get_settings
 from .exceptions import UnknownTask
@@ -219,6 +219,8 @@ class QueueStats:
     blocked: int = 0
     oldest_ready_seconds: float | None = None
     paused: bool = False
+    #: It has ready messages and no live worker serves it: they wait for nobody.
+    unserved: bool = False
     #: Attempts finished in the last 1, 5 and 60 minutes.
     throughput: dict[int, int] = dataclasses.field(default_factory=dict)
     failures_60: int = 0
@@ -246,11 +248,21 @@ class Dashboard:
     #: The server's purge lag (it slows every claim) and its warning, if past a threshold.
     purge_lag: broker.PurgeLag
     purge_warning: str | None
+    #: Queues with ready messages that no live worker serves, by name.
+    unserved: list[broker.UnservedQueue] = dataclasses.field(default_factory=list)
+    #: Recurring tasks with their last and next run.
+    schedules: list[scheduling.ScheduleStatus] = dataclasses.field(default_factory=list)
+
+    @property
+    def unserved_text(self) -> str:
+        """``queues with messages that no worker serves: emails (1,204 ready, …)``, or ''."""
+        return broker.describe_unserved(self.unserved) if self.unserved else ""
 
     def as_json(self) -> dict[str, object]:
         return {
             "workers_alive": self.workers_alive,
             "stuck": self.stuck,
+            "unserved": [queue.as_json() for queue in self.unserved],
             "purge_lag": {**self.purge_lag.as_json(), "warning": self.purge_warning},
             "queues": [
                 {**{k: v for k, v in dataclasses.asdict(q).items()
@@ -261,6 +273,7 @@ class Dashboard:
             ],
             "top_failing": [{"task": t, "failures": n} for t, n in self.top_failing],
             "per_minute": self.per_minute,
+            "schedules": [schedule.as_json() for schedule in self.schedules],
         }
 
 
@@ -305,10 +318,14 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
                 failures_per_minute[slot] += bucket.count
     top_failing = sorted(failing.items(), key=lambda item: (-item[1], item[0]))[:top]
     lag = broker.purge_lag()
+    unserved = broker.unserved_from(overview, broker.served_queues(), now)
+    for queue in unserved:
+        stats[queue.queue].unserved = True
     return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
-                     purge_lag=lag, purge_warning=lag.warning())
+                     purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
+                     schedules=scheduling.statuses())
 
 
 # --------------------------------------------------------------------------- subjects

@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import gating, limits, payload
+from . import calls, gating, limits, payload, retries
 from .conf import get_settings
-from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
+from .cron import CronError, CronSchedule
+from .cron import declare as cron_declare
+from .exceptions import InvalidTaskOptions, QueueError, TaskAlreadyRegistered, UnknownTask
 from .handles import MessageHandle
 from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
@@ -45,6 +48,9 @@ class TaskCall:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    #: The function these arguments were checked against (by ``.call()``), or None.
+    checked_for: Callable[..., Any] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
 
 def _checked(problem: str | None) -> None:
@@ -122,6 +128,15 @@ class QueueTask(Generic[P, R]):
     hooks: TaskHooks | None = None
     #: Its ordered subject or concurrency key, as declared (see ``gating``).
     gate: gating.TaskGate = gating.NO_GATE
+    #: Exceptions that alone retry (empty: all), and exceptions that never retry.
+    retry_on: retries.ExceptionClasses = ()
+    dont_retry: retries.ExceptionClasses = ()
+    #: Delays of the n-th retry, the last repeating (empty: exponential ``retry_backoff``).
+    retry_schedule: tuple[float, ...] = ()
+    #: The function's first parameter receives a :class:`~django_mysqlq.context.TaskContext`.
+    takes_context: bool = False
+    #: Its recurring schedule (``cron=...``), enqueued by the workers; None for most tasks.
+    schedule: CronSchedule | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -163,7 +178,11 @@ class QueueTask(Generic[P, R]):
         )
         return dataclasses.replace(self, options=options)
 
-    def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewMessage:
+    def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+                     checked: bool = False, where: str = "") -> NewMessage:
+        if not checked:
+            calls.check_call(self.name, self.func, args, kwargs, where=where,
+                             skip_first=self.takes_context)
         opts = self.options
         gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
                                opts.concurrency_key)
@@ -186,21 +205,30 @@ class QueueTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         """Write one message in the caller's transaction and return its handle.
 
-        The message exists exactly when that transaction commits. Arguments must be
-        JSON values; one that isn't raises :class:`ArgumentEncodingError` and nothing
-        is written.
+        The message exists exactly when that transaction commits. Arguments must fit the
+        function's signature (else :class:`TaskArgumentError`) and be JSON values (else
+        :class:`ArgumentEncodingError`); nothing is written when they don't. With
+        ``MYSQLQ['IMMEDIATE']`` the task runs in this process after the commit instead.
         """
         from . import broker
 
-        [message_id] = broker.enqueue([self._new_message(args, kwargs)])
+        message = self._new_message(args, kwargs)
+        if get_settings().IMMEDIATE:
+            from . import immediate
+
+            [handle] = immediate.enqueue(self, [message])
+            return handle
+        [message_id] = broker.enqueue([message])
         return MessageHandle(message_id, self.name)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         return await sync_to_async(self.enqueue)(*args, **kwargs)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
-        """One call's arguments, for :meth:`enqueue_many` (type-checked like a real call)."""
-        return TaskCall(tuple(args), dict(kwargs))
+        """One call's arguments, for :meth:`enqueue_many`: type-checked like a real call,
+        and checked against the signature here (:class:`TaskArgumentError`)."""
+        calls.check_call(self.name, self.func, args, kwargs, skip_first=self.takes_context)
+        return TaskCall(tuple(args), dict(kwargs), checked_for=self.func)
 
     def enqueue_many(self, calls: Iterable[TaskCall | Sequence[Any]]) -> list[MessageHandle]:
         """Enqueue many calls with multi-row inserts; return their handles in order.
@@ -219,16 +247,22 @@ class QueueTask(Generic[P, R]):
             )
         messages = []
         for index, call in enumerate(calls):
+            where = f"Item {index} of enqueue_many(): "
             if isinstance(call, TaskCall):
-                messages.append(self._new_message(call.args, call.kwargs))
+                messages.append(self._new_message(
+                    call.args, call.kwargs, checked=call.checked_for is self.func, where=where))
             elif isinstance(call, list | tuple):
-                messages.append(self._new_message(call, {}))
+                messages.append(self._new_message(call, {}, where=where))
             else:
                 raise InvalidTaskOptions(
                     f"Item {index} of enqueue_many() is {call!r}: give "
                     f"{self.name.rsplit('.', 1)[-1]}.call(*args, **kwargs) or a list/tuple of "
                     "positional arguments, e.g. [(pk,) for pk in ids]."
                 )
+        if get_settings().IMMEDIATE:
+            from . import immediate
+
+            return list(immediate.enqueue(self, messages))
         ids = broker.enqueue(messages)
         return [MessageHandle(message_id, self.name) for message_id in ids]
 
@@ -284,6 +318,49 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def queues(self) -> set[str]:
+        """The queues of the registered tasks (a worker's default ``--queues``)."""
+        with self._lock:
+            return {task.queue for task in self._tasks.values()}
+
+
+def _check_takes_context(function: Callable[..., Any], takes_context: object) -> None:
+    if not isinstance(takes_context, bool):
+        raise InvalidTaskOptions(f"takes_context must be True or False, not {takes_context!r}.")
+    if not takes_context:
+        return
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to check (some C callables): the call will tell
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not parameters or parameters[0].kind not in positional:
+        raise InvalidTaskOptions(
+            f"{_qualified(function)} has takes_context=True, so its first parameter receives "
+            "the task context: add one, e.g. def task(context, ...).")
+
+
+def _declare_schedule(task: QueueTask[Any, Any], expression: object, tz: object,
+                      catch_up: object, args: object, kwargs: object) -> CronSchedule:
+    """Check ``cron=...`` and the arguments each occurrence is called with."""
+    try:
+        declared = cron_declare(task.name, expression, tz, catch_up, args, kwargs)
+    except CronError as exc:
+        raise InvalidTaskOptions(str(exc)) from None
+    try:
+        calls.check_call(task.name, task.func, declared.args, declared.kwargs,
+                         skip_first=task.takes_context)
+        payload.encode(task.name, declared.args, declared.kwargs,
+                       get_settings().MAX_PAYLOAD_BYTES)
+    except QueueError as exc:
+        raise InvalidTaskOptions(
+            f"{task.name}: each occurrence of cron={declared.cron!r} calls it with "
+            f"cron_args={list(declared.args)!r} and cron_kwargs={declared.kwargs!r}, which "
+            f"can't be used: {str(exc).replace('; nothing was enqueued', '')} Give "
+            "cron_args/cron_kwargs that fit, or defaults to its parameters.") from None
+    return declared
+
 
 def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
@@ -293,12 +370,31 @@ registry = TaskRegistry()
 
 
 def import_task_modules() -> None:
-    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``."""
-    from django.utils.module_loading import autodiscover_modules
+    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``.
 
-    autodiscover_modules("tasks")
+    A module that fails raises ``ImproperlyConfigured`` naming it and the error (the
+    system check ``django_mysqlq.E005`` reports the same before a worker starts).
+    """
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    for config in apps.get_app_configs():
+        if module_has_submodule(config.module, "tasks"):
+            _import_task_module(f"{config.name}.tasks", "the tasks module of the app "
+                                                        f"{config.label!r}")
     for module in get_settings().TASK_MODULES:
+        _import_task_module(module, "MYSQLQ['TASK_MODULES'] lists it")
+
+
+def _import_task_module(module: str, why: str) -> None:
+    try:
         importlib.import_module(module)
+    except Exception as exc:  # any error inside the module stops the worker
+        raise ImproperlyConfigured(
+            f"Could not import the task module {module!r} ({why}): "
+            f"{type(exc).__name__}: {exc}. Fix the module, or the dotted path in "
+            "MYSQLQ['TASK_MODULES'] (a module, not a file path or a function)."
+        ) from exc
 
 
 @overload
@@ -311,7 +407,7 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
@@ -319,6 +415,14 @@ def queue_task(
     on_dead: str = gating.HOLD,
     concurrency_key: gating.KeySource | None = None,
     concurrency_limit: int | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -329,7 +433,7 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
@@ -337,6 +441,14 @@ def queue_task(
     on_dead: str = gating.HOLD,
     concurrency_key: gating.KeySource | None = None,
     concurrency_limit: int | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
@@ -354,9 +466,14 @@ def queue_task(
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
         conf = get_settings()
         attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
-        backoff = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
+        backoff: object = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
         _checked(limits.max_attempts_problem(attempts))
+        schedule: tuple[float, ...] = ()
+        if isinstance(backoff, list | tuple):
+            schedule = retries.backoff_schedule(backoff)
+            backoff = schedule[0]  # what a worker without schedules uses: the first delay
         _checked(limits.seconds_problem(backoff, "retry_backoff"))
+        assert isinstance(backoff, int | float)
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if atomic and inspect.iscoroutinefunction(function):
@@ -369,6 +486,7 @@ def queue_task(
             raise InvalidTaskOptions(
                 f"name must be a non-empty string of at most 255 characters, not {task_name!r}."
             )
+        _check_takes_context(function, takes_context)
         task: QueueTask[P, R] = QueueTask(
             func=function,
             name=task_name,
@@ -380,8 +498,20 @@ def queue_task(
             atomic=bool(atomic),
             gate=gating.declare(function, task_name, ordered_by=ordered_by, on_dead=on_dead,
                                 concurrency_key=concurrency_key,
-                                concurrency_limit=concurrency_limit),
+                                concurrency_limit=concurrency_limit,
+                                takes_context=takes_context),
+            retry_on=retries.exception_classes(retry_on, "retry_on"),
+            dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
+            retry_schedule=schedule,
+            takes_context=takes_context,
         )
+        if cron is not None:
+            task = dataclasses.replace(task, schedule=_declare_schedule(
+                task, cron, cron_tz, catch_up, cron_args, cron_kwargs))
+        elif (cron_tz, catch_up, tuple(cron_args), cron_kwargs) != (None, "skip", (), None):
+            raise InvalidTaskOptions(
+                f"{task_name}: cron_tz, catch_up, cron_args and cron_kwargs go with cron=...; "
+                "give the schedule's cron expression too.")
         registry.register(task)
         return task
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from django_mysqlq.models import Attempt, Message
+from django_mysqlq.worker.draining import EXIT_DEAD
 from tests.testapp import tasks
 
 #: Seconds a --burst worker gets to drain a handful of messages before the test fails.
@@ -26,9 +27,17 @@ def run_burst(start_worker, *args: str, patience: float = PATIENCE,
                     f"{list(Message.objects.values('id', 'task_name', 'status'))}\n"
                     f"{worker.output()[-3000:]}")
     output = worker.output()
-    assert status == 0, output
-    line = next(line for line in reversed(output.splitlines()) if line.startswith("{"))
-    return json.loads(line), output
+    line = next((line for line in reversed(output.splitlines()) if line.startswith("{")), "")
+    assert line, output
+    summary = json.loads(line)
+    assert status == expected_status(summary["dead"], args), output
+    return summary, output
+
+
+def expected_status(dead: int, args: tuple[str, ...] = ()) -> int:
+    """A --burst worker's exit status: EXIT_DEAD when messages went dead, unless
+    --exit-zero."""
+    return EXIT_DEAD if dead and "--exit-zero" not in args else 0
 
 
 def enqueue_good(label: str) -> int:

@@ -116,6 +116,10 @@ if _framework is not None:
             "QUEUES": ["default"],
             "OPTIONS": {"max_attempts": 1},
         },
+        "plain": {  # no OPTIONS: Django's expectations (one attempt)
+            "BACKEND": "django_mysqlq.backend.MySQLQueueBackend",
+            "QUEUES": ["default"],
+        },
         "immediate": {
             "BACKEND": f"{_framework}.backends.immediate.ImmediateBackend",
         },
@@ -129,3 +133,28 @@ if _framework is not None:
 if os.environ.get("MYSQLQ_TEST_EXTRA_TASK_MODULES"):
     MYSQLQ["TASK_MODULES"] = [*MYSQLQ.get("TASK_MODULES", []),
                               *os.environ["MYSQLQ_TEST_EXTRA_TASK_MODULES"].split(",")]
+
+# Recurring tasks declared in settings (tests/test_schedule_workers.py), as JSON.
+if os.environ.get("MYSQLQ_TEST_SCHEDULES"):
+    import json
+
+    MYSQLQ["SCHEDULES"] = json.loads(os.environ["MYSQLQ_TEST_SCHEDULES"])
+if os.environ.get("MYSQLQ_TEST_SCHEDULE_GRACE"):
+    MYSQLQ["SCHEDULE_GRACE_SECONDS"] = float(os.environ["MYSQLQ_TEST_SCHEDULE_GRACE"])
+
+# How a worker logs under other projects' logging (tests/test_worker_logging.py):
+# "django-default" is no LOGGING at all (Django's own defaults), "root" a LOGGING that gives
+# the root logger a handler and django_mysqlq none.
+if os.environ.get("MYSQLQ_TEST_LOGGING") == "django-default":
+    del LOGGING
+elif os.environ.get("MYSQLQ_TEST_LOGGING") == "root":
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "root": {"handlers": ["stderr"], "level": "INFO"},
+    }
+if os.environ.get("MYSQLQ_TEST_DEBUG") == "1":
+    DEBUG = True
+if os.environ.get("MYSQLQ_TEST_LOG_FORMAT"):
+    MYSQLQ["LOG_FORMAT"] = os.environ["MYSQLQ_TEST_LOG_FORMAT"]

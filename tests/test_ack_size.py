@@ -29,6 +29,7 @@ from django_mysqlq import broker
 from django_mysqlq.broker import history, packets
 from django_mysqlq.messages import AttemptResult, ClaimedMessage, Runner
 from django_mysqlq.models import Attempt, Message
+from tests.burst import expected_status
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
@@ -260,9 +261,11 @@ def run_burst(start_worker, *args: str, env: dict[str, str] | None = None,
         pytest.fail(f"the --burst worker was still running after {patience}s:\n"
                     f"{worker.output()[-3000:]}")
     output = worker.output()
-    assert status == 0, output[-3000:]
-    line = next(line for line in reversed(output.splitlines()) if line.startswith("{"))
-    return json.loads(line), output
+    line = next((line for line in reversed(output.splitlines()) if line.startswith("{")), "")
+    assert line, output[-3000:]
+    summary = json.loads(line)
+    assert status == expected_status(summary["dead"], args), output[-3000:]
+    return summary, output
 
 
 @pytest.mark.worker

@@ -7,7 +7,13 @@ from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_mysqlq.checks import check_binlog_format, check_settings
+from django_mysqlq.checks import (
+    check_binlog_format,
+    check_immediate_in_production,
+    check_isolation_level,
+    check_settings,
+    check_task_modules,
+)
 from django_mysqlq.conf import QueueSettings, get_settings
 
 
@@ -68,10 +74,86 @@ def test_unknown_database_alias_is_E002(settings):
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
-def test_non_mysql_engine_is_E003(settings):
+def test_non_mysql_engine_is_E003_and_says_what_to_do_in_tests(settings):
     settings.DATABASES = {**settings.DATABASES, "lite": {"ENGINE": "django.db.backends.sqlite3"}}
     settings.MYSQLQ = {"DATABASE": "lite"}
-    assert ids(check_settings()) == ["django_mysqlq.E003"]
+    [error] = check_settings()
+    assert error.id == "django_mysqlq.E003"
+    assert "needs MySQL or MariaDB" in error.hint
+    assert "MYSQLQ = {'IMMEDIATE': True}" in error.hint
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_test_mode_needs_no_mysql(settings):
+    settings.DATABASES = {**settings.DATABASES, "lite": {"ENGINE": "django.db.backends.sqlite3"}}
+    settings.MYSQLQ = {"DATABASE": "lite", "IMMEDIATE": True}
+    assert check_settings() == []
+    # The MySQL-only checks keep out of another vendor's way.
+    assert check_binlog_format(databases=["lite"]) == []
+    settings.DATABASES = {**settings.DATABASES, "lite": {
+        "ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"isolation_level": "x"}}}
+    assert check_isolation_level() == []
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_immediate_settings_are_booleans(settings, value):
+    settings.MYSQLQ = {"IMMEDIATE": value, "IMMEDIATE_RAISE": value}
+    assert [e.msg for e in check_settings()] == [
+        f"MYSQLQ['IMMEDIATE'] must be True or False, not {value!r}.",
+        f"MYSQLQ['IMMEDIATE_RAISE'] must be True or False, not {value!r}."]
+
+
+def test_the_test_mode_is_a_deploy_warning(settings):
+    assert check_immediate_in_production() == []
+    settings.MYSQLQ = {"IMMEDIATE": True}
+    [warning] = check_immediate_in_production()
+    assert warning.id == "django_mysqlq.W003" and isinstance(warning, checks.Warning)
+    assert "IMMEDIATE" in warning.msg and "tests" in warning.hint
+    mine = [check for check in checks.registry.registry.get_checks(True)
+            if check.__module__ == "django_mysqlq.checks"]
+    assert check_immediate_in_production in mine
+    assert check_immediate_in_production not in checks.registry.registry.get_checks(False)
+
+
+def test_a_task_module_that_does_not_exist_is_E005(settings):
+    settings.MYSQLQ = {"TASK_MODULES": ["tests.testapp.nope", "tests.testapp.tasks"]}
+    [error] = check_task_modules()
+    assert error.id == "django_mysqlq.E005"
+    assert error.msg == ("MYSQLQ['TASK_MODULES'] lists 'tests.testapp.nope', which can't be "
+                         "imported: no module named 'tests.testapp.nope' exists.")
+    assert "dotted module path" in error.hint
+    settings.MYSQLQ = {"TASK_MODULES": ["nowhere.at_all"]}
+    [error] = check_task_modules()
+    assert "ModuleNotFoundError: No module named 'nowhere'" in error.msg
+    settings.MYSQLQ = {"TASK_MODULES": ["tests/testapp/tasks.py"]}
+    [error] = check_task_modules()
+    assert error.id == "django_mysqlq.E005"
+
+
+def test_a_task_module_that_fails_inside_is_E005_with_the_import_error(settings):
+    settings.MYSQLQ = {"TASK_MODULES": ["tests.testapp.broken_tasks"]}
+    [error] = check_task_modules()
+    assert error.msg == (
+        "MYSQLQ['TASK_MODULES'] lists 'tests.testapp.broken_tasks', which can't be imported: "
+        "ModuleNotFoundError: No module named 'not_an_installed_dependency'")
+    assert check_task_modules in checks.registry.registry.get_checks(False)
+
+
+def test_the_worker_start_error_names_the_module_too(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_mysqlq.tasks import import_task_modules
+
+    settings.MYSQLQ = {"TASK_MODULES": ["tests.testapp.broken_tasks"]}
+    with pytest.raises(ImproperlyConfigured, match=(
+            r"^Could not import the task module 'tests.testapp.broken_tasks' "
+            r"\(MYSQLQ\['TASK_MODULES'\] lists it\): ModuleNotFoundError: No module named "
+            "'not_an_installed_dependency'")):
+        import_task_modules()
+
+
+def test_good_task_modules_pass(settings):
+    assert check_task_modules() == []
 
 
 def test_use_tz_false_is_E004(settings):
@@ -104,3 +186,15 @@ def test_the_command_refuses_bad_arguments_clearly():
         call_command("runqueueworker", "--queues", "a,a")
     with pytest.raises(CommandError, match="comma-separated"):
         call_command("runqueueworker", "--queues", "a,,b")
+
+
+@pytest.mark.worker
+def test_a_worker_refuses_to_start_on_a_broken_task_module_without_a_traceback(start_worker):
+    worker = start_worker("--burst", env={
+        "MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.broken_tasks"})
+    assert worker.wait(timeout=60) != 0
+    output = worker.output()
+    assert "(django_mysqlq.E005) MYSQLQ['TASK_MODULES'] lists 'tests.testapp.broken_tasks', " \
+           "which can't be imported: ModuleNotFoundError: No module named " \
+           "'not_an_installed_dependency'" in output
+    assert "Traceback" not in output

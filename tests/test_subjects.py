@@ -189,3 +189,14 @@ def test_a_busy_subject_takes_one_place_in_line_and_starves_nobody():
     ack(first)
     second = claim(limit=10)
     assert [m.id for m in second] == [busy[1], *others[8:17]]
+
+
+def test_a_task_taking_the_context_derives_its_subject_from_the_callers_arguments():
+    from django_mysqlq.context import TaskContext
+
+    first = gated.ordered_with_context.enqueue("ctx", 1).id
+    second = gated.ordered_with_context.enqueue(key="ctx", seq=2).id
+    assert status(first, second) == ["ready", "blocked"]
+    [head] = claim()
+    assert head.id == first and head.gate_key == "ctx"
+    assert TaskContext.of(head).subject == "ctx"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from django_mysqlq.backend import MySQLQueueBackend, MySQLQueueTask, WorkerLost 
 from django_mysqlq.backend import checks as backend_checks  # noqa: E402
 from django_mysqlq.messages import NewMessage  # noqa: E402
 from django_mysqlq.models import Attempt, Message  # noqa: E402
+from tests.burst import expected_status  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.testapp import djtasks  # noqa: E402
 from tests.testapp import tasks as queue_tasks  # noqa: E402
@@ -51,7 +53,8 @@ def run_burst(start_worker, *args: str, env: dict[str, str] | None = None) -> st
     worker = start_worker("--burst", "--burst-wait", "10", *args, env=env)
     status = worker.wait(timeout=90)
     output = worker.output()
-    assert status == 0, output
+    dead = int(re.findall(r"^Summary: .* dead=(\d+) ", output, re.M)[-1])
+    assert status == expected_status(dead, args), output
     return output
 
 
@@ -107,11 +110,27 @@ def test_arguments_are_normalized_like_djangos_task_result():
     assert task_backends["default"].get_result(result.id).kwargs == {"value": [1, [2, 3]]}
 
 
-def test_arguments_that_are_not_json_are_refused_before_anything_is_written():
-    with pytest.raises(ArgumentEncodingError, match="Positional argument 0"):
+def test_arguments_that_are_not_json_are_refused_with_djangos_message_and_their_name():
+    # What Django's own backend says for the same call, word for word.
+    with pytest.raises(TypeError) as django_says:
+        djtasks.immediate_only.enqueue(dt.datetime.now())
+    with pytest.raises(ValueError) as django_says_bytes:
+        djtasks.immediate_only.enqueue(b"\xff")
+    assert str(django_says.value) == "Unsupported type: <class 'datetime.datetime'>"
+
+    with pytest.raises(ArgumentEncodingError) as caught:
         djtasks.add.enqueue(dt.datetime.now(), 1)
-    with pytest.raises(TypeError):
+    assert str(caught.value).startswith(
+        f"{django_says.value} (positional argument 0 of task 'tests.testapp.djtasks.add'). "
+        "Task arguments must be JSON values")
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(TypeError, match=r"^Unsupported type: <class 'set'> \(argument "
+                                        r"'value' of task 'tests.testapp.djtasks.record'\)"):
         djtasks.record.enqueue("x", value={1, 2})
+    with pytest.raises(ValueError) as bad_bytes:  # a ValueError, as Django raises it
+        djtasks.record.enqueue("x", value=[b"\xff"])
+    assert isinstance(bad_bytes.value, ArgumentEncodingError)
+    assert str(bad_bytes.value).startswith(f"{django_says_bytes.value} (argument 'value' of ")
     assert not Message.objects.exists()
 
 
@@ -176,8 +195,7 @@ def test_options_per_backend_and_per_task():
     assert stored(djtasks.fails_once.enqueue("a")) == (1, 0.1)   # task, then backend
     assert stored(djtasks.two_tries.enqueue("b")) == (2, 0.0)    # the task's own
     assert stored(djtasks.add.using(backend="single").enqueue(1, 2))[0] == 1
-    timed = task(timeout=30)(module_level)
-    assert Message.objects.get(pk=int(timed.enqueue(1).id)).timeout == 30.0
+    assert Message.objects.get(pk=int(djtasks.timed.enqueue(1).id)).timeout == 30.0
 
 
 def test_priority_and_queue_are_stored():

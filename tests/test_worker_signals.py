@@ -367,9 +367,14 @@ def server_answers() -> bool:
     return subprocess.run([*ADMIN, "ping"], capture_output=True, timeout=30).returncode == 0
 
 
+#: The server's pid file (Debian's default): other mariadbd processes on the machine (a
+#: second instance, cluster nodes) are not the one this test restarts.
+PID_FILE = "/run/mysqld/mysqld.pid"
+
+
 def server_process_exists() -> bool:
-    result = subprocess.run(["start-stop-daemon", "--status", "--exec", SERVER],
-                            capture_output=True, timeout=30)
+    result = subprocess.run(["start-stop-daemon", "--status", "--pidfile", PID_FILE,
+                             "--exec", SERVER], capture_output=True, timeout=30)
     return result.returncode == 0
 
 
@@ -380,7 +385,8 @@ def start_server() -> None:
     wait_for(lambda: not server_process_exists(), timeout=SERVER_PATIENCE, interval=0.2,
              message="the old MariaDB process to exit")
     subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background",
-                    "--exec", SERVER], check=True, capture_output=True, timeout=30)
+                    "--pidfile", PID_FILE, "--exec", SERVER],
+                   check=True, capture_output=True, timeout=30)
     wait_for(server_answers, timeout=SERVER_PATIENCE, interval=0.5,
              message="MariaDB to answer after its restart")
 

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
-from django.core.exceptions import ImproperlyConfigured
-from django.db.utils import load_backend
 
+from ..checks import NOT_MYSQL_HINT, queue_vendor
 from ..conf import SettingsError, load_settings
 from .options import VALIDATORS, BackendOptions, queue_problem
 
@@ -76,22 +75,21 @@ def _option_messages(where: str, options: BackendOptions) -> list[CheckMessage]:
 
 def _database_messages(where: str) -> list[CheckMessage]:
     try:
-        alias = load_settings().DATABASE
+        conf = load_settings()
     except SettingsError:
         return []  # django_mysqlq.E001 reports it
+    alias = conf.DATABASE
     if alias not in settings.DATABASES:
         return [Error(f"{where} stores tasks in MYSQLQ['DATABASE'] = {alias!r}, which is "
                       "not in DATABASES.", hint=f"Use one of: {', '.join(settings.DATABASES)}.",
                       id="django_mysqlq.E104")]
-    engine = str(settings.DATABASES[alias].get("ENGINE", ""))
-    try:
-        vendor = load_backend(engine).DatabaseWrapper.vendor
-    except ImproperlyConfigured:
-        vendor = "unknown"
-    if vendor != "mysql":
+    vendor = queue_vendor(alias)
+    if vendor != "mysql" and not conf.IMMEDIATE:  # the test mode stores nothing
+        engine = settings.DATABASES[alias].get("ENGINE", "")
         return [Error(f"{where} stores tasks in the database {alias!r}, which uses "
                       f"{engine!r} ({vendor}), not MySQL or MariaDB.",
-                      hint="Point MYSQLQ['DATABASE'] at a MySQL/MariaDB alias.",
+                      hint="Point MYSQLQ['DATABASE'] at a MySQL/MariaDB alias. "
+                           + NOT_MYSQL_HINT.split(". ", 1)[1],
                       id="django_mysqlq.E104")]
     return []
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.core.checks import CheckMessage
 from django.db import transaction
 from django.utils import timezone
 
-from .. import broker
+from .. import broker, calls
 from ..conf import get_settings
 from ..exceptions import ArgumentEncodingError
 from ..messages import NewMessage
 from ..models import Message
-from . import checks, results, wire
+from . import checks, immediate, reach, results, wire
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -34,6 +34,7 @@ from .compat import (
     normalize_json,
     task_enqueued,
 )
+from .kind import RunsOnThisQueue
 from .options import (
     VALIDATORS,
     BackendOptions,
@@ -59,7 +60,8 @@ class MySQLQueueTask(_TaskBase):
 
     ``@task(max_attempts=5, retry_backoff=10, timeout=60)`` (Django forwards extra
     keyword arguments of ``@task`` to the backend's ``task_class``). ``None`` means 'the
-    backend's ``OPTIONS``, else ``MYSQLQ``'s default'.
+    backend's ``OPTIONS``, else the default': one attempt, as on Django's own backends,
+    and ``MYSQLQ``'s backoff.
     """
 
     max_attempts: int | None = None
@@ -67,7 +69,7 @@ class MySQLQueueTask(_TaskBase):
     timeout: float | None = None
 
 
-class MySQLQueueBackend(BaseTaskBackend):
+class MySQLQueueBackend(RunsOnThisQueue, BaseTaskBackend):
     """``TASKS = {"default": {"BACKEND": "django_mysqlq.backend.MySQLQueueBackend", ...}}``."""
 
     task_class = MySQLQueueTask
@@ -107,14 +109,20 @@ class MySQLQueueBackend(BaseTaskBackend):
     def enqueue(self, task: Task[P, R], args: Sequence[Any],
                 kwargs: Mapping[str, Any]) -> TaskResult[P, R]:
         """Write the message in the caller's transaction; ``task_enqueued`` follows the
-        commit."""
+        commit. Before anything is written: a task no worker would find raises
+        ``InvalidTask``, arguments that don't fit the function ``TaskArgumentError``, and
+        arguments that aren't JSON ``ArgumentEncodingError``. With ``MYSQLQ['IMMEDIATE']``
+        the task runs in this process after the commit instead."""
         self.validate_task(task)
         if self.queue_options.problems:
             raise InvalidTaskBackend(
                 f"TASKS[{self.alias!r}]['OPTIONS'] is invalid: "
                 + " ".join(self.queue_options.problems))
+        reach.check_reachable(task)
+        calls.check_call(task.module_path, task.func, args, kwargs,
+                         skip_first=task.takes_context)
         name = wire.message_name(task.module_path)
-        call_args, call_kwargs = _normalized(name, args, kwargs)
+        call_args, call_kwargs = _normalized(task.module_path, args, kwargs)
         conf = get_settings()
         max_attempts, retry_backoff, timeout = self.queue_options.resolved(task)
         message = NewMessage(
@@ -130,6 +138,9 @@ class MySQLQueueBackend(BaseTaskBackend):
             timeout=timeout,
             dedup_key=None,
         )
+        if conf.IMMEDIATE:
+            return cast("TaskResult[P, R]", immediate.enqueue(
+                self.alias, type(self), task, call_args, call_kwargs, message))
         [message_id] = broker.enqueue([message])
         enqueued_at = (Message.objects.using(conf.DATABASE).filter(pk=message_id)
                        .values_list("enqueued_at", flat=True).first())
@@ -152,7 +163,10 @@ class MySQLQueueBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The task's state now; ``TaskResultDoesNotExist`` for ids this backend doesn't
-        know (never committed, another backend's, a ``@queue_task`` message, or purged)."""
+        know (never committed, another backend's, a ``@queue_task`` message, or purged).
+        In test mode, the results of tasks this process ran."""
+        if get_settings().IMMEDIATE:
+            return immediate.read_result(self.alias, result_id)
         return results.read_result(self.alias, result_id)
 
     async def aget_result(self, result_id: str) -> TaskResult[..., Any]:
@@ -164,18 +178,35 @@ class MySQLQueueBackend(BaseTaskBackend):
         return checks.check_backend(self)
 
 
-def _normalized(name: str, args: Sequence[Any],
+class ArgumentValueError(ArgumentEncodingError, ValueError):
+    """An argument Django's own backends refuse with a ``ValueError`` (``bytes`` that
+    aren't UTF-8); an ``ArgumentEncodingError`` too."""
+
+
+def _labelled(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [*((f"positional argument {index}", value) for index, value in enumerate(args)),
+            *((f"argument {key!r}", value) for key, value in kwargs.items())]
+
+
+def _normalized(task_path: str, args: Sequence[Any],
                 kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """The arguments as Django's ``TaskResult`` holds them (tuples as lists, bytes as
-    text); anything else that isn't JSON raises ``ArgumentEncodingError`` naming it."""
+    text). One that isn't JSON raises with the message Django's own backends give
+    (``Unsupported type: <class 'datetime.datetime'>``), naming the argument."""
     try:
         normal_args, normal_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-    except (TypeError, ValueError) as exc:
-        from .. import payload as payload_codec
-
-        # Names the offending argument, as @queue_task does.
-        payload_codec.encode(name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES)
+    except (TypeError, ValueError, RecursionError) as exc:
+        for label, value in _labelled(args, kwargs):
+            try:
+                normalize_json(value)
+            except (TypeError, ValueError, RecursionError) as found:
+                kind = ArgumentValueError if isinstance(found, ValueError) \
+                    else ArgumentEncodingError
+                raise kind(
+                    f"{found} ({label} of task {task_path!r}). Task arguments must be JSON "
+                    "values (str, int, float, bool, None, list, dict): pass a primary key "
+                    "or plain data instead of the object.") from found
         raise ArgumentEncodingError(
-            f"The arguments of task {name!r} can't be stored as JSON ({exc}).") from exc
+            f"{exc} (the arguments of task {task_path!r}).") from exc
     assert isinstance(normal_args, list) and isinstance(normal_kwargs, dict)
     return normal_args, normal_kwargs

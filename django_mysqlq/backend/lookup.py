@@ -14,7 +14,7 @@ path, bound to a ``MySQLQueueBackend`` alias. To find it:
 
 Which backend runs it is the alias the message was enqueued with, so a task declared
 for another backend and sent here with ``.using(backend=...)`` runs too (see
-``running.queue_alias``).
+``queue_alias``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from django.apps import apps
 
 from ..conf import get_settings
 from ..exceptions import UnknownTask
-from .compat import Task
+from .compat import InvalidTaskBackend, Task, task_backends
+from .kind import RunsOnThisQueue
 
 
 def task_modules() -> frozenset[str]:
@@ -84,3 +85,25 @@ def find_task(module_path: str) -> Task[..., Any]:
             "task's own module path is run."
         )
     return found
+
+
+def queue_alias(task: Task[..., Any], enqueued_with: str | None) -> str:
+    """The ``MySQLQueueBackend`` alias that runs ``task``: the one its message was
+    enqueued with, else (a message written without one) the task's own backend.
+
+    Raises ``UnknownTask`` when that alias is not a ``MySQLQueueBackend``: the task is
+    not meant to run from this queue.
+    """
+    alias = enqueued_with if enqueued_with is not None else task.backend
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend as exc:
+        raise UnknownTask(f"The task {task.module_path!r} names the backend {alias!r}, "
+                          f"which is not configured in TASKS: {exc}") from exc
+    if not isinstance(backend, RunsOnThisQueue):
+        raise UnknownTask(
+            f"The task {task.module_path!r} was enqueued for the backend {alias!r} "
+            f"({type(backend).__name__}), not a MySQLQueueBackend: it is not run from this "
+            "queue."
+        )
+    return alias

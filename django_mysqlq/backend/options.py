@@ -1,7 +1,8 @@
 """The backend's ``OPTIONS`` and the per-task options of ``@task(...)``.
 
-Both take the same keys; a per-task value wins over the backend's, which wins over
-``MYSQLQ``'s defaults. Needs no Tasks framework.
+Both take the same keys; a per-task value wins over the backend's, which wins over the
+defaults: one attempt (Django's own backends never retry, so a task moved here from one
+must not silently run three times), and ``MYSQLQ``'s backoff. Needs no Tasks framework.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Any
 
 from .. import limits
 from ..conf import get_settings
+
+#: Attempts of a Django task when neither it nor the backend's OPTIONS say: Django's
+#: backends run a task once (``MYSQLQ['MAX_ATTEMPTS']`` is for ``@queue_task`` only).
+DEFAULT_MAX_ATTEMPTS = 1
 
 
 def _timeout_problem(value: object) -> str | None:
@@ -48,7 +53,7 @@ def run_after_problem(run_after: object, now: dt.datetime) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class BackendOptions:
-    """Validated ``OPTIONS``; None means 'use the MYSQLQ default'."""
+    """Validated ``OPTIONS``; None means 'use the default' (see ``resolved``)."""
 
     max_attempts: int | None = None
     retry_backoff: float | None = None
@@ -90,6 +95,6 @@ class BackendOptions:
             return default if mine is None else mine
 
         timeout = pick("timeout", None)
-        return (int(pick("max_attempts", conf.MAX_ATTEMPTS)),
+        return (int(pick("max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 float(pick("retry_backoff", conf.RETRY_BACKOFF)),
                 None if timeout is None else float(timeout))

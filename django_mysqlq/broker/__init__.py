@@ -23,6 +23,11 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``purge``      retention: history, dead messages, stopped workers' rows
 ``subjects``   gates of ordered subjects and concurrency keys: slots, blocked messages
 ``held``       subjects held by dead heads, their release, the repair of gate counters
+``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
+``pipeline``   what the Spark pipeline reads (id bounds, the partitions' SELECTs)
+``archive``    the archive's source check and exact deletes
+``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
+``replay``     bulk replay, each copy linked to its original
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -36,8 +41,11 @@ from .base import (
     WORKER_TABLE,
     close_if_broken,
     ensure_usable,
+    error_code,
     finish_by,
     is_refusal,
+    is_schema_error,
+    is_setup_error,
     send_robust,
     stats,
     was_interrupted,
@@ -103,6 +111,12 @@ from .recover import (
     release_strays,
     renew_leases,
 )
+from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import fire_due as fire_due_schedules
+from .schedules import prune as prune_schedules
+from .schedules import run_now as run_schedule_now
+from .schedules import set_paused as set_schedules_paused
+from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
     ack,
@@ -114,6 +128,13 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .unserved import (
+    UnservedQueue,
+    describe_unserved,
+    served_queues,
+    unserved_from,
+    unserved_queues,
+)
 from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
 
 __all__ = [
@@ -126,7 +147,9 @@ __all__ = [
     "WORKER_TABLE",
     "AttemptResult",
     "ClaimedMessage",
+    "DeclaredSchedule",
     "Deferral",
+    "Fired",
     "GateRef",
     "HistoryBucket",
     "Holder",
@@ -139,6 +162,8 @@ __all__ = [
     "Repair",
     "Runner",
     "Stuck",
+    "Synced",
+    "UnservedQueue",
     "ack",
     "ack_many",
     "ack_within",
@@ -158,10 +183,13 @@ __all__ = [
     "dead_heads",
     "defer",
     "deregister_worker",
+    "describe_unserved",
     "enqueue",
     "ensure_usable",
+    "error_code",
     "fail",
     "finish_by",
+    "fire_due_schedules",
     "gates_of",
     "has_pending",
     "heartbeat_worker",
@@ -170,6 +198,8 @@ __all__ = [
     "idle_wait",
     "is_recovery_leader",
     "is_refusal",
+    "is_schema_error",
+    "is_setup_error",
     "listen",
     "mark_stale_workers",
     "mark_started",
@@ -177,6 +207,7 @@ __all__ = [
     "paused_queues",
     "promote_due",
     "promote_limited",
+    "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -197,14 +228,20 @@ __all__ = [
     "requeue",
     "requeue_heads",
     "retry_delay",
+    "run_schedule_now",
     "send_robust",
+    "served_queues",
     "set_paused",
     "set_priority",
+    "set_schedules_paused",
     "stats",
     "status_counts",
     "stuck_messages",
+    "sync_schedules",
     "transaction_left_open",
     "unchanged_since",
+    "unserved_from",
+    "unserved_queues",
     "wake",
     "wakeups_possible",
     "was_interrupted",

@@ -159,7 +159,7 @@ class QueueOverview:
     capped: frozenset[str] = frozenset()
 
 
-def _groups(cursor: Any) -> list[tuple[str, str, int, int]]:
+def claim_groups(cursor: Any) -> list[tuple[str, str, int, int]]:
     """Every (queue, status, priority) of unfinished messages with its smallest id."""
     cursor.execute(FIRST_GROUP_SQL)
     row = cursor.fetchone()
@@ -185,7 +185,7 @@ def queue_overview(cap: int | None = None) -> dict[str, QueueOverview]:
     """
     limit = _limit(cap)
     with connection_for().cursor() as cursor:
-        groups = _groups(cursor)
+        groups = claim_groups(cursor)
         pairs = sorted({(queue, status) for queue, status, _, _ in groups})
         counted: list[tuple[str, str, int]] = []
         if pairs:

@@ -184,11 +184,7 @@ def _run_ack(alias: str, finished: Sequence[Finished], *, wait_for_gates: bool) 
                 raise
     attempt.owned = owned
     subjects.wake_promoted(alias, attempt.promoted)
-    waiting = {messages[index].id for index in attempt.busy}
-    for message in messages:
-        if message.id not in owned and message.id not in waiting:
-            logger.warning("%s #%s finished after its claim was recovered by a peer; it will "
-                           "run again (at-least-once).", message.task_name, message.id)
+    # A message not in ``owned`` runs again: the worker's attempt line says so.
     return attempt
 
 
@@ -323,8 +319,11 @@ def retry_delay(message: ClaimedMessage) -> float:
 
 
 def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
-         *, retry: bool = True) -> str:
+         *, retry: bool = True, retry_in: float | None = None) -> str:
     """Record a failed attempt; schedule a retry or, out of attempts, make it dead.
+
+    ``retry=False`` makes it dead at once; ``retry_in`` is the retry's delay in seconds
+    (the task's backoff schedule, or what it asked for), else the exponential backoff.
 
     Returns the outcome written (``retried`` or ``failed``), or ``lost`` when a peer had
     recovered the message meanwhile: then nothing is written (the recovery already
@@ -334,7 +333,7 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     will_retry = retry and message.attempt < message.max_attempts
     outcome = Outcome.RETRIED if will_retry else Outcome.FAILED
     summary = f"{result.error_class}: {result.error_message}".strip(": ")
-    delay = retry_delay(message) if will_retry else 0.0
+    delay = (retry_delay(message) if retry_in is None else retry_in) if will_retry else 0.0
     params = attempt_params(message, outcome, runner, result, not will_retry)
     ref = subjects.GateRef.of(message.queue, message.gate_mode, message.gate_key)
     # A concurrency-limited message waits for its retry without its slot (it takes one
@@ -362,9 +361,7 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     written = in_transaction(alias, body)
     subjects.wake_promoted(alias, promoted)
     if not written:
-        logger.warning("%s #%s failed after its claim was recovered by a peer; its new "
-                       "owner decides what happens next.", message.task_name, message.id)
-        return str(Outcome.LOST)
+        return str(Outcome.LOST)  # the worker's attempt line says so
     return str(outcome)
 
 

@@ -37,7 +37,7 @@ def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
                     concurrency: int) -> None:
     with connection_for().cursor() as cursor:
         cursor.execute(REGISTER_WORKER_SQL,
-                       [worker_id, host[:255], pid, ",".join(queues)[:1000], concurrency])
+                       [worker_id, host[:255], pid, ",".join(queues), concurrency])
 
 
 def heartbeat_worker(worker_id: str, processed: int, failed: int,

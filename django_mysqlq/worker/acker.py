@@ -3,7 +3,8 @@
 A crash loses the acks not yet committed, so those tasks run again: at most
 ``MYSQLQ['ACK_BATCH_SIZE']`` of them, since task threads wait while that many successes
 are unacked (being written or waiting to be). The acker reports each success once its
-ack is written (``succeeded``) or given up on (``unacked``: it will run again).
+ack is written (``succeeded``) or given up on (``unacked``: it will run again), and logs
+each one's attempt line then, once: a success is not one before its ack commits.
 
 A success of an ordered subject or a concurrency key is acked without the batching delay
 while the worker has nothing else claimed to run (its ack makes the next message of its
@@ -24,8 +25,10 @@ from django.db import DatabaseError, connections
 
 from .. import broker
 from ..broker.base import SHORTEST_BOUND
+from ..log import one_line
 from ..messages import AttemptResult, ClaimedMessage, Runner
-from .executor import settle
+from .attempt_log import AttemptLine
+from .executor import NOT_RECORDED, RECOVERED_MEANWHILE, settle
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -50,9 +53,10 @@ class Handover:
         self._acker = acker
         self.used = False
 
-    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult,
+            line: AttemptLine | None = None) -> None:
         self.used = True
-        self._acker.add(message, runner, result)
+        self._acker.add(message, runner, result, line)
 
 
 class Acker:
@@ -80,6 +84,9 @@ class Acker:
         #: Tokens of successes whose ack was given up: a stop must not release those
         #: claims as unstarted (they ran; a peer recovers them and counts the attempt).
         self._unacked_tokens: set[str] = set()
+        #: Attempt lines of the successes not logged yet, by (id, claim token): a batch
+        #: claimed by one statement shares its token.
+        self._lines: dict[tuple[int, str], AttemptLine] = {}
         #: Set when a stop begins: every ack statement from then on ends by this time.
         self._end: float | None = None
         self._abandoned = False
@@ -115,7 +122,8 @@ class Acker:
         with self._cond:
             return sorted(self._unacked_tokens)
 
-    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None:
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult,
+            line: AttemptLine | None = None) -> None:
         """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""
         with self._cond:
             while (len(self._pending) + len(self._writing) + len(self._busy) >= self.batch_size
@@ -124,6 +132,8 @@ class Acker:
             if not self._pending:
                 self._oldest = time.monotonic()
             self._pending.append((message, runner, result))
+            if line is not None:
+                self._lines[message.id, message.claim_token] = line
             self._cond.notify_all()
 
     def finish_by(self, end: float) -> None:
@@ -148,6 +158,9 @@ class Acker:
             self._abandoned = True
             stuck = [*self._writing, *self._pending, *(f for f, _ in self._busy)]
             self._unacked_tokens.update(m.claim_token for m, _, _ in stuck)
+            ends = self._ends(stuck, None, "its ack was not written by the end of the stop; "
+                              "a peer recovers it and it runs again")
+        self._write(ends)
         if stuck:
             self._report(unacked=len(stuck))
             logger.error("Gave up waiting for the ack of %d finished task(s) at the end of the "
@@ -181,9 +194,10 @@ class Acker:
                     waits.append(self.delay - (now - self._oldest))
                 self._cond.wait(max(0.0, min(waits)) if waits else None)
 
-    def _ack(self, batch: list[Finished]) -> int:
-        """Ack a batch; return how many acks were written. Those whose gate was busy go to
-        ``_busy`` to be tried again; the rest will run again.
+    def _ack(self, batch: list[Finished]) -> set[int] | None:
+        """Ack a batch; return the ids whose ack was written, None if the database could not
+        be reached (``settle`` gave up). Those whose gate was busy go to ``_busy`` to be
+        tried again; the rest will run again.
 
         If the server refuses the batch, ack one by one so one bad row stays alone.
         """
@@ -197,40 +211,69 @@ class Acker:
             return broker.ack_many(batch, busy=None if self._stopping else busy)
 
         try:
-            owned = settle(attempt, f"a batch of {len(batch)} acks", self._give_up,
-                           lambda: self._end)
+            owned: set[int] | None = settle(attempt, f"a batch of {len(batch)} acks",
+                                            self._give_up, lambda: self._end)
             if owned is not None and busy:
                 retry_at = time.monotonic() + BUSY_RETRY_SECONDS
                 with self._cond:
                     self._busy.extend((finished, retry_at) for finished in busy)
             if owned and self._idle() and any(m.gate_key is not None for m, _, _ in batch):
                 self._nudge()  # a gate's next message may be ready: claim it now
-            return len(owned) if owned is not None else 0
         except DatabaseError as exc:
             if len(batch) == 1:
                 message = batch[0][0]
                 logger.error("Could not ack %s #%s (%s); it stays claimed and will be "
-                             "recovered and run again.", message.task_name, message.id, exc)
-                return 0
+                             "recovered and run again.", message.task_name, message.id,
+                             one_line(str(exc)))
+                return set()
             logger.warning("A batch of %d acks was refused (%s); acking them one by one.",
-                           len(batch), exc)
-        return sum(self._ack([finished]) for finished in batch)
+                           len(batch), one_line(str(exc)))
+            return {id_ for finished in batch for id_ in self._ack([finished]) or ()}
+        return owned
+
+    def _ends(self, batch: list[Finished], acked: set[int] | None, lost: str
+              ) -> list[tuple[AttemptLine, str, str]]:
+        """Take each attempt line of a batch, once (under the lock), with its outcome:
+        succeeded if its ack was written, else lost with ``lost`` (or, when the ack found
+        its claim gone, that)."""
+        ends: list[tuple[AttemptLine, str, str]] = []
+        if not self._lines:
+            return ends
+        for message, _, _ in batch:
+            line = self._lines.pop((message.id, message.claim_token), None)
+            if line is None:
+                continue
+            if acked is not None and message.id in acked:
+                ends.append((line, "succeeded", ""))
+            else:
+                ends.append((line, "lost", lost if acked is None else RECOVERED_MEANWHILE))
+        return ends
+
+    @staticmethod
+    def _write(ends: list[tuple[AttemptLine, str, str]]) -> None:
+        """Log the lines ``_ends`` took (outside the lock: a handler may be slow)."""
+        for line, outcome, detail in ends:
+            line.write(outcome, detail=detail)
 
     def _run(self) -> None:
         broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:
-                acked = self._ack(batch)
+                tokens = self._ack(batch)
+                acked = len(tokens) if tokens is not None else 0
                 with self._cond:
                     self._writing = []
                     self._cond.notify_all()
                     if self._abandoned:
-                        continue  # stop() has counted this batch already
-                    later = {f[0].claim_token for f, _ in self._busy}
-                    given_up = [m for m, _, _ in batch if m.claim_token not in later]
-                    unacked = len(given_up) - acked
+                        continue  # stop() has counted and logged this batch already
+                    later = {(f[0].id, f[0].claim_token) for f, _ in self._busy}
+                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later]
+                    unacked = len(settled) - acked
                     if unacked > 0:
-                        self._unacked_tokens.update(m.claim_token for m in given_up)
+                        self._unacked_tokens.update(m.claim_token for m, _, _ in settled)
+                    # Those waiting for a busy gate keep their line for their next try.
+                    ends = self._ends(settled, tokens, NOT_RECORDED)
+                self._write(ends)
                 self._report(succeeded=acked, unacked=max(0, unacked))
         finally:
             connections.close_all()

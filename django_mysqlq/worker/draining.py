@@ -29,6 +29,8 @@ logger = logging.getLogger("django_mysqlq")
 
 #: Exit status of a worker process ended because a task ran past its timeout.
 EXIT_TIMEOUT = 75
+#: Exit status of a ``--burst`` run during which messages went dead (``--exit-zero``: 0).
+EXIT_DEAD = 3
 #: Exit status after a second signal: running tasks' claims are left to peers.
 FORCED_EXIT_STATUS = 1
 #: Longest a second signal waits for the unstarted claims to be released.
@@ -117,13 +119,23 @@ def drain(worker: Worker) -> int:
     if worker.stats.unacked:
         logger.error("%d finished task(s) could not be acked; they stay claimed and will run "
                      "again when a peer recovers them.", worker.stats.unacked)
-    _deregister(worker)
+    deregister(worker)
     logger.info("Worker %s stopped: %s", worker.id, worker.stats.summary())
     broker.send_robust(worker_stopped, worker)
-    return 1 if abandoned else 0
+    return 1 if abandoned else _burst_status(worker)
 
 
-def _deregister(worker: Worker) -> None:
+def _burst_status(worker: Worker) -> int:
+    """``EXIT_DEAD`` when a ``--burst`` run left messages dead, so a script notices."""
+    options, dead = worker.options, worker.stats.dead
+    if not options.burst or not dead or options.exit_zero:
+        return 0
+    logger.warning("Worker %s: %d message(s) went dead during this --burst run; exiting with "
+                   "status %d (--exit-zero exits 0).", worker.id, dead, EXIT_DEAD)
+    return EXIT_DEAD
+
+
+def deregister(worker: Worker) -> None:
     try:
         broker.deregister_worker(worker.id, worker.stats.processed, worker.stats.failed)
     except DatabaseError as exc:
@@ -172,7 +184,7 @@ def exit_now(worker: Worker) -> None:
             # Includes a release the first signal's drain had begun: the main thread,
             # now in this signal handler, will never finish it.
             _release(worker, worker.holdings.unstarted_for_forced_exit(FORCED_EXIT_SECONDS / 3))
-            _deregister(worker)
+            deregister(worker)
         finally:
             connections.close_all()
 

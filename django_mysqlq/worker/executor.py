@@ -15,13 +15,17 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .. import broker, payload
+from .. import broker, payload, retries
+from ..broker.base import only_test_transactions
 from ..conf import get_settings
+from ..context import TaskContext
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
+from ..log import one_line
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from ..signals import task_finished, task_started
 from ..tasks import AttemptScope, QueueTask, registry
+from .attempt_log import AttemptLine
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -79,7 +83,11 @@ def _close_open_transactions(marks: dict[str, broker.Mark] | None = None) -> lis
 def _left_open(connection: BaseDatabaseWrapper, mark: broker.Mark | None) -> bool:
     if connection.connection is None:
         return False  # never connected, or closed: nothing can be open
-    if connection.in_atomic_block or not connection.autocommit:
+    if connection.in_atomic_block:
+        # Only a TestCase's own transactions (testing.drain() inside a test): they are
+        # not the task's, and the server can't tell a task's raw one from them.
+        return not only_test_transactions(connection)
+    if not connection.autocommit:
         return True
     if connection.vendor != "mysql":
         return False
@@ -142,10 +150,10 @@ def settle(operation: Callable[[], Any], what: str, give_up: threading.Event,
             now = time.monotonic()
             if now >= end or give_up.is_set():
                 logger.error("Could not record the end of %s (%s); a peer will recover "
-                             "and re-run it.", what, exc)
+                             "and re-run it.", what, one_line(str(exc)))
                 return None
             logger.warning("Database unavailable while settling %s (%s); retrying in "
-                           "%.1fs.", what, exc, delay)
+                           "%.1fs.", what, one_line(str(exc)), delay)
             give_up.wait(min(delay, end - now))
             delay = min(delay * 2, 5.0)
 
@@ -155,32 +163,39 @@ def _describe_message(message: ClaimedMessage) -> str:
 
 
 class AckSink(Protocol):
-    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult) -> None: ...
+    def add(self, message: ClaimedMessage, runner: Runner, result: AttemptResult,
+            line: AttemptLine | None = None) -> None: ...
 
 
 def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
             acks: AckSink | None = None, started_at: dt.datetime | None = None) -> str:
     """Run one message to its end; return the outcome recorded in history.
 
-    With ``acks``, a success is handed over to be acked in a batch; without, it is acked
-    here and now. ``started_at``: when the worker let it start (default: now).
+    With ``acks``, a success is handed over to be acked in a batch (and logged once its
+    ack is written); without, it is acked and logged here and now. ``started_at``: when
+    the worker let it start (default: now). Every other end is logged here, once.
     """
     if started_at is None:
         started_at = broker.database_now()
+    line = AttemptLine(message)
     try:
         task = registry.get(message.task_name)
     except UnknownTask as exc:
-        return _defer_unknown(message, runner, _describe(exc, started_at), give_up)
+        return _defer_unknown(message, runner, _describe(exc, started_at), give_up, line)
     try:
         args, kwargs = payload.decode(message.payload)
     except PayloadDecodeError as exc:
         # Not the task's fault and no retry can fix it: straight to dead, with the reason.
-        logger.error("%s #%s can't run: %s", message.task_name, message.id, exc)
         result = _describe(exc, started_at)
-        settle(lambda: broker.fail(message, runner, result, retry=False),
-               _describe_message(message), give_up)
-        return str(Outcome.FAILED)
+        written = settle(lambda: broker.fail(message, runner, result, retry=False),
+                         _describe_message(message), give_up)
+        outcome = str(Outcome.FAILED if written is not None else Outcome.LOST)
+        line.write(outcome, result, "now dead: its payload can't be decoded, so no retry "
+                   "can help" if written is not None else NOT_RECORDED)
+        return outcome
 
+    if task.takes_context:
+        args = [TaskContext.of(message), *args]
     # From here on user code runs (hooks, signal receivers, the body): what it sends to
     # each connection is counted, so the leak check asks the server only when it must.
     marks = broker.activity_marks()
@@ -198,15 +213,17 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         else:
             value = _call(task.func, args, kwargs)
     except ClaimLost:
-        logger.warning("%s #%s was recovered by a peer while it ran; its transaction was "
-                       "rolled back and it will run again.", message.task_name, message.id)
+        line.write(str(Outcome.LOST), detail="a peer recovered its claim while it ran; its "
+                   "transaction was rolled back and it runs again")
         return _finished(task, scope, message, str(Outcome.LOST), None, None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
+        line.stop_clock()
         # Settled inside the handler, so task_finished receivers see the exception as
         # sys.exc_info() (Django's own task logging prints the traceback from there).
         _close_open_transactions(marks)
         broker.close_if_broken()
-        return _failed(task, scope, message, runner, exc, started_at, give_up)
+        return _failed(task, scope, message, runner, exc, started_at, give_up, line)
+    line.stop_clock()
     left_open = _close_open_transactions(marks)
     if left_open:
         # Its uncommitted writes (and an atomic task's ack) were just rolled back.
@@ -218,23 +235,36 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
             )
         except TransactionLeftOpen as exc:
             broker.close_if_broken()
-            return _failed(task, scope, message, runner, exc, started_at, give_up)
+            return _failed(task, scope, message, runner, exc, started_at, give_up, line)
     broker.close_if_broken()  # the task may have broken or closed the connection
 
     if not acked and acks is not None:
-        acks.add(message, runner, AttemptResult(started_at=started_at, result=value))
+        acks.add(message, runner, AttemptResult(started_at=started_at, result=value), line)
         acked = True
-    elif not acked:
-        result = AttemptResult(started_at=started_at, result=value)
-        acked = bool(settle(lambda: broker.ack(message, runner, result),
-                            _describe_message(message), give_up))
+    else:
+        detail = ""
+        if not acked:
+            result = AttemptResult(started_at=started_at, result=value)
+            written = settle(lambda: broker.ack(message, runner, result),
+                             _describe_message(message), give_up)
+            acked = bool(written)
+            detail = NOT_RECORDED if written is None else RECOVERED_MEANWHILE
+        line.write(str(Outcome.SUCCEEDED if acked else Outcome.LOST),
+                   detail="" if acked else detail)
     # Not acked: the message stays queued and runs again, so say so.
     return _finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
                      None, value)
 
 
+#: The detail of an attempt whose end could not be written (``settle`` said why).
+NOT_RECORDED = "its end could not be recorded; a peer recovers it and it runs again"
+#: The detail of a success whose claim a peer had recovered (the acker's too).
+RECOVERED_MEANWHILE = ("finished after its claim was recovered by a peer; it runs again "
+                       "(at-least-once)")
+
+
 def _defer_unknown(message: ClaimedMessage, runner: Runner, result: AttemptResult,
-                   give_up: threading.Event) -> str:
+                   give_up: threading.Event, line: AttemptLine) -> str:
     """A task this worker doesn't know: give the message back for later, a bounded number of
     times, then dead. During a rolling deploy an old worker may claim a new task's message;
     a worker that knows the task will take it then."""
@@ -242,37 +272,44 @@ def _defer_unknown(message: ClaimedMessage, runner: Runner, result: AttemptResul
     written = settle(lambda: broker.defer(message, runner, result, limit),
                      _describe_message(message), give_up)
     if written is None:
+        line.write(str(Outcome.LOST), detail=NOT_RECORDED)
         return str(Outcome.LOST)
-    deferral = written.deferrals
+    unknown = ("no task of that name is registered in this worker (a rolling deploy? a "
+               "module missing from MYSQLQ['TASK_MODULES']?)")
     if written.outcome == Outcome.DEFERRED:
-        logger.warning("%s #%s: no task of that name is registered in this worker (a rolling "
-                       "deploy? a module missing from MYSQLQ['TASK_MODULES']?); gave it back "
-                       "to run in %.0fs (deferral %d of %d).", message.task_name, message.id,
-                       written.delay, deferral, limit)
-    elif written.outcome == Outcome.FAILED:
-        logger.error("%s #%s can't run: no task of that name is registered in this worker, "
-                     "and it was given back %d times already; it is now dead.",
-                     message.task_name, message.id, limit)
+        line.write(str(written.outcome), detail=f"{unknown}; gave it back to run in "
+                   f"{written.delay:.0f}s (deferral {written.deferrals} of {limit})")
+    else:
+        line.write(str(written.outcome), result, f"now dead: {unknown}, and it was given "
+                   f"back {limit} times already")
     return str(written.outcome)
 
 
 def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
             runner: Runner, error: BaseException, started_at: dt.datetime,
-            give_up: threading.Event) -> str:
+            give_up: threading.Event, line: AttemptLine) -> str:
     result = _describe(error, started_at)
-    written = settle(lambda: broker.fail(message, runner, result),
+    decision = retries.decide(error, message.attempt, retry_on=task.retry_on,
+                              dont_retry=task.dont_retry, schedule=task.retry_schedule,
+                              now=broker.database_now)
+    written = settle(lambda: broker.fail(message, runner, result, retry=decision.retry,
+                                         retry_in=decision.delay),
                      _describe_message(message), give_up)
-    if written == Outcome.RETRIED:
-        # The traceback is in history; the log line stays one line per retry.
-        logger.warning("%s #%s attempt %d/%d failed, will retry: %s: %s",
-                       message.task_name, message.id, message.attempt,
-                       message.max_attempts, result.error_class, result.error_message)
-    elif written == Outcome.FAILED:
-        logger.error("%s #%s failed on its last attempt (%d/%d), now dead",
-                     message.task_name, message.id, message.attempt,
-                     message.max_attempts, exc_info=error)
-    return _finished(task, scope, message,
-                     written if written is not None else str(Outcome.LOST), error, None)
+    outcome = written if written is not None else str(Outcome.LOST)
+    if written == Outcome.FAILED:
+        # The one line with the traceback after it; retries keep theirs in history. A
+        # Django task's traceback is logged by Django (the django.tasks logger, from the
+        # task_finished signal): printing it here too would show it twice.
+        why = decision.why if not decision.retry else "no attempts left" + (
+            f" ({decision.why})" if decision.why else "")
+        line.write(outcome, result, f"now dead: {why}",
+                   error=error if scope is None else None)
+    elif written == Outcome.LOST:
+        line.write(outcome, result, "failed after its claim was recovered by a peer; its new "
+                   "owner decides what happens next")
+    else:
+        line.write(outcome, result, decision.why if written is not None else NOT_RECORDED)
+    return _finished(task, scope, message, outcome, error, None)
 
 
 def _finished(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,

@@ -20,9 +20,11 @@ from django.db import DatabaseError
 
 from .. import broker
 from ..conf import QueueSettings, get_settings
+from ..exceptions import WorkerCannotRun
+from ..log import one_line
 from ..signals import task_overran, worker_started
 from ..tasks import import_task_modules
-from . import draining, retention
+from . import draining, fatal, queues, retention, schedules
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -132,7 +134,7 @@ class Worker:
         self.stop_request.install()
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
-        self._start()
+        self._start()  # raises WorkerCannotRun if the database can't serve it
         try:
             self._loop()
         finally:
@@ -142,6 +144,17 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
+                    self.id, ",".join(self.options.queues), self.options.concurrency,
+                    self.options.claim_batch, self.settings.LIVENESS,
+                    " (burst)" if self.options.burst else "")
+        try:
+            self._call_until_up(lambda: schedules.start(self.id))
+            if self.options.report_queues:
+                queues.report(f"Worker {self.id}", self.options.queues)
+        except WorkerCannotRun:
+            draining.deregister(self)  # its row must not count as serving its queues
+            raise
         if self.acker is not None:
             self.acker.start()
         for index in range(self.options.concurrency):
@@ -149,10 +162,6 @@ class Worker:
                                       name=f"mysqlq-task-{index}", daemon=True)
             thread.start()
             self.threads.append(thread)
-        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
-                    self.id, ",".join(self.options.queues), self.options.concurrency,
-                    self.options.claim_batch, self.settings.LIVENESS,
-                    " (burst)" if self.options.burst else "")
         broker.send_robust(worker_started, self)
 
     def _call_until_up(self, operation: object) -> None:
@@ -162,6 +171,7 @@ class Worker:
                 operation()  # type: ignore[operator]
                 return
             except DatabaseError as exc:
+                fatal.check(exc, started=False, burst=self.options.burst)
                 self._database_trouble(exc, delay)
                 delay = min(delay * 2, ERROR_BACKOFF[1])
 
@@ -172,7 +182,12 @@ class Worker:
         # new starts until a lease renewal on a new connection says which are still ours.
         self.holdings.unverified()
         self._due.beat = 0.0
-        logger.warning("Database error in the worker loop (%s); retrying in %.1fs.", exc, delay)
+        problem = fatal.describe(exc)
+        if problem is not None:  # a daemon rides out a refused login or grant: say so loudly
+            logger.error("%s Retrying in %.1fs.", problem, delay)
+        else:
+            logger.warning("Database error in the worker loop (%s); retrying in %.1fs.",
+                           one_line(str(exc)), delay)
         broker.close_if_broken()
         self.wakeup.wait(delay)
         self.wakeup.clear()
@@ -196,6 +211,7 @@ class Worker:
             except DatabaseError as exc:
                 if broker.was_interrupted(exc):
                     continue  # a late wake-up cut a statement short: just go round again
+                fatal.check(exc, started=True, burst=self.options.burst)
                 self._listening = False
                 self._reconnected = True
                 self._database_trouble(exc, error_delay)
@@ -235,6 +251,7 @@ class Worker:
             due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
             broker.promote_due()
+            schedules.fire()  # recurring tasks' due occurrences, once whoever fires them
             due.promote = now + conf.POLL_SECONDS
         self._report_overruns()
         if now >= due.summary:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from .. import limits
 from ..conf import MAX_BATCH, get_settings
+from .queues import resolve
 
 
 def _check(problem: str | None) -> None:
@@ -22,7 +23,7 @@ class WorkerOptions:
     concurrency: int = 1
     #: Messages claimed by one statement (None: ``MYSQLQ['BATCH_SIZE']``).
     batch: int | None = None
-    #: Drain the queues, then exit 0.
+    #: Drain the queues, then exit (status ``EXIT_DEAD`` if messages went dead meanwhile).
     burst: bool = False
     #: Stop after claiming this many messages (None: no limit).
     max_tasks: int | None = None
@@ -32,6 +33,11 @@ class WorkerOptions:
     max_memory_mb: int | None = None
     #: Process mode: a task past its timeout fails and this process exits to be replaced.
     kill_on_timeout: bool = False
+    #: With ``burst``: exit 0 even if messages went dead during the run.
+    exit_zero: bool = False
+    #: Warn at start of queues no task uses and of ready work no worker serves (a
+    #: supervisor does it once for its children).
+    report_queues: bool = True
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -52,8 +58,8 @@ class WorkerOptions:
 
     @classmethod
     def build(cls, queues: Sequence[str] | None = None, **kwargs: object) -> WorkerOptions:
-        names = tuple(queues) if queues else (get_settings().DEFAULT_QUEUE,)
-        return cls(queues=names, **kwargs)  # type: ignore[arg-type]
+        """Options with ``queues`` (None or ``['*']``: every queue a known task uses)."""
+        return cls(queues=resolve(queues), **kwargs)  # type: ignore[arg-type]
 
     @property
     def claim_batch(self) -> int:

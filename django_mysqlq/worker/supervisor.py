@@ -1,9 +1,15 @@
 """``runqueueworker --processes P``: P forked worker processes kept alive by a supervisor.
 
-The supervisor holds no database connection and runs no task. It restarts a child that
+The supervisor runs no task and holds no database connection while its children run
+(it reads the queue's state once, before forking them). It restarts a child that
 died (crash, ``kill -9``, OOM), replaces one that exited after ``--max-tasks`` or
 ``--max-memory`` or a task timeout, and forwards SIGTERM/SIGINT so every child drains
 gracefully; a second signal is forwarded too, and the children then exit at once.
+
+With ``--burst``, a child that drained its queues is not replaced, and the supervisor's
+exit status says whether any child saw messages go dead (``EXIT_DEAD``). A child the
+database can't serve (``fatal``: tables missing, login refused) is not replaced either:
+the supervisor stops the others and exits with that child's status.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from types import FrameType
 
 from django.db import connections
 
-from .draining import EXIT_TIMEOUT
+from ..exceptions import WorkerCannotRun
+from . import queues
+from .draining import EXIT_DEAD, EXIT_TIMEOUT
+from .fatal import EXIT_CANNOT_RUN
 from .loop import Worker
 from .options import WorkerOptions
 
@@ -54,8 +63,13 @@ def _run_child(options: WorkerOptions, parent: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
     _die_with_parent(parent)
-    worker = Worker(dataclasses.replace(options, kill_on_timeout=True))
-    return worker.run()
+    # The supervisor reported on the queues once for all its children.
+    worker = Worker(dataclasses.replace(options, kill_on_timeout=True, report_queues=False))
+    try:
+        return worker.run()
+    except WorkerCannotRun as exc:
+        logger.critical("Worker process %d can't run: %s", os.getpid(), exc)
+        return exc.exit_status
 
 
 def _describe_exit(status: int) -> str:
@@ -64,6 +78,8 @@ def _describe_exit(status: int) -> str:
     code = os.WEXITSTATUS(status)
     if code == EXIT_TIMEOUT:
         return "ended after a task ran past its timeout"
+    if code == EXIT_CANNOT_RUN:
+        return "can't run until the database is fixed (see its error above)"
     return f"exited with status {code}"
 
 
@@ -82,6 +98,10 @@ class Supervisor:
         self._not_before: dict[int, float] = {}
         #: Children that did not exit 0 while the supervisor was stopping.
         self._unclean_stops = 0
+        #: A ``--burst`` child saw messages go dead.
+        self._dead_seen = False
+        #: A child the database can't serve: everything stops, nothing is replaced.
+        self._cannot_run = False
 
     # ------------------------------------------------------------------ children
 
@@ -117,9 +137,19 @@ class Supervisor:
 
     def _replace(self, child: Child, status: int) -> None:
         """Decide whether and when a slot gets a new child."""
-        clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-        if clean and self.options.burst:
-            logger.info("Worker process %d drained its queues.", child.pid)
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        clean = code == 0
+        if code == EXIT_CANNOT_RUN:
+            logger.error("Worker process %d can't run until the database is fixed; stopping "
+                         "the others.", child.pid)
+            self._cannot_run = True
+            self._not_before.clear()
+            self._forward(signal.SIGTERM)
+            return
+        if self.options.burst and (clean or code == EXIT_DEAD):
+            self._dead_seen = self._dead_seen or code == EXIT_DEAD
+            logger.info("Worker process %d drained its queues%s.", child.pid,
+                        "; messages went dead meanwhile" if code == EXIT_DEAD else "")
             return
         if clean:
             reason = "was recycled (--max-tasks or --max-memory)"
@@ -152,9 +182,12 @@ class Supervisor:
                         len(self.children))
         else:
             logger.warning("Second %s: worker processes exit at once.", name)
+        self._forward(signal.SIGTERM)
+
+    def _forward(self, signum: int) -> None:
         for pid in list(self.children):
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signum)
             except ProcessLookupError:
                 pass
 
@@ -165,19 +198,42 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         logger.info("Supervisor %d starting %d worker process(es).", os.getpid(),
                     self.processes)
+        if self.options.report_queues:
+            # Once for all children, counting their queues as served; raises
+            # WorkerCannotRun before any child starts if the database can't serve them.
+            queues.report(f"Supervisor {os.getpid()}", self.options.queues)
         for slot in range(self.processes):
             self._spawn(slot)
-        while self.children or (self._not_before and not self._signals_received):
+        while self.children or (self._not_before and not self._stopping):
             time.sleep(TICK_SECONDS)
             for child, status in self._reap():
-                if self._signals_received:
-                    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-                        self._unclean_stops += 1
-                    logger.info("Worker process %d stopped (%s).", child.pid,
-                                _describe_exit(status))
+                if self._stopping:
+                    self._stopped(child, status)
                 else:
                     self._replace(child, status)
-            if not self._signals_received:
+            if not self._stopping:
                 self._fill_slots()
         logger.info("Supervisor stopped after %d restart(s).", self.restarts)
-        return 0 if self._signals_received <= 1 and not self._unclean_stops else 1
+        return self._status()
+
+    @property
+    def _stopping(self) -> bool:
+        return bool(self._signals_received) or self._cannot_run
+
+    def _stopped(self, child: Child, status: int) -> None:
+        """A child ended while everything stops."""
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        if code == EXIT_CANNOT_RUN:
+            self._cannot_run = True
+        elif code == EXIT_DEAD and self.options.burst:
+            self._dead_seen = True
+        elif code != 0 and not self._cannot_run:
+            self._unclean_stops += 1
+        logger.info("Worker process %d stopped (%s).", child.pid, _describe_exit(status))
+
+    def _status(self) -> int:
+        if self._cannot_run:
+            return EXIT_CANNOT_RUN
+        if self._signals_received > 1 or self._unclean_stops:
+            return 1
+        return EXIT_DEAD if self._dead_seen and not self.options.exit_zero else 0

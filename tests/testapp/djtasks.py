@@ -14,6 +14,8 @@ from asgiref.sync import sync_to_async
 from django_mysqlq.backend.compat import task_finished, task_started
 from django_mysqlq.backend.core import MySQLQueueBackend
 
+from . import djmodule  # noqa: F401 - workers load its tasks through this module
+from .djjobs import job  # noqa: F401 - and this task
 from .models import Ledger
 
 try:
@@ -131,6 +133,11 @@ def on_other_queue(label):
 def immediate_only(label):
     """A task of another backend: the queue must never run it."""
     Ledger.objects.create(label=label, pid=os.getpid())
+
+
+@task(timeout=30)
+def timed(value):
+    return value
 
 
 def plain_function(label):

@@ -87,3 +87,9 @@ def ordered_atomic(key: str, seq: int, label: str) -> int:
     _edge(label, key, seq, "start")
     _edge(label, key, seq, "end", "ok")
     return seq
+
+
+@queue_task(ordered_by="key", takes_context=True)
+def ordered_with_context(context, key: str, seq: int) -> str | None:
+    """Its subject comes from ``key``, not from the context the worker passes first."""
+    return context.subject

@@ -9,8 +9,12 @@ from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
-from django_mysqlq.worker import Worker, WorkerOptions
+from django_mysqlq.conf import LOG_FORMATS, get_settings
+from django_mysqlq.exceptions import WorkerCannotRun
+from django_mysqlq.worker import Worker, WorkerOptions, fatal, logsetup
+from django_mysqlq.worker.draining import EXIT_DEAD
 from django_mysqlq.worker.supervisor import Supervisor
 
 
@@ -36,14 +40,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--queues", type=_queue_list, default=None,
-                            help="Comma-separated queues, claimed in this order "
-                                 "(default: MYSQLQ['DEFAULT_QUEUE']).")
+                            help="Comma-separated queues, claimed in this order (default, "
+                                 "or '*': every queue a known task uses, by name).")
         parser.add_argument("--concurrency", type=_positive_int, default=1,
                             help="Threads running tasks in this process (default 1).")
         parser.add_argument("--batch", type=_positive_int, default=None,
                             help="Messages claimed per statement (default MYSQLQ['BATCH_SIZE']).")
         parser.add_argument("--burst", action="store_true",
-                            help="Drain the queues, then exit 0.")
+                            help=f"Drain the queues, then exit: 0, or {EXIT_DEAD} if messages "
+                                 "went dead meanwhile.")
+        parser.add_argument("--exit-zero", action="store_true",
+                            help="With --burst, exit 0 even if messages went dead.")
         parser.add_argument("--burst-wait", type=float, default=5.0,
                             help="With --burst, wait for retries due within this many seconds "
                                  "(default 5).")
@@ -57,16 +64,39 @@ class Command(BaseCommand):
                                  "this many MiB (it drains first).")
         parser.add_argument("--json-summary", action="store_true",
                             help="Print the final summary as JSON on stdout.")
+        parser.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                            help="Format of the log handler the worker adds when LOGGING "
+                                 "shows nothing of django_mysqlq: text, or json (one object "
+                                 "a line). Default: MYSQLQ['LOG_FORMAT'].")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # The system checks connect first: a missing database or a refused login is said
+        # plainly, not as a traceback.
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            problem = fatal.describe(exc)
+            if problem is None:
+                raise
+            raise CommandError(problem, returncode=fatal.EXIT_CANNOT_RUN) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["verbosity"] >= 1 and not logging.getLogger("django_mysqlq").handlers:
-            logging.basicConfig(level=logging.INFO if options["verbosity"] == 1 else logging.DEBUG,
-                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        note = logsetup.configure(options["verbosity"],
+                                  options["log_format"] or get_settings().LOG_FORMAT)
+        if note:
+            logging.getLogger("django_mysqlq").warning(note)
+        try:
+            self._run(options)
+        except WorkerCannotRun as exc:
+            raise CommandError(str(exc), returncode=exc.exit_status) from exc
+
+    def _run(self, options: dict[str, Any]) -> None:
         try:
             worker_options = WorkerOptions.build(
                 options["queues"], concurrency=options["concurrency"], batch=options["batch"],
                 burst=options["burst"], max_tasks=options["max_tasks"],
                 burst_wait=options["burst_wait"], max_memory_mb=options["max_memory"],
+                exit_zero=options["exit_zero"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc

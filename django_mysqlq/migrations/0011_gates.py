@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
     atomic = False  # DDL on MySQL commits anyway
 
     dependencies = [
-        ('django_mysqlq', '0007_admin_indexes'),
+        ('django_mysqlq', '0010_schedules'),
     ]
 
     operations = [

@@ -1,0 +1,79 @@
+"""Log formatting for workers and log shippers: a JSON formatter, and cutting error text.
+
+``JSONFormatter`` is importable for a project's own ``LOGGING``::
+
+    "formatters": {"json": {"()": "django_mysqlq.log.JSONFormatter"}}
+
+It writes one JSON object per record, on one line: ``time`` (UTC, ISO 8601), ``level``,
+``logger``, ``message``, ``pid``, then every field the record was given through
+``extra=`` (a worker's attempt lines carry ``task``, ``message_id``, ``queue``,
+``attempt``, ``max_attempts``, ``outcome``, ``duration_ms``, and on failure
+``error_class`` and ``error``), then ``traceback`` when the record has one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from typing import Any
+
+#: The text format of the handler ``runqueueworker`` installs when nothing else shows its logs.
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Longest error text in one log line; the history row keeps up to 10,000 characters.
+ERROR_TEXT_MAX = 500
+#: Longest traceback in the log (its last part is kept); history keeps up to 60,000.
+TRACEBACK_MAX = 10_000
+
+#: Attributes every LogRecord has: anything else on a record came through ``extra=``.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime"}
+
+
+def one_line(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """``text`` on one line (line breaks written as ``\\n``), cut after ``limit`` characters."""
+    flat = text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
+    if len(flat) <= limit:
+        return flat
+    return f"{flat[:limit]}… (cut from {len(flat):,} characters)"
+
+
+def cut_traceback(text: str, limit: int = TRACEBACK_MAX, line_limit: int = ERROR_TEXT_MAX
+                  ) -> str:
+    """A traceback fit for a log: each line cut to ``line_limit``, the last ``limit`` kept."""
+    lines = [line if len(line) <= line_limit
+             else f"{line[:line_limit]}… (cut from {len(line):,} characters)"
+             for line in text.rstrip("\n").split("\n")]
+    joined = "\n".join(lines)
+    if len(joined) <= limit:
+        return joined
+    return f"… (the first {len(joined) - limit:,} characters cut)\n{joined[-limit:]}"
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, pid, the ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC)
+            .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value
+        trace = self._traceback(record)
+        if trace:
+            entry["traceback"] = trace
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+    def _traceback(self, record: logging.LogRecord) -> str:
+        # A record may carry its traceback already formatted (and cut): the worker's do.
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        return record.exc_text or ""

@@ -1,0 +1,202 @@
+"""Helpers for your tests.
+
+``drain()`` runs what waits in the real MySQL queue, in the test's own process and on its
+own connection, through the worker's code: the same claim, the same executor (signals,
+leak check, ``atomic=True``), the same ack, retry and dead-letter statements and history
+rows. Only the worker's threads, heartbeats and wake-ups are left out.
+
+``immediate()`` switches the test mode on (``MYSQLQ['IMMEDIATE']``) for a block, a test
+or a test class: enqueued tasks run in-process after the commit, with no queue table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from django.test.utils import override_settings
+
+from .conf import get_settings
+from .exceptions import MessageDoesNotExist, QueueError, UnknownTask
+from .messages import Runner
+from .signals import task_finished
+
+#: Pause between two looks at the queue while ``wait_seconds`` waits for a retry.
+WAIT_STEP_SECONDS = 0.05
+
+__all__ = ["AttemptOutcome", "DrainResult", "drain", "immediate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptOutcome:
+    """One attempt ``drain()`` made."""
+
+    message_id: int
+    task_name: str
+    attempt: int
+    #: ``succeeded``, ``retried`` (failed, will run again), ``failed`` (failed, now dead),
+    #: ``deferred`` (no such task in this process: given back), or ``lost``.
+    outcome: str
+    #: What the attempt raised, or why it could not run; None when it succeeded.
+    error: BaseException | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainResult:
+    """What ``drain()`` ran, attempt by attempt, in order."""
+
+    outcomes: tuple[AttemptOutcome, ...]
+
+    @property
+    def processed(self) -> int:
+        """Attempts made (a message retried within the drain counts once per attempt)."""
+        return len(self.outcomes)
+
+    @property
+    def succeeded(self) -> int:
+        return self._count("succeeded")
+
+    @property
+    def failed(self) -> int:
+        """Attempts that raised: retried ones and those that made their message dead."""
+        return self._count("retried") + self._count("failed")
+
+    @property
+    def retried(self) -> int:
+        return self._count("retried")
+
+    @property
+    def dead(self) -> int:
+        """Messages that went dead (their last attempt failed, or they could not run)."""
+        return self._count("failed")
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return [item.error for item in self.outcomes if item.error is not None]
+
+    def _count(self, outcome: str) -> int:
+        return sum(1 for item in self.outcomes if item.outcome == outcome)
+
+    def __str__(self) -> str:
+        return (f"{self.processed} attempt(s): {self.succeeded} succeeded, {self.retried} "
+                f"retried, {self.dead} dead")
+
+
+def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = None,
+          raise_errors: bool = True, wait_seconds: float = 0.0) -> DrainResult:
+    """Run the queued messages in this process, one at a time, until none is ready.
+
+    ``queues``: the queues to take from, in that order (default: every queue holding
+    messages); paused queues are left alone, as a worker leaves them. ``max_messages``:
+    stop after that many attempts. ``wait_seconds``: also wait for scheduled messages
+    (retries, delays) that fall due within that many seconds, and run them.
+    ``raise_errors``: once the drain is over, raise the first error an attempt met (the
+    task's own exception, or ``UnknownTask`` / ``QueueError`` for a message that could
+    not run), with the drain's summary as a note; False only returns it in the result.
+
+    Works in ``transactional_db`` / ``TransactionTestCase`` tests, and inside a plain
+    ``TestCase`` (pytest-django's ``db``): there the messages enqueued by the test are
+    uncommitted, but on this same connection, so they are claimed, run and acked inside
+    the test's transaction and rolled back with it. Not inside your own
+    ``transaction.atomic()`` block: a claim is made in autocommit.
+    """
+    from . import broker
+    from .checks import queue_vendor
+    from .worker.executor import execute
+
+    conf = get_settings()
+    if queue_vendor(conf.DATABASE) != "mysql":
+        raise QueueError(
+            f"drain() runs the real queue, but the queue database {conf.DATABASE!r} is not "
+            "MySQL/MariaDB. On other databases use the test mode, MYSQLQ['IMMEDIATE'] "
+            "(django_mysqlq.testing.immediate()).")
+    runner = Runner(worker_id=f"drain:{socket.gethostname()}:{os.getpid()}:"
+                              f"{uuid.uuid4().hex[:8]}",
+                    host=socket.gethostname(), pid=os.getpid(),
+                    thread=threading.current_thread().name)
+    give_up = threading.Event()
+    deadline = time.monotonic() + wait_seconds
+    outcomes: list[AttemptOutcome] = []
+    with _errors_of_this_thread() as errors:
+        while max_messages is None or len(outcomes) < max_messages:
+            broker.promote_due(alias=conf.DATABASE)
+            paused = broker.paused_queues(conf.DATABASE)
+            names = [name for name in (queues if queues is not None else broker.queue_names())
+                     if name not in paused]
+            claimed = broker.claim(names, 1, runner.worker_id, conf.LEASE_SECONDS,
+                                   conf.DATABASE) if names else []
+            if not claimed:
+                remaining = deadline - time.monotonic()
+                if remaining > 0 and names and broker.has_pending(names, remaining):
+                    time.sleep(min(WAIT_STEP_SECONDS, remaining))
+                    continue
+                break
+            [message] = claimed
+            errors.clear()
+            outcome = execute(message, runner, give_up)
+            error = errors.get(message.id) or _why_not_run(message.id, message.task_name,
+                                                           outcome)
+            outcomes.append(AttemptOutcome(message.id, message.task_name, message.attempt,
+                                           outcome, error))
+    result = DrainResult(tuple(outcomes))
+    first = next((item.error for item in outcomes if item.error is not None), None)
+    if raise_errors and first is not None:
+        first.add_note(f"django_mysqlq.testing.drain(): {result}; pass raise_errors=False "
+                       "to get the result instead.")
+        raise first
+    return result
+
+
+@contextmanager
+def _errors_of_this_thread() -> Iterator[dict[int, BaseException]]:
+    """The exceptions ``task_finished`` reports on this thread, by message id."""
+    errors: dict[int, BaseException] = {}
+    thread = threading.get_ident()
+
+    def receive(sender: Any, message_id: int, error: BaseException | None = None,
+                **kwargs: Any) -> None:
+        if error is not None and threading.get_ident() == thread:
+            errors[message_id] = error
+
+    uid = f"django_mysqlq.testing.drain:{uuid.uuid4().hex}"
+    task_finished.connect(receive, weak=False, dispatch_uid=uid)
+    try:
+        yield errors
+    finally:
+        task_finished.disconnect(dispatch_uid=uid)
+
+
+def _why_not_run(message_id: int, task_name: str, outcome: str) -> BaseException | None:
+    """An error for a message that failed without running (no task_finished was sent)."""
+    from .handles import read_state
+
+    if outcome == "deferred":
+        return UnknownTask(
+            f"Message #{message_id} names the task {task_name!r}, which is not registered "
+            "in this process; it was given back for later. Import its module (an installed "
+            "app's tasks.py, or MYSQLQ['TASK_MODULES']).")
+    if outcome != "failed":
+        return None
+    try:
+        reason = read_state(message_id).last_error
+    except MessageDoesNotExist:
+        reason = "unknown"
+    return QueueError(f"Message #{message_id} ({task_name}) could not run and is dead: "
+                      f"{reason}")
+
+
+def immediate(*, raise_errors: bool = True) -> override_settings:
+    """``override_settings`` with the test mode on: a context manager, or a decorator of
+    a test function or test class. ``raise_errors=False`` keeps a task's exception in
+    its handle's state (and the log) instead of raising it in the enqueuing code."""
+    current = getattr(settings, "MYSQLQ", {})
+    return override_settings(MYSQLQ={**current, "IMMEDIATE": True,
+                                     "IMMEDIATE_RAISE": raise_errors})

@@ -1,0 +1,40 @@
+"""The shop's tasks: a @queue_task, and a Django @task where a Tasks framework exists."""
+
+from django_mysqlq import queue_task
+
+from .models import Order
+
+
+@queue_task(max_attempts=5)
+def mark_paid(order_id: int) -> int:
+    Order.objects.filter(pk=order_id).update(paid=True)
+    return order_id
+
+
+@queue_task
+def refuse(order_id: int) -> None:
+    raise ValueError(f"order {order_id} refused")
+
+
+try:
+    from django.tasks import task
+except ImportError:
+    try:
+        from django_tasks import task
+    except ImportError:
+        task = None
+
+if task is not None:
+    @task
+    def total_of(order_id):
+        return Order.objects.get(pk=order_id).total
+
+
+def place_order(total: int) -> Order:
+    """What a view would do: the order and its task in one transaction."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        order = Order.objects.create(total=total)
+        mark_paid.enqueue(order.pk)
+    return order

@@ -1,0 +1,68 @@
+"""``--burst`` tells a script what happened: a non-zero exit when messages went dead.
+
+Real ``runqueueworker --burst`` processes, one or under a ``--processes`` supervisor.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from django_mysqlq.models import Message
+from django_mysqlq.worker.draining import EXIT_DEAD, EXIT_TIMEOUT
+from django_mysqlq.worker.fatal import EXIT_CANNOT_RUN
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def test_the_exit_statuses_are_distinct():
+    # 1: CommandError, a stop that left tasks running; 2: argparse's usage errors.
+    assert len({0, 1, 2, EXIT_DEAD, EXIT_TIMEOUT, EXIT_CANNOT_RUN}) == 6
+
+
+def test_a_burst_run_that_left_a_message_dead_exits_with_exit_dead(start_worker):
+    tasks.record.enqueue("fine")
+    dead = tasks.fails_verbosely.enqueue(1).id
+    worker = start_worker("--burst", "--burst-wait", "1")
+    status = worker.wait(timeout=60)
+    output = worker.output()
+    assert status == EXIT_DEAD, output
+    assert (f"1 message(s) went dead during this --burst run; exiting with status {EXIT_DEAD} "
+            "(--exit-zero exits 0).") in output
+    assert "dead=1 " in output.splitlines()[-1]  # the summary still comes
+    assert Message.objects.get(pk=dead).status == "dead"
+
+
+def test_exit_zero_keeps_status_0(start_worker):
+    tasks.fails_verbosely.enqueue(1)
+    worker = start_worker("--burst", "--burst-wait", "1", "--exit-zero")
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+
+def test_a_burst_run_without_deaths_exits_0_though_older_messages_are_dead(start_worker):
+    old = tasks.fails_verbosely.enqueue(1).id
+    first = start_worker("--burst", "--burst-wait", "1")
+    assert first.wait(timeout=60) == EXIT_DEAD, first.output()
+    tasks.record.enqueue("later")
+    second = start_worker("--burst", "--burst-wait", "1")
+    assert second.wait(timeout=60) == 0, second.output()  # deaths of earlier runs don't count
+    assert Message.objects.get(pk=old).status == "dead"
+
+
+def test_a_burst_supervisor_exits_exit_dead_if_any_child_saw_a_death(start_worker):
+    tasks.record.enqueue_many([[f"r{i}"] for i in range(6)])
+    tasks.fails_verbosely.enqueue(1)
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "2")
+    status = supervisor.wait(timeout=60)
+    output = supervisor.output()
+    assert status == EXIT_DEAD, output
+    assert "drained its queues; messages went dead meanwhile" in output
+    assert "replacing it" not in output  # a child that drained is never replaced
+    assert not Message.objects.exclude(status="dead").exists()
+
+
+def test_a_burst_supervisor_with_exit_zero_exits_0(start_worker):
+    tasks.fails_verbosely.enqueue(1)
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "2",
+                              "--exit-zero")
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()

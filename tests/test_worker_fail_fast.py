@@ -1,0 +1,204 @@
+"""A worker the database can't serve exits at once, saying what to do, instead of hanging.
+
+Each test points real ``runqueueworker`` processes at a database of its own: an empty
+one (a worker started before ``migrate``), one that doesn't exist, a refused login, or a
+copy of the queue's tables that the test then drops under the running worker.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+from django_mysqlq.worker.fatal import EXIT_CANNOT_RUN
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+#: A worker that can't run must say so well within this (it used to retry forever).
+PATIENCE = 30.0
+
+
+def queue_tables() -> list[str]:
+    """Every table the app's migrations make (a new one is copied too)."""
+    from django.apps import apps
+
+    return sorted({model._meta.db_table
+                   for model in apps.get_app_config("django_mysqlq").get_models()
+                   if not model._meta.proxy})
+
+
+@pytest.fixture
+def scratch_db() -> Iterator[str]:
+    """An empty database beside the test database, dropped afterwards."""
+    name = f"{connection.settings_dict['NAME']}_scratch"[:64]
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield name
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def migrated_scratch_db(scratch_db: str) -> str:
+    """The scratch database with copies of the queue's (empty) tables."""
+    source = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        for table in queue_tables():
+            cursor.execute(f"CREATE TABLE `{scratch_db}`.`{table}` LIKE `{source}`.`{table}`")
+    return scratch_db
+
+
+def ended(worker, patience: float = PATIENCE) -> tuple[int, str]:
+    try:
+        status = worker.wait(timeout=patience)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker was still running after {patience}s:\n"
+                    f"{worker.output()[-3000:]}")
+    return status, worker.output()
+
+
+@pytest.mark.parametrize("mode", [(), ("--burst",), ("--processes", "2")],
+                         ids=["daemon", "burst", "processes"])
+def test_a_worker_started_before_migrate_exits_at_once_saying_run_migrate(
+        start_worker, scratch_db, mode):
+    worker = start_worker(*mode, env={"MYSQLQ_TEST_DB": scratch_db})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert (f"CommandError: The queue's tables are missing from database '{scratch_db}' "
+            f"(error 1146: Table '{scratch_db}.mysqlq_worker' doesn't exist): run "
+            "`manage.py migrate` then start the worker again.") in output
+    assert "retrying" not in output
+    assert "Supervisor started worker process" not in output  # no child forked for nothing
+
+
+@pytest.mark.parametrize("skip_checks", [False, True], ids=["checks", "skip-checks"])
+def test_an_unknown_database_ends_the_worker_with_what_to_do(start_worker, scratch_db,
+                                                             skip_checks):
+    missing = f"{scratch_db}_missing"[:64]
+    worker = start_worker("--burst", *(["--skip-checks"] if skip_checks else []),
+                          env={"MYSQLQ_TEST_DB": missing})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert (f"CommandError: Database '{missing}' does not exist on the server (error 1049: "
+            f"Unknown database '{missing}'): create it (or fix DATABASES['default']['NAME']), "
+            "then run `manage.py migrate`.") in output
+    assert "Traceback" not in output
+
+
+def test_a_refused_login_ends_a_daemon_at_start(start_worker):
+    worker = start_worker("--skip-checks", env={"MYSQLQ_TEST_PASSWORD": "not-the-password"})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert "CommandError: The database server refused the login or the database (error 1045:" \
+        in output
+    assert "check USER, PASSWORD and HOST in DATABASES['default']" in output
+
+
+def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_worker,
+                                                                        scratch_db):
+    """Only the workers table exists: the worker registers, then its first read of the
+    other tables (its schedules, then the messages) fails. Its row must not go on saying
+    that it serves its queues."""
+    source = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
+                       f"LIKE `{source}`.`mysqlq_worker`")
+    worker = start_worker(env={"MYSQLQ_TEST_DB": scratch_db})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert f"Table '{scratch_db}.mysqlq_schedule' doesn't exist" in output
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
+        assert cursor.fetchone() == (1, 1)
+
+
+def test_tables_dropped_under_a_running_worker_end_it(start_worker, migrated_scratch_db):
+    worker = start_worker(env={"MYSQLQ_TEST_DB": migrated_scratch_db})
+    wait_for(lambda: " started: " in worker.output(), timeout=PATIENCE,
+             message="the worker to start")
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE `{migrated_scratch_db}`.`mysqlq_message`")
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert f"Table '{migrated_scratch_db}.mysqlq_message' doesn't exist" in output
+    assert "run `manage.py migrate`" in output
+
+
+def test_a_supervisor_stops_and_replaces_no_child_once_the_tables_are_gone(
+        start_worker, migrated_scratch_db):
+    supervisor = start_worker("--processes", "2", env={"MYSQLQ_TEST_DB": migrated_scratch_db})
+    wait_for(lambda: supervisor.output().count(" started: ") == 2, timeout=PATIENCE,
+             message="both children to start")
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE `{migrated_scratch_db}`.`mysqlq_message`")
+    status, output = ended(supervisor)
+    assert status == EXIT_CANNOT_RUN, output
+    assert "can't run until the database is fixed; stopping the others" in output
+    assert "replacing it" not in output
+    assert output.count("Supervisor started worker process") == 2
+
+
+def test_an_outage_is_still_ridden_out(start_worker, migrated_scratch_db):
+    """Not every error is permanent: a worker whose connection is killed goes on."""
+    worker = start_worker(env={"MYSQLQ_TEST_DB": migrated_scratch_db})
+    wait_for(lambda: " started: " in worker.output(), timeout=PATIENCE,
+             message="the worker to start")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT connection_id FROM "
+                       f"`{migrated_scratch_db}`.`mysqlq_worker` WHERE stopped_at IS NULL")
+        [(control,)] = cursor.fetchall()
+        cursor.execute(f"KILL {int(control)}")
+    wait_for(lambda: "Database error in the worker loop" in worker.output(), timeout=PATIENCE,
+             message="the worker to notice")
+    assert worker.popen.poll() is None, worker.output()
+    worker.signal(signal.SIGTERM)
+    status, output = ended(worker)
+    assert status == 0, output
+
+
+@pytest.mark.parametrize(("code", "started", "burst", "ends"), [
+    (1146, True, False, True),    # tables gone under a running daemon
+    (1054, True, False, True),
+    (1045, False, False, True),   # a refused login at start
+    (1142, True, True, True),     # a grant revoked during a --burst run
+    (1142, True, False, False),   # ... under a running daemon: ridden out, at ERROR
+    (1049, True, False, False),
+    (2013, False, True, False),   # a lost connection is an outage, whatever the mode
+    (1205, True, True, False),
+])
+def test_which_errors_end_a_worker(code, started, burst, ends):
+    from django.db import OperationalError
+
+    from django_mysqlq.exceptions import WorkerCannotRun
+    from django_mysqlq.worker import fatal
+
+    error = OperationalError(code, "the server's text")
+    if ends:
+        with pytest.raises(WorkerCannotRun) as raised:
+            fatal.check(error, started=started, burst=burst)
+        assert raised.value.exit_status == EXIT_CANNOT_RUN
+        assert f"(error {code}: the server's text)" in str(raised.value)
+    else:
+        fatal.check(error, started=started, burst=burst)
+
+
+def test_the_advice_names_the_queue_database_alias():
+    from django.db import ProgrammingError
+    from django.test import override_settings
+
+    from django_mysqlq.worker import fatal
+
+    error = ProgrammingError(1146, "Table 'q.mysqlq_worker' doesn't exist")
+    with override_settings(MYSQLQ={"DATABASE": "queue"}):
+        problem = fatal.describe(error)
+    assert problem is not None
+    assert problem.endswith("(error 1146: Table 'q.mysqlq_worker' doesn't exist): run "
+                            "`manage.py migrate --database queue` then start the worker again.")
