@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import calls, limits, payload, retries
+from . import calls, gating, limits, payload, retries
 from .conf import get_settings
 from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
@@ -37,6 +37,9 @@ class EnqueueOptions:
     delay: float | None = None
     run_at: dt.datetime | None = None
     dedup_key: str | None = None
+    #: An ordered subject, or a concurrency key, for this call (see ``gating``).
+    subject: str | None = None
+    concurrency_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,8 @@ class QueueTask(Generic[P, R]):
     options: EnqueueOptions = EnqueueOptions()
     #: Set for tasks found by a resolver (see ``TaskRegistry.add_resolver``).
     hooks: TaskHooks | None = None
+    #: Its ordered subject or concurrency key, as declared (see ``gating``).
+    gate: gating.TaskGate = gating.NO_GATE
     #: Exceptions that alone retry (empty: all), and exceptions that never retry.
     retry_on: retries.ExceptionClasses = ()
     dont_retry: retries.ExceptionClasses = ()
@@ -144,11 +149,19 @@ class QueueTask(Generic[P, R]):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         dedup_key: str | None = None,
+        subject: str | None = None,
+        concurrency_key: str | None = None,
     ) -> QueueTask[P, R]:
-        """A copy of this task with per-call options for the next enqueue."""
+        """A copy of this task with per-call options for the next enqueue.
+
+        ``subject``: run in this ordered subject (one at a time, in enqueue order);
+        ``concurrency_key``: count against this key of the task's ``concurrency_limit``.
+        """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
         current = self.options
+        subject, concurrency_key = gating.check_using(self.gate, self.name, subject,
+                                                      concurrency_key)
         options = EnqueueOptions(
             queue=_validate_queue(queue) if queue is not None else current.queue,
             priority=_validate_priority(priority) if priority is not None else current.priority,
@@ -158,6 +171,10 @@ class QueueTask(Generic[P, R]):
                 None if delay is not None else current.run_at),
             dedup_key=_validate_dedup_key(dedup_key) if dedup_key is not None
             else current.dedup_key,
+            subject=subject if subject is not None or concurrency_key is not None
+            else current.subject,
+            concurrency_key=concurrency_key if subject is not None or concurrency_key
+            is not None else current.concurrency_key,
         )
         return dataclasses.replace(self, options=options)
 
@@ -167,6 +184,8 @@ class QueueTask(Generic[P, R]):
             calls.check_call(self.name, self.func, args, kwargs, where=where,
                              skip_first=self.takes_context)
         opts = self.options
+        gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
+                               opts.concurrency_key)
         return NewMessage(
             task_name=self.name,
             queue=opts.queue or self.queue,
@@ -178,6 +197,9 @@ class QueueTask(Generic[P, R]):
             retry_backoff=self.retry_backoff,
             timeout=self.timeout,
             dedup_key=opts.dedup_key,
+            gate_key=gate[0] if gate else None,
+            gate_mode=gate[1] if gate else None,
+            gate_limit=gate[2] if gate else None,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -389,6 +411,10 @@ def queue_task(
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
     dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
     takes_context: bool = False,
@@ -411,6 +437,10 @@ def queue_task(
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
     dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
     takes_context: bool = False,
@@ -425,6 +455,12 @@ def queue_task(
     Options left out take their defaults from ``MYSQLQ`` when the decorator runs.
     ``atomic=True`` runs the body and its ack in one transaction on the queue's database:
     the task's writes there commit exactly when the message is marked done (exactly once).
+    ``ordered_by`` (an argument's name or a function of the arguments) gives each message
+    a subject: within a queue, a subject's messages run one at a time, in enqueue order;
+    ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
+    ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
+    argument's name or a function; left out: one key for the whole task) at once.
+    See docs/ordering.md.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -460,6 +496,10 @@ def queue_task(
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
             atomic=bool(atomic),
+            gate=gating.declare(function, task_name, ordered_by=ordered_by, on_dead=on_dead,
+                                concurrency_key=concurrency_key,
+                                concurrency_limit=concurrency_limit,
+                                takes_context=takes_context),
             retry_on=retries.exception_classes(retry_on, "retry_on"),
             dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
             retry_schedule=schedule,

@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 #: A worker that can't run must say so well within this (it used to retry forever).
 PATIENCE = 30.0
-QUEUE_TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "mysqlq_queue",
-                "mysqlq_schedule")
+
+
+def queue_tables() -> list[str]:
+    """Every table the app's migrations make (a new one is copied too)."""
+    from django.apps import apps
+
+    return sorted({model._meta.db_table
+                   for model in apps.get_app_config("django_mysqlq").get_models()
+                   if not model._meta.proxy})
 
 
 @pytest.fixture
@@ -44,7 +51,7 @@ def migrated_scratch_db(scratch_db: str) -> str:
     """The scratch database with copies of the queue's (empty) tables."""
     source = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
-        for table in QUEUE_TABLES:
+        for table in queue_tables():
             cursor.execute(f"CREATE TABLE `{scratch_db}`.`{table}` LIKE `{source}`.`{table}`")
     return scratch_db
 

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from . import claims
+from . import claims, ordering
 from . import events as ev
 from .duplicates import cause_of, describe
 from .events import Event
@@ -34,6 +34,9 @@ CHECKS = (
     ("stalled_locks", "windows with a waiting row locked by the harness in which no other "
                       "message finished: the lock held the queue up"),
     ("unclean_stops", "SIGTERMed workers that did not stop cleanly"),
+    ("order_violations", "messages of an ordered subject that started before the one enqueued "
+                         "before them had ended"),
+    ("limit_violations", "concurrency keys that ran more messages at once than their limit"),
 )
 
 
@@ -96,6 +99,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
     taken = claims.judge(facts, events, lease)
     kinds = Counter(event.kind for event in events)
     tries = [t for m in messages for t in m.tries]
+    gates = ordering.audit(messages, events)
     metrics = {
         "enqueued": len(messages),
         "executed": sum(m.executed for m in messages),
@@ -129,6 +133,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "unclean_stops": kinds[ev.STOP_OVERRUN] + kinds[ev.STOP_STATUS],
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
+        **gates["metrics"],
     }
     failures = _failures(metrics, limit)
     return {
@@ -154,6 +159,8 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "atomic_violation_ids": atomic_bad[:100],
         "acked_without_run_ids": acked_unrun[:100],
         "phantom_tokens": sorted(facts.phantoms)[:100],
+        "order_violations": gates["order_violations"],
+        "limit_peaks": gates["limit_peaks"],
     }
 
 

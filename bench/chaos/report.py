@@ -38,6 +38,11 @@ ROWS = (
     ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
     ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
+    ("ordered_messages", "messages in an ordered subject"),
+    ("order_violations", "... started before the message enqueued before them had ended"),
+    ("limited_messages", "messages under a concurrency key (limit 2)"),
+    ("limit_violations", "... keys that ran more than their limit at once"),
+    ("limit_peak", "most runs of one key at once"),
 )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 #: Every workload, in the order a run measures them (raw first: the others compare to it).
-WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "contention")
+WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "contention",
+             "ordered")
 
 Shape = tuple[int, int]  # (threads per process, processes)
 #: How idle workers learn of new messages: parked in SQL and woken, or polling.
@@ -68,6 +69,14 @@ class Sizes:
     contention_seconds: float = 20.0  # claimers stop claiming after this long
     #: Longest wait for InnoDB purge to catch up before a burn-down (0: don't wait).
     purge_wait_seconds: float = 10.0
+    # ordered subjects and concurrency limits (bench/perf/workloads/ordered.py)
+    ordered_subjects: int = 10_000
+    ordered_per_subject: int = 10
+    ordered_one_subject: int = 10_000
+    ordered_limited_keys: int = 100
+    ordered_limited_per_key: int = 100
+    ordered_shape: Shape = (8, 2)
+    ordered_batch: int = 100
 
 
 FULL = Sizes()
@@ -85,6 +94,8 @@ SMOKE = Sizes(
     backlog_probe=50, backlog_drain_seconds=20.0,
     contention_claimers=(1, 2), contention_backlog=1_000,
     purge_wait_seconds=0.0,
+    ordered_subjects=200, ordered_per_subject=5, ordered_one_subject=300,
+    ordered_limited_keys=20, ordered_limited_per_key=20, ordered_shape=(4, 2),
 )
 
 

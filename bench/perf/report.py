@@ -18,6 +18,7 @@ _TITLES = {
     "idle": "Idle load on the server",
     "backlog": "Backlog scaling",
     "contention": "Claim contention (forked claimers: broker.claim + ack_many)",
+    "ordered": "Ordered subjects and concurrency limits: burn-downs with and without gates",
 }
 _SERVER_KEYS = ("innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "log_bin",
                 "binlog_format", "sync_binlog", "transaction_isolation",

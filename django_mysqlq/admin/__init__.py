@@ -3,10 +3,11 @@ recurring tasks, and the queue dashboard. Importing this package registers them 
 ``admin.site``."""
 
 from .attempts import AttemptAdmin
+from .blocked import BlockedMessageAdmin
 from .dashboard import QueueDashboardAdmin
 from .messages import DeadMessageAdmin, MessageAdmin, StuckMessageAdmin
 from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["AttemptAdmin", "DeadMessageAdmin", "MessageAdmin", "QueueDashboardAdmin",
-           "ScheduleAdmin", "StuckMessageAdmin", "WorkerAdmin"]
+__all__ = ["AttemptAdmin", "BlockedMessageAdmin", "DeadMessageAdmin", "MessageAdmin",
+           "QueueDashboardAdmin", "ScheduleAdmin", "StuckMessageAdmin", "WorkerAdmin"]

@@ -21,6 +21,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
 ``purge``      retention: history, dead messages, stopped workers' rows
+``subjects``   gates of ordered subjects and concurrency keys: slots, blocked messages
+``held``       subjects held by dead heads, their release, the repair of gate counters
 ``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
 ``pipeline``   what the Spark pipeline reads (id bounds, the partitions' SELECTs)
 ``archive``    the archive's source check and exact deletes
@@ -49,7 +51,18 @@ from .base import (
     was_interrupted,
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
+from .defer import Deferral, defer
 from .enqueue import enqueue
+from .held import (
+    Holder,
+    Repair,
+    dead_heads,
+    gates_of,
+    holders,
+    release_subjects,
+    repair_gates,
+    requeue_heads,
+)
 from .isolation import own_connection
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
@@ -80,7 +93,7 @@ from .overview import (
     workers_alive,
 )
 from .park import idle_wait, listen, wake
-from .promote import promote_due
+from .promote import promote_due, promote_limited
 from .purge import (
     count_dead_before,
     count_history_before,
@@ -106,16 +119,15 @@ from .schedules import set_paused as set_schedules_paused
 from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
-    Deferral,
     ack,
     ack_many,
     ack_within,
-    defer,
     fail,
     mark_started,
     release,
     retry_delay,
 )
+from .subjects import GateRef
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -138,13 +150,16 @@ __all__ = [
     "DeclaredSchedule",
     "Deferral",
     "Fired",
+    "GateRef",
     "HistoryBucket",
+    "Holder",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
     "PurgeLag",
     "QueueOverview",
+    "Repair",
     "Runner",
     "Stuck",
     "Synced",
@@ -165,6 +180,7 @@ __all__ = [
     "count_history_before",
     "count_workers_before",
     "database_now",
+    "dead_heads",
     "defer",
     "deregister_worker",
     "describe_unserved",
@@ -174,9 +190,11 @@ __all__ = [
     "fail",
     "finish_by",
     "fire_due_schedules",
+    "gates_of",
     "has_pending",
     "heartbeat_worker",
     "history_window",
+    "holders",
     "idle_wait",
     "is_recovery_leader",
     "is_refusal",
@@ -188,6 +206,7 @@ __all__ = [
     "own_connection",
     "paused_queues",
     "promote_due",
+    "promote_limited",
     "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
@@ -202,9 +221,12 @@ __all__ = [
     "release",
     "release_strays",
     "release_stuck",
+    "release_subjects",
     "renew_leases",
+    "repair_gates",
     "replay",
     "requeue",
+    "requeue_heads",
     "retry_delay",
     "run_schedule_now",
     "send_robust",

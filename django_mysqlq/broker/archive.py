@@ -46,7 +46,7 @@ SELECT DATE(finished_at) AS day, queue, COUNT(*), SUM(id), MIN(id), MAX(id)
 DEAD_STATS_SQL = f"""
 SELECT DATE(run_at) AS day, queue, COUNT(*), SUM(id), MIN(id), MAX(id)
   FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY)
- WHERE id >= %s AND id < %s AND status = 'dead' AND run_at < %s
+ WHERE id >= %s AND id < %s AND status = 'dead' AND run_at < %s AND gate_key IS NULL
  GROUP BY day, queue
 """
 #: Exactly the archived history rows of one delete batch.
@@ -60,6 +60,7 @@ DELETE FROM {ATTEMPT_TABLE} WHERE id >= %s AND id <= %s AND finished_at < %s RET
 #: operator requeued since stays (and is archived again if it dies again).
 DELETE_DEAD_SQL = f"""
 DELETE FROM {MESSAGE_TABLE} WHERE id IN ({{ids}}) AND status = 'dead' AND run_at < %s
+   AND gate_key IS NULL
 """
 
 #: ``{(day "YYYY-MM-DD", queue): (rows, sum of ids, first id, last id)}``

@@ -15,6 +15,7 @@ from .base import (
     MESSAGE_TABLE,
     QUERY_INTERRUPTED,
     QUEUE_TABLE,
+    RECOVERY_LOCK_NAME,
     SCHEDULE_TABLE,
     WORKER_TABLE,
     connection_for,
@@ -24,7 +25,6 @@ from .base import (
     micros,
     with_lock_retry,
 )
-from .recover import RECOVERY_LOCK_NAME
 from .session import connection_session
 
 LISTEN_SQL = f"""

@@ -41,7 +41,8 @@ DEAD_COLUMNS = (
     "id, queue, task_name, payload, status, priority, "
     f"{_MICROS.format(column='enqueued_at')} AS enqueued_us, "
     f"{_MICROS.format(column='run_at')} AS died_us, "
-    "attempts, max_attempts, retry_backoff, timeout, ordering_key, losses, deferrals, "
+    "attempts, max_attempts, retry_backoff, timeout, gate_key, gate_mode, gate_limit, "
+    "losses, deferrals, "
     "last_error"
 )
 
@@ -59,7 +60,7 @@ SELECT MIN(id), MAX(id), COUNT(*) FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_f
 #: The id range of dead messages that died before a time, along mysqlq_msg_due.
 DEAD_BOUNDS_SQL = f"""
 SELECT MIN(id), MAX(id), COUNT(*) FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
- WHERE status = 'dead' AND run_at < %s
+ WHERE status = 'dead' AND run_at < %s AND gate_key IS NULL
 """
 #: The id range of every history row carrying a replay link.
 REPLAYED_BOUNDS_SQL = f"""
@@ -90,7 +91,7 @@ def older_where(before: dt.datetime) -> str:
 
 
 def dead_where(before: dt.datetime) -> str:
-    return f"status = 'dead' AND run_at < {datetime_literal(before)}"
+    return f"status = 'dead' AND run_at < {datetime_literal(before)} AND gate_key IS NULL"
 
 
 def _row(sql: str, params: list[Any], alias: str | None) -> tuple[object, ...]:

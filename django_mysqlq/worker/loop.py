@@ -118,9 +118,14 @@ class Worker:
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
-                           self.stats.add) if batch > 1 else None
+                           self.stats.add, nudge=self.wakeup.set,
+                           idle=self._nothing_waiting) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+
+    def _nothing_waiting(self) -> bool:
+        """No claimed message waits for a task thread (the one being acked still counts)."""
+        return self.holdings.in_flight <= self.options.concurrency
 
     # ------------------------------------------------------------------ control loop
 
@@ -238,6 +243,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
@@ -274,7 +280,9 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        busy = self.holdings.in_flight > 0
+        # Successes waiting for their ack count: an ack may make a gate's next message
+        # ready, and the acker then nudges this loop (a parked one would not hear it).
+        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""

@@ -103,10 +103,15 @@ def test_include_dead_archives_old_dead_messages(spark, history, tmp_path: Path)
         queue="default", task_name="tests.testapp.tasks.record", status="ready",
         payload="{}", enqueued_at=NOW - dt.timedelta(days=3), run_at=NOW - dt.timedelta(days=3),
         max_attempts=3, retry_backoff=1.0).pk
+    # A dead head of an ordered subject holds it: only an operator may let it go.
+    head = dead(NOW - dt.timedelta(days=3), "head")
+    Message.objects.filter(pk=head.pk).update(gate_key="order:1", gate_mode="hold",
+                                              gate_limit=1)
     result = archive(spark, str(tmp_path), dt.timedelta(days=1), include_dead=True)
     assert result.rows["dead"] == 5 and result.deleted["dead"] == 5
     assert _archived_ids(tmp_path, "dead") == sorted(old)
-    assert sorted(Message.objects.values_list("pk", flat=True)) == sorted([recent, ready])
+    assert sorted(Message.objects.values_list("pk", flat=True)) == sorted(
+        [recent, ready, head.pk])
 
 
 def test_a_second_archive_at_once_is_refused_and_writes_nothing(spark, history,
