@@ -132,6 +132,7 @@ def fill(rows: int, days: float, messages: int) -> None:
                        IF(seq % 1000 = 999, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, NULL)
                   FROM seq_{start + 1}_to_{end}
             """)
+        fill_subjects(cursor, max(1, messages // 100))
         cursor.execute("DELETE FROM mysqlq_worker")
         cursor.execute("""
             INSERT INTO mysqlq_worker (id, host, pid, queues, concurrency, connection_id,
@@ -141,9 +142,42 @@ def fill(rows: int, days: float, messages: int) -> None:
                    UTC_TIMESTAMP(6) - INTERVAL IF(seq % 5 = 0, 3600, 0) SECOND,
                    IF(seq % 7 = 0, UTC_TIMESTAMP(6), NULL), 0, seq * 100, seq
               FROM seq_1_to_30""")
-        for table in ("mysqlq_attempt", "mysqlq_message", "mysqlq_worker"):
+        for table in ("mysqlq_attempt", "mysqlq_message", "mysqlq_worker", "mysqlq_gate"):
             cursor.execute(f"ANALYZE TABLE {table}")
             cursor.fetchall()
+
+
+#: Blocked messages behind each ordered subject's head in the filled tables.
+BLOCKED_PER_SUBJECT = 5
+
+
+def fill_subjects(cursor: Any, subjects: int) -> None:
+    """Ordered subjects of task_9 in q1 (``subject-N``): a head each (dead for one in four,
+    ready otherwise) and ``BLOCKED_PER_SUBJECT`` blocked behind it, with their gate rows."""
+    from django_mysqlq.models import GATE_ID_LENGTH
+
+    per = 1 + BLOCKED_PER_SUBJECT
+    cursor.execute("DELETE FROM mysqlq_gate")
+    cursor.execute(f"""
+        INSERT INTO mysqlq_message
+          (queue, task_name, payload, status, priority, enqueued_at, run_at, attempts,
+           max_attempts, retry_backoff, timeout, dedup_key, last_error, gate_key, gate_mode,
+           gate_limit)
+        SELECT 'q1', 'app.tasks.task_9', '{{"args": [], "kwargs": {{}}}}',
+               IF(seq % {per} = 0, IF(seq DIV {per} % 4 = 0, 'dead', 'ready'), 'blocked'), 0,
+               UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, 3, 2, NULL, NULL,
+               IF(seq % {per} = 0 AND seq DIV {per} % 4 = 0, 'ValueError: boom', ''),
+               CONCAT('subject-', seq DIV {per}), 'hold', 1
+          FROM seq_0_to_{subjects * per - 1}
+    """)
+    cursor.execute(f"""
+        INSERT INTO mysqlq_gate (id, queue, ordered, gate_key, slots, active, blocked,
+                                 changed_at)
+        SELECT SUBSTR(SHA2(CONCAT('q1', CHAR(0), '1', CHAR(0), 'subject-', seq), 256), 1,
+                      {GATE_ID_LENGTH}),
+               'q1', 1, CONCAT('subject-', seq), 1, 1, {BLOCKED_PER_SUBJECT}, UTC_TIMESTAMP(6)
+          FROM seq_0_to_{subjects - 1}
+    """)
 
 
 class Timer:
@@ -176,6 +210,7 @@ def pages() -> dict[str, str]:
         return int(row[0]) if row else 0
 
     dead = first("SELECT id FROM mysqlq_message WHERE status = 'dead' ORDER BY id LIMIT 1")
+    blocked = first("SELECT id FROM mysqlq_message WHERE status = 'blocked' ORDER BY id LIMIT 1")
     stuck = first("SELECT id FROM mysqlq_message WHERE status = 'claimed' ORDER BY id LIMIT 1")
     ready = first("SELECT MAX(id) FROM mysqlq_message")
     attempt = first("SELECT MAX(id) FROM mysqlq_attempt")
@@ -198,7 +233,7 @@ def pages() -> dict[str, str]:
         "messages, status scheduled": messages + "?status__exact=scheduled",
         "messages, status dead": messages + "?status__exact=dead",
         "messages, status claimed": messages + "?status__exact=claimed",
-        "messages, status blocked (none)": messages + "?status__exact=blocked",
+        "messages, status blocked": messages + "?status__exact=blocked",
         "messages, queue q1": messages + "?queue=q1",
         "messages, queue q1 ready": messages + "?queue=q1&status__exact=ready",
         "messages, queue (none)": messages + "?queue=nosuch",
@@ -208,14 +243,19 @@ def pages() -> dict[str, str]:
         "messages, search id": messages + f"?q={ready}",
         "messages, search task name": messages + "?q=app.tasks.task_7",
         "messages, search dedup key": messages + "?q=order-101",
+        "messages, search subject": messages + "?q=subject-3",
         "messages, search (no match)": messages + "?q=nothing-like-this",
         "message page (dead)": f"{messages}{dead}/change/",
         "message page (stuck)": f"{messages}{stuck}/change/",
+        "message page (blocked)": f"{messages}{blocked}/change/",
         "message, cancel confirmation": f"{messages}{dead}/act/cancel/",
         "requeue dead matching, queue q1": f"{messages}requeue-dead-matching/?queue=q1",
         "stuck list": f"{ADMIN}/stuckmessage/",
         "stuck list, queue q3": f"{ADMIN}/stuckmessage/?queue=q3",
         "stuck list, task task_19": f"{ADMIN}/stuckmessage/?task=app.tasks.task_19",
+        "blocked list": f"{ADMIN}/blockedmessage/",
+        "blocked list, queue q1": f"{ADMIN}/blockedmessage/?queue=q1",
+        "blocked list, task task_9": f"{ADMIN}/blockedmessage/?task=app.tasks.task_9",
         "dead list": f"{ADMIN}/deadmessage/",
         "dead list, queue q1": f"{ADMIN}/deadmessage/?queue=q1",
         "dead list, queue q0 (none)": f"{ADMIN}/deadmessage/?queue=q0",

@@ -10,19 +10,22 @@ Public API::
     send_welcome.enqueue(user.pk)  # joins the current transaction
 """
 
+from .context import TaskContext
 from .exceptions import (
     ArgumentEncodingError,
     InvalidTaskOptions,
     MessageDoesNotExist,
     PayloadTooLarge,
     QueueError,
+    Retry,
     TaskAlreadyRegistered,
     TaskArgumentError,
     TaskTimeout,
     TransactionLeftOpen,
     UnknownTask,
+    WaitTimeout,
 )
-from .handles import MessageHandle, MessageState
+from .handles import MessageHandle, MessageResult, MessageState
 from .tasks import QueueTask, queue_task
 
 __all__ = [
@@ -30,14 +33,18 @@ __all__ = [
     "InvalidTaskOptions",
     "MessageDoesNotExist",
     "MessageHandle",
+    "MessageResult",
     "MessageState",
     "PayloadTooLarge",
     "QueueError",
     "QueueTask",
+    "Retry",
     "TaskAlreadyRegistered",
     "TaskArgumentError",
+    "TaskContext",
     "TaskTimeout",
     "TransactionLeftOpen",
     "UnknownTask",
+    "WaitTimeout",
     "queue_task",
 ]

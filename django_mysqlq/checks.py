@@ -1,4 +1,4 @@
-"""System checks: settings (E001-E005, W002, W003) and the live server (W001)."""
+"""System checks: settings (E001-E006, W002, W003) and the live server (W001)."""
 
 from __future__ import annotations
 
@@ -182,3 +182,28 @@ def check_immediate_in_production(app_configs: Sequence[AppConfig] | None = None
         "MYSQLQ['IMMEDIATE'] is True: every enqueued task runs inside the process that "
         "enqueued it (a web request), once, without retries, and no worker sees it.",
         hint="Set IMMEDIATE only in the settings your tests use.", id="django_mysqlq.W003")]
+
+
+@register()
+def check_schedules(app_configs: Sequence[AppConfig] | None = None,
+                    **kwargs: Any) -> list[CheckMessage]:
+    """Each ``MYSQLQ['SCHEDULES']`` entry names a registered task its arguments fit.
+
+    The task modules are imported first, as a worker does; if one can't be, E005 says so
+    and this check waits for it.
+    """
+    try:
+        load_settings()
+    except SettingsError:
+        return []
+    from . import recurring
+    from .registry import import_task_modules
+
+    try:
+        import_task_modules()
+    except ImproperlyConfigured:
+        return []
+    return [Error(problem, hint="Fix MYSQLQ['SCHEDULES'] (docs/schedules.md): workers write "
+                                "every declared schedule when they start and refuse to "
+                                "start on one they can't write.", id="django_mysqlq.E006")
+            for problem in recurring.problems()]

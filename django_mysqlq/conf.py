@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import limits
+from . import cron, limits, payload
 
 LivenessMode = Literal["connection", "lease"]
 LogFormat = Literal["text", "json"]
@@ -104,6 +104,23 @@ class QueueSettings:
     #: In test mode, a task's exception is raised in the code that enqueued it (at the
     #: commit). False: it is logged and kept in the handle's state instead.
     IMMEDIATE_RAISE: bool = True
+    #: Recurring tasks declared in settings: ``{name: {"task": "app.tasks.fn", "cron":
+    #: "0 3 * * *", "tz": "Europe/Paris", "catch_up": "latest", "args": [], "kwargs": {}}}``
+    #: (task and cron required). See docs/schedules.md.
+    SCHEDULES: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: A schedule's occurrence enqueued at most this many seconds late is on time; one
+    #: older was missed (no worker ran) and follows the schedule's ``catch_up`` policy.
+    SCHEDULE_GRACE_SECONDS: float = 60.0
+    # The Spark pipeline (``queuepipeline``, the ``spark`` extra): see docs/pipeline.md.
+    #: The JDBC driver jar Spark loads (``spark.jars``): Debian's libmariadb-java by
+    #: default. "" adds none (a cluster that ships its own, or ``spark.jars.packages``).
+    SPARK_JDBC_JAR: str = "/usr/share/java/mariadb-java-client.jar"
+    #: The JDBC driver class in that jar.
+    SPARK_JDBC_DRIVER: str = "org.mariadb.jdbc.Driver"
+    #: Most database connections one pipeline stage opens at once (reads and writes).
+    SPARK_MAX_CONNECTIONS: int = 4
+    #: Primary-key ids per read partition: each partition is one short SELECT.
+    SPARK_PARTITION_ROWS: int = 100_000
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(QueueSettings)}
@@ -158,6 +175,12 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
         value, option, 0, 1000))
 
+    check("SPARK_MAX_CONNECTIONS", whole(1000))
+    check("SPARK_PARTITION_ROWS", lambda value, option: limits.whole_problem(
+        value, option, 1000, 100_000_000))
+    for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
+        if name in values and not isinstance(values[name], str):
+            problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
     for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
@@ -180,6 +203,12 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         else:
             values["TASK_MODULES"] = tuple(modules)
 
+    check("SCHEDULE_GRACE_SECONDS", seconds(zero=True))
+    if "SCHEDULES" in values:
+        schedules = _schedules(values["SCHEDULES"], problems)
+        if schedules is not None:
+            values["SCHEDULES"] = schedules
+
     lease = values.get("LEASE_SECONDS", QueueSettings.LEASE_SECONDS)
     beat = values.get("HEARTBEAT_SECONDS", QueueSettings.HEARTBEAT_SECONDS)
     if not problems and beat * 2 > lease:
@@ -188,6 +217,54 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"MYSQLQ['LEASE_SECONDS'] ({lease}), or live workers lose their claims."
         )
     return values, problems
+
+
+SCHEDULE_KEYS = ("task", "cron", "tz", "catch_up", "args", "kwargs")
+
+
+def _schedules(raw: object, problems: list[str]) -> dict[str, dict[str, Any]] | None:
+    """``MYSQLQ['SCHEDULES']`` checked entry by entry (whether each task exists is the
+    system check's business: tasks are imported later)."""
+    if not isinstance(raw, Mapping):
+        problems.append("MYSQLQ['SCHEDULES'] must be a dict of schedule name -> {'task': "
+                        f"..., 'cron': ...}}, not {type(raw).__name__}.")
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        where = f"MYSQLQ['SCHEDULES'][{name!r}]"
+        if not isinstance(name, str) or not name or len(name) > 255 \
+                or not limits.is_utf8(name):
+            problems.append(f"{where}: a schedule name must be a non-empty string of at "
+                            "most 255 characters.")
+            continue
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} must be a dict with 'task' and 'cron', not {entry!r}.")
+            continue
+        unknown = sorted(str(key) for key in entry if key not in SCHEDULE_KEYS)
+        missing = [key for key in ("task", "cron") if key not in entry]
+        if unknown or missing:
+            problems.append(f"{where}: " + "; ".join(
+                ([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
+                + ([f"missing {', '.join(missing)}"] if missing else []))
+                + f" (keys: {', '.join(SCHEDULE_KEYS)}; task and cron required).")
+            continue
+        if not isinstance(entry["task"], str) or not entry["task"]:
+            problems.append(f"{where}['task'] must be a registered task's name such as "
+                            f"'shop.tasks.report', not {entry['task']!r}.")
+            continue
+        try:
+            declared = cron.declare(where, entry["cron"], entry.get("tz"),
+                                    entry.get("catch_up", cron.SKIP), entry.get("args", ()),
+                                    entry.get("kwargs"))
+            payload.encode(entry["task"], declared.args, declared.kwargs, MAX_PAYLOAD_BYTES)
+        except (cron.CronError, ValueError, TypeError) as exc:
+            problems.append(str(exc).replace("cron_args", "'args'")
+                            .replace("cron_kwargs", "'kwargs'").replace("cron_tz", "'tz'"))
+            continue
+        found[name] = {"task": entry["task"], "cron": declared.cron, "tz": declared.tz,
+                       "catch_up": declared.catch_up, "args": list(declared.args),
+                       "kwargs": declared.kwargs}
+    return found
 
 
 def load_settings() -> QueueSettings:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
+from . import limits
+
 
 class QueueError(Exception):
     """Base class of every error django-mysqlq raises on purpose."""
@@ -45,6 +49,38 @@ class TaskTimeout(QueueError):
 
 class TransactionLeftOpen(QueueError):
     """A task returned inside a transaction; the worker rolled it back and failed the attempt."""
+
+
+class WaitTimeout(QueueError, TimeoutError):
+    """``handle.wait(timeout=...)`` ran out of time before the message finished."""
+
+
+class Retry(QueueError):
+    """Raised by a task to ask for another attempt: after ``in_seconds``, at ``at`` (an
+    aware datetime), or, with neither, after the task's usual backoff.
+
+    The attempt is recorded as ``retried`` with ``reason`` and counts against
+    ``max_attempts``: on the last attempt the message goes dead instead, so a task can't
+    retry itself forever. ``retry_on`` and ``dont_retry`` don't apply to it.
+    """
+
+    def __init__(self, in_seconds: float | None = None, *, at: dt.datetime | None = None,
+                 reason: str = "") -> None:
+        if in_seconds is not None and at is not None:
+            raise InvalidTaskOptions("Retry() takes in_seconds or at, not both.")
+        problem = (limits.seconds_problem(in_seconds, "Retry(in_seconds=...)")
+                   if in_seconds is not None else None)
+        if at is not None and (not isinstance(at, dt.datetime) or at.utcoffset() is None):
+            problem = (f"Retry(at=...) must be a timezone-aware datetime, not {at!r}.")
+        if problem:
+            raise InvalidTaskOptions(problem)
+        self.in_seconds = None if in_seconds is None else float(in_seconds)
+        self.at = at
+        self.reason = reason
+        when = (f"in {self.in_seconds:g}s" if self.in_seconds is not None
+                else f"at {at.isoformat()}" if at is not None else "after the usual backoff")
+        super().__init__(f"the task asked to be retried {when}" + (f": {reason}" if reason
+                                                                    else ""))
 
 
 class WorkerCannotRun(QueueError):

@@ -1,14 +1,27 @@
-"""What ``enqueue()`` returns: a message id and a way to read its state later."""
+"""What ``enqueue()`` returns: a message id, a way to read its state later, and to wait
+for its end.
+
+Waiting polls the message's state with a growing pause (``WAIT_FIRST_SECONDS``, doubling
+up to ``MYSQLQ['POLL_SECONDS']``), one primary-key read per poll, and sleeps through a
+scheduled message's wait: no loop against the database, and nothing added to the
+workers' path (no waiter bookkeeping on the ack). See docs/tasks.md.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from .exceptions import MessageDoesNotExist
+from .exceptions import MessageDoesNotExist, WaitTimeout
+
+#: First pause between two reads of a waited-on message; it doubles up to POLL_SECONDS.
+WAIT_FIRST_SECONDS = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +90,92 @@ def read_state(message_id: int) -> MessageState:
 
 
 @dataclasses.dataclass(frozen=True)
+class MessageResult:
+    """How a message ended, as ``wait()`` returns it."""
+
+    id: int
+    task_name: str
+    #: ``succeeded``, ``dead`` or ``cancelled``.
+    status: str
+    #: The task's return value (as stored: JSON) when it succeeded, else None.
+    value: Any
+    #: The last error (``"module.Class: message"``) when it did not succeed, else ''.
+    error: str
+    attempts: int
+    #: When it finished; for a dead message, when it died.
+    finished_at: dt.datetime | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+    @classmethod
+    def of(cls, state: MessageState) -> MessageResult:
+        succeeded = state.status == "succeeded"
+        return cls(id=state.id, task_name=state.task_name, status=state.status,
+                   value=state.result if succeeded else None,
+                   error="" if succeeded else state.last_error, attempts=state.attempts,
+                   finished_at=state.finished_at if state.finished_at is not None
+                   or state.status != "dead" else state.run_at)
+
+
+class _Waiting:
+    """One wait's clock: when to read the state next, and when to give up."""
+
+    def __init__(self, handle: MessageHandle, timeout: float | None) -> None:
+        from .conf import get_settings
+
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0 or None, not "
+                             f"{timeout!r}.")
+        _refuse_inside_transaction(handle)
+        self.handle = handle
+        self.timeout = timeout
+        self.began = time.monotonic()
+        self.deadline = float("inf") if timeout is None else self.began + timeout
+        self.pause = WAIT_FIRST_SECONDS
+        self.longest = get_settings().POLL_SECONDS
+
+    def next_pause(self, state: MessageState) -> float:
+        """Seconds to sleep before the next read; raise :class:`WaitTimeout` when done."""
+        if state.is_finished:
+            raise AssertionError("a finished message is not waited on")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"Message {self.handle.id} ({self.handle.task_name}) is still "
+                f"{state.status} after {self.timeout:g}s (attempt {state.attempts}"
+                f"{', last error: ' + state.last_error[:200] if state.last_error else ''}). "
+                "It goes on in the queue: wait again, or read handle.state() later.")
+        pause = self.pause
+        self.pause = min(self.pause * 2, self.longest)
+        if state.status == "scheduled" and state.run_at is not None:
+            from .broker import database_now
+
+            # Nothing happens before its run_at: sleep until then, reading at least
+            # every ten pauses (an operator may requeue it meanwhile).
+            until = (state.run_at - database_now()).total_seconds()
+            pause = max(pause, min(until, self.longest * 10))
+        return max(0.0, min(pause, left))
+
+
+def _refuse_inside_transaction(handle: MessageHandle) -> None:
+    """Waiting inside an open transaction on the queue database can only time out."""
+    from django.db import connections
+
+    from .broker.base import only_test_transactions
+    from .conf import get_settings
+
+    connection = connections[get_settings().DATABASE]
+    if connection.in_atomic_block and not only_test_transactions(connection):
+        raise RuntimeError(
+            f"wait() on message {handle.id} inside transaction.atomic() on the queue's "
+            "database: a message enqueued in this transaction reaches no worker before it "
+            "commits, and the transaction's snapshot may never show the end. Wait after "
+            "the commit (outside the block, or in transaction.on_commit).")
+
+
+@dataclasses.dataclass(frozen=True)
 class MessageHandle:
     """The id of an enqueued message, and its task name."""
 
@@ -92,3 +191,38 @@ class MessageHandle:
     @property
     def status(self) -> str:
         return self.state().status
+
+    def wait(self, timeout: float | None = None) -> MessageResult:
+        """Wait until the message succeeded, went dead or was cancelled; return how.
+
+        Raises :class:`WaitTimeout` after ``timeout`` seconds (None: no limit), and
+        :class:`MessageDoesNotExist` if there is no such message (its transaction rolled
+        back, or its history was purged). A dead message is an answer too: check
+        ``result.succeeded``.
+        """
+        return _wait_blocking(self, timeout, self.state, time.sleep)
+
+    async def await_result(self, timeout: float | None = None) -> MessageResult:
+        """``wait()`` for async code: reads run in a thread, pauses don't block the loop."""
+        return await _wait_async(self, timeout, self.astate)
+
+
+def _wait_blocking(handle: MessageHandle, timeout: float | None,
+                   read: Callable[[], MessageState],
+                   sleep: Callable[[float], None]) -> MessageResult:
+    waiting = _Waiting(handle, timeout)
+    while True:
+        state = read()
+        if state.is_finished:
+            return MessageResult.of(state)
+        sleep(waiting.next_pause(state))
+
+
+async def _wait_async(handle: MessageHandle, timeout: float | None,
+                      read: Callable[[], Awaitable[MessageState]]) -> MessageResult:
+    waiting = await sync_to_async(_Waiting)(handle, timeout)
+    while True:
+        state = await read()
+        if state.is_finished:
+            return MessageResult.of(state)
+        await asyncio.sleep(waiting.next_pause(state))

@@ -34,8 +34,9 @@ from django.utils import timezone
 
 from . import payload
 from .conf import get_settings
-from .exceptions import MessageDoesNotExist
-from .handles import MessageHandle, MessageState
+from .context import TaskContext
+from .exceptions import MessageDoesNotExist, WaitTimeout
+from .handles import MessageHandle, MessageResult, MessageState
 from .messages import ClaimedMessage, NewMessage, Runner
 from .signals import message_enqueued, task_finished, task_started
 
@@ -105,6 +106,20 @@ class ImmediateHandle(MessageHandle):
 
     async def astate(self) -> MessageState:
         return self.record.state()
+
+    def wait(self, timeout: float | None = None) -> MessageResult:
+        """At once: the task ran at the commit, or it hasn't run yet and waiting can't help
+        (it runs in this process when the enqueuing transaction commits)."""
+        state = self.record.state()
+        if state.is_finished:
+            return MessageResult.of(state)
+        raise WaitTimeout(
+            f"Message {self.id} ({self.task_name}) has not run yet: in the test mode "
+            "(MYSQLQ['IMMEDIATE']) it runs in this process when the transaction that "
+            "enqueued it commits. Wait after the commit.")
+
+    async def await_result(self, timeout: float | None = None) -> MessageResult:
+        return self.wait(timeout)
 
 
 class RunListener(Protocol):
@@ -211,6 +226,8 @@ def run_one(task: QueueTask[Any, Any], message: NewMessage, record: ImmediateRec
     runner = Runner(worker_id=worker_id(), host=socket.gethostname(), pid=os.getpid(),
                     thread=threading.current_thread().name)
     record.status, record.attempts = "claimed", 1
+    if task.takes_context:
+        args = [TaskContext.of(claimed), *args]
     scope = task.hooks.begin(claimed, runner, started_at) if task.hooks is not None else None
     send_robust(task_started, task, message_id=record.id, attempt=1)
     try:

@@ -14,6 +14,10 @@ import datetime as dt
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 QUEUE_NAME_MAX = 64
 DEDUP_KEY_MAX = 255
+#: Longest ordered subject or concurrency key (the gate key columns).
+GATE_KEY_MAX = 255
+#: Largest ``concurrency_limit``: messages of one key that may run at once.
+CONCURRENCY_LIMIT_MAX = 1_000_000
 #: Largest ``max_attempts``: far beyond any sane retry policy, and well inside the
 #: column (PositiveIntegerField, up to 4,294,967,295).
 MAX_ATTEMPTS_MAX = 1_000_000

@@ -26,6 +26,11 @@ class NewMessage:
     retry_backoff: float
     timeout: float | None
     dedup_key: str | None
+    #: The ordered subject or concurrency key it passes (see ``models.GateMode``), if any.
+    gate_key: str | None = None
+    gate_mode: str | None = None
+    #: Messages of the gate that may hold a slot at once (1 for an ordered subject).
+    gate_limit: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,9 @@ class ClaimedMessage:
     connection_id: int | None
     #: Times a worker vanished while holding it: a message lost before runs alone.
     losses: int = 0
+    #: Its ordered subject or concurrency key, if any: its ack frees the slot.
+    gate_key: str | None = None
+    gate_mode: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,9 @@
 * :class:`Worker` is one row per live worker process, renewed by heartbeats.
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
 * :class:`Lease` names the one recovery sweeper on a cluster (``GET_LOCK`` is per node).
+* :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
+  messages may hold a slot, how many do, and how many wait (``blocked``).
+* :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -15,10 +18,13 @@ are for reading (stuck claims need the process list: ``broker.stuck_messages()``
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from django.db import models
+
+from . import gating
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -28,7 +34,8 @@ class MessageStatus(models.TextChoices):
     READY = "ready", "Ready"
     SCHEDULED = "scheduled", "Scheduled"
     CLAIMED = "claimed", "Claimed (running)"
-    #: Reserved for ordering-key messages waiting behind an earlier one.
+    #: Waiting for a slot of its gate: behind an earlier message of its ordered subject,
+    #: or for a free slot of its concurrency key.
     BLOCKED = "blocked", "Blocked"
     DEAD = "dead", "Dead"
 
@@ -49,12 +56,32 @@ class Outcome(models.TextChoices):
     REPLAYED = "replayed", "Replayed (a copy enqueued) by an operator"
     #: A worker that didn't know the task gave the message back for later (rolling deploy).
     DEFERRED = "deferred", "Given back: the worker didn't know its task"
+    #: An operator released the ordered subject its dead head held: the head stays dead.
+    SKIPPED = "skipped", "Dead head skipped: its subject released by an operator"
 
 
 #: Outcomes that record an attempt run by a worker (the rest are operator actions).
 ATTEMPT_OUTCOMES = (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.FAILED, Outcome.LOST)
 #: Statuses an operator may requeue, cancel or re-prioritise: never a running message.
 OPERABLE_STATUSES = (MessageStatus.READY, MessageStatus.SCHEDULED, MessageStatus.DEAD)
+#: Statuses an operator may cancel or re-prioritise: a blocked message too (a requeue
+#: would make it jump the order it waits in).
+CANCELLABLE_STATUSES = (*OPERABLE_STATUSES, MessageStatus.BLOCKED)
+
+
+class GateMode(models.TextChoices):
+    """How a message passes its gate (see docs/ordering.md)."""
+
+    #: An ordered subject whose dead head holds it (``on_dead="hold"``, the default).
+    HOLD = gating.HOLD, "Ordered subject (a dead head holds it)"
+    #: An ordered subject that skips a dead head (``on_dead="skip"``).
+    SKIP = gating.SKIP, "Ordered subject (skips a dead head)"
+    #: A concurrency key: at most ``gate_limit`` of its messages at once, in no set order.
+    LIMIT = gating.LIMIT, "Concurrency key"
+
+
+#: Modes of ordered subjects (one message at a time, in enqueue order).
+ORDERED_MODES = (GateMode.HOLD, GateMode.SKIP)
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
@@ -97,8 +124,13 @@ class Message(models.Model):
     timeout = models.FloatField(null=True, blank=True)
     #: At most one unfinished message per key; NULL (no key) never collides, '' would.
     dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
-    #: Reserved for strictly ordered messages (``blocked`` status).
-    ordering_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    #: The ordered subject or concurrency key this message passes (with ``gate_mode``);
+    #: NULL for a message that passes no gate. Compared exactly (binary collation).
+    gate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    gate_mode = models.CharField(max_length=5, choices=GateMode.choices, null=True,  # noqa: DJ001
+                                 blank=True)
+    #: How many messages of its gate may hold a slot at once (1 for an ordered subject).
+    gate_limit = models.PositiveIntegerField(null=True, blank=True)
 
     # The claim: who holds the message and until when.
     claim_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
@@ -135,6 +167,10 @@ class Message(models.Model):
             # with or without a status, in (status, id) order. Ascending, unlike the claim
             # index: MariaDB's loose scan refuses an index with a descending part.
             models.Index(fields=["task_name", "status"], name="mysqlq_msg_task"),
+            # A gate's messages in enqueue order: the next blocked one, the heads. No
+            # status column, so the hot path (claims of messages without a gate) never
+            # rewrites an entry here.
+            models.Index(fields=["gate_key", "id"], name="mysqlq_msg_gate"),
         ]
         permissions = [
             ("requeue_message", "Can requeue a message or retry a dead one"),
@@ -143,6 +179,7 @@ class Message(models.Model):
             ("release_message", "Can release the claim of a stuck message"),
             ("replay_attempt", "Can replay a finished message from history"),
             ("pause_queue", "Can pause and resume a queue"),
+            ("release_subject", "Can release an ordered subject held by its dead head"),
         ]
 
     def __str__(self) -> str:
@@ -197,6 +234,9 @@ class Attempt(models.Model):
     #: Who did it, for operator actions ("admin:alice", "cli:root"); empty for attempts.
     #: A database default too: the broker's raw INSERTs (and older workers) omit it.
     actor = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: On a ``replayed`` row: the message this one is a copy of (the pipeline's replay
+    #: skips originals that already have one, so a re-run enqueues nothing twice).
+    replayed_from = models.BigIntegerField(null=True, blank=True)
 
     objects = AttemptQuerySet.as_manager()
 
@@ -211,6 +251,7 @@ class Attempt(models.Model):
             models.Index(fields=["outcome", "finished_at"], name="mysqlq_att_outcome"),
             models.Index(fields=["task_name", "finished_at"], name="mysqlq_att_task"),
             models.Index(fields=["queue", "finished_at"], name="mysqlq_att_queue"),
+            models.Index(fields=["replayed_from"], name="mysqlq_att_replayed"),
         ]
 
     def __str__(self) -> str:
@@ -275,6 +316,111 @@ class QueueState(models.Model):
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
 
 
+def gate_id(queue: str, ordered: bool, key: str) -> str:
+    """The primary key of a gate: a digest of what identifies it (see :class:`Gate`)."""
+    text = f"{queue}\x00{int(ordered)}\x00{key}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:GATE_ID_LENGTH]
+
+
+#: Hex digits of a gate's id (128 bits of SHA-256).
+GATE_ID_LENGTH = 32
+
+
+class Gate(models.Model):
+    """One live ordered subject or concurrency key of a queue.
+
+    ``active`` counts the messages holding one of its ``slots`` (ready, claimed, an ordered
+    head scheduled for its retry, a dead head that holds its subject) and ``blocked`` the
+    ones waiting. Both are read and written only under this row's lock, which producers
+    of the gate also take first: so messages of a subject get their ids in commit order.
+    A row with nothing active or blocked is deleted by the statement that empties it.
+    Signed counters: a value changed by hand can't make an ack fail on an out-of-range
+    subtraction; the recovery leader repairs counters that disagree with the messages.
+
+    The identity (queue, ordered, key) is the primary key, as a digest (:func:`gate_id`):
+    a producer's ``INSERT … ON DUPLICATE KEY UPDATE`` then locks the one row. On a unique
+    secondary key InnoDB takes a next-key lock (the gap before the row too), and producers
+    creating gates beside one another deadlocked (measured: under REPEATABLE READ).
+    """
+
+    id = models.CharField(max_length=GATE_ID_LENGTH, primary_key=True)
+    queue = models.CharField(max_length=64)
+    #: An ordered subject (one at a time, in order) or a concurrency key (``slots`` at once).
+    ordered = models.BooleanField()
+    gate_key = models.CharField(max_length=255)
+    slots = models.PositiveIntegerField()
+    active = models.IntegerField(default=0)
+    blocked = models.IntegerField(default=0)
+    #: Last change under the row's lock: the repair checks gates unchanged for a lease.
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "mysqlq_gate"
+        verbose_name = "subject or concurrency key"
+        verbose_name_plural = "subjects and concurrency keys"
+        indexes = [
+            models.Index(fields=["changed_at"], name="mysqlq_gate_changed"),
+            models.Index(fields=["gate_key"], name="mysqlq_gate_key"),
+        ]
+
+    def __str__(self) -> str:
+        kind = "subject" if self.ordered else "concurrency key"
+        return f"{self.queue}: {kind} {self.gate_key}"
+
+
+class Schedule(models.Model):
+    """A recurring task: the code declares it, workers enqueue each occurrence once.
+
+    Workers write a row per schedule their code declares when they start (and mark the
+    rest ``removed_at``); the row then holds what each occurrence's message is made of,
+    so any worker can enqueue it, and ``next_run_at``, the first occurrence not yet
+    enqueued. Enqueuing an occurrence and moving ``next_run_at`` on is one transaction
+    whose ``UPDATE … WHERE name = %s AND next_run_at = %s`` only one worker can win.
+    """
+
+    name = models.CharField(max_length=255, primary_key=True)
+    #: ``code`` (``@queue_task(cron=...)``) or ``settings`` (``MYSQLQ['SCHEDULES']``).
+    source = models.CharField(max_length=8)
+    # What each occurrence's message is made of.
+    task_name = models.CharField(max_length=255)
+    queue = models.CharField(max_length=64)
+    priority = models.SmallIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    retry_backoff = models.FloatField()
+    timeout = models.FloatField(null=True, blank=True)
+    payload = models.TextField()
+    # When.
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    #: ``skip``, ``latest`` or ``all``: what happens to occurrences missed while no
+    #: worker ran (see docs/schedules.md).
+    catch_up = models.CharField(max_length=6)
+    paused = models.BooleanField(default=False)
+    #: The first occurrence not enqueued yet (UTC); NULL until a worker computes it.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    #: The last occurrence enqueued, when it was enqueued, and its message.
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
+    last_message_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    #: When a starting worker last found it in its code.
+    declared_at = models.DateTimeField()
+    #: Set when a worker started without it in its code: it no longer fires.
+    removed_at = models.DateTimeField(null=True, blank=True)
+    #: Why workers can't compute its occurrences (a row changed by hand); '' when fine.
+    error = models.TextField(blank=True, default="")
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "mysqlq_schedule"
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause, resume and prune recurring tasks")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"
+
+
 class Lease(models.Model):
     """A duty one process holds at a time across a cluster, where ``GET_LOCK`` is per node:
     the recovery sweep. Taken and renewed by a conditional ``UPDATE``; it lapses at
@@ -307,3 +453,12 @@ class DeadMessage(Message):
         proxy = True
         verbose_name = "dead message"
         verbose_name_plural = "dead messages"
+
+
+class BlockedMessage(Message):
+    """Admin entry point: messages waiting for their gate, with the head that holds them."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "blocked message"
+        verbose_name_plural = "blocked messages"

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker, limits
+from . import broker, limits, scheduling
 from .broker import Operator
 from .conf import get_settings
 from .exceptions import UnknownTask
-from .models import OPERABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
-from .tasks import registry
+from .models import CANCELLABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
+from .registry import registry
 
 #: Messages per broker call when an operation walks a filter.
 BATCH = 500
@@ -121,7 +121,7 @@ def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]
 
     Keyset pagination by id, so a million matches never become one huge query.
     """
-    base = Message.objects.filter(status__in=list(OPERABLE_STATUSES))
+    base = Message.objects.filter(status__in=list(CANCELLABLE_STATUSES))
     if isinstance(selection, MessageFilter):
         base = base.filter(selection.query())
     else:
@@ -136,7 +136,7 @@ def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]
 
 
 def count_matching(selection: MessageFilter) -> int:
-    return Message.objects.filter(status__in=list(OPERABLE_STATUSES)) \
+    return Message.objects.filter(status__in=list(CANCELLABLE_STATUSES)) \
         .filter(selection.query()).count()
 
 
@@ -250,6 +250,8 @@ class Dashboard:
     purge_warning: str | None
     #: Queues with ready messages that no live worker serves, by name.
     unserved: list[broker.UnservedQueue] = dataclasses.field(default_factory=list)
+    #: Recurring tasks with their last and next run.
+    schedules: list[scheduling.ScheduleStatus] = dataclasses.field(default_factory=list)
 
     @property
     def unserved_text(self) -> str:
@@ -271,6 +273,7 @@ class Dashboard:
             ],
             "top_failing": [{"task": t, "failures": n} for t, n in self.top_failing],
             "per_minute": self.per_minute,
+            "schedules": [schedule.as_json() for schedule in self.schedules],
         }
 
 
@@ -321,4 +324,43 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
     return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
-                     purge_lag=lag, purge_warning=lag.warning(), unserved=unserved)
+                     purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
+                     schedules=scheduling.statuses())
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+@dataclasses.dataclass(frozen=True)
+class SubjectState:
+    """An ordered subject or concurrency key as an operator sees it."""
+
+    gate: broker.GateRef
+    #: (slots, active, blocked) from its gate row; None when it has no row (nothing in it).
+    counters: tuple[int, int, int] | None
+    holders: list[broker.Holder]
+
+    @property
+    def dead_heads(self) -> list[int]:
+        return [h.id for h in self.holders if h.status == MessageStatus.DEAD]
+
+
+def subject_state(queue: str, key: str, *, ordered: bool = True) -> SubjectState:
+    """The gate's counters and the messages holding it."""
+    from .models import Gate
+
+    ref = broker.GateRef(queue, ordered, key)
+    row = Gate.objects.using(get_settings().DATABASE).filter(pk=ref.id) \
+        .values_list("slots", "active", "blocked").first()
+    return SubjectState(ref, None if row is None else (int(row[0]), int(row[1]), int(row[2])),
+                        broker.holders([ref])[ref])
+
+
+def release_subject(queue: str, key: str, who: Operator) -> list[int]:
+    """Release a subject its dead head holds (the head stays dead); the heads released."""
+    return broker.release_subjects(subject_state(queue, key).dead_heads, who)
+
+
+def requeue_subject_head(queue: str, key: str, who: Operator) -> list[int]:
+    """Requeue the dead head holding a subject (it runs next, with a full set of attempts)."""
+    return broker.requeue_heads(subject_state(queue, key).dead_heads, who)

@@ -1,26 +1,26 @@
-"""``@queue_task``, the task objects it makes, and the registry workers run from."""
+"""``@queue_task`` and the task objects it makes (the registry they go into: ``registry``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import inspect
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import calls, limits, payload
+from . import calls, gating, limits, payload, retries
 from .conf import get_settings
-from .exceptions import InvalidTaskOptions, TaskAlreadyRegistered, UnknownTask
+from .cron import CronError, CronSchedule
+from .cron import declare as cron_declare
+from .exceptions import InvalidTaskOptions, QueueError
 from .handles import MessageHandle
 from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
+from .registry import qualified_name, registry
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -35,6 +35,9 @@ class EnqueueOptions:
     delay: float | None = None
     run_at: dt.datetime | None = None
     dedup_key: str | None = None
+    #: An ordered subject, or a concurrency key, for this call (see ``gating``).
+    subject: str | None = None
+    concurrency_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +124,17 @@ class QueueTask(Generic[P, R]):
     options: EnqueueOptions = EnqueueOptions()
     #: Set for tasks found by a resolver (see ``TaskRegistry.add_resolver``).
     hooks: TaskHooks | None = None
+    #: Its ordered subject or concurrency key, as declared (see ``gating``).
+    gate: gating.TaskGate = gating.NO_GATE
+    #: Exceptions that alone retry (empty: all), and exceptions that never retry.
+    retry_on: retries.ExceptionClasses = ()
+    dont_retry: retries.ExceptionClasses = ()
+    #: Delays of the n-th retry, the last repeating (empty: exponential ``retry_backoff``).
+    retry_schedule: tuple[float, ...] = ()
+    #: The function's first parameter receives a :class:`~django_mysqlq.context.TaskContext`.
+    takes_context: bool = False
+    #: Its recurring schedule (``cron=...``), enqueued by the workers; None for most tasks.
+    schedule: CronSchedule | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -133,11 +147,19 @@ class QueueTask(Generic[P, R]):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         dedup_key: str | None = None,
+        subject: str | None = None,
+        concurrency_key: str | None = None,
     ) -> QueueTask[P, R]:
-        """A copy of this task with per-call options for the next enqueue."""
+        """A copy of this task with per-call options for the next enqueue.
+
+        ``subject``: run in this ordered subject (one at a time, in enqueue order);
+        ``concurrency_key``: count against this key of the task's ``concurrency_limit``.
+        """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
         current = self.options
+        subject, concurrency_key = gating.check_using(self.gate, self.name, subject,
+                                                      concurrency_key)
         options = EnqueueOptions(
             queue=_validate_queue(queue) if queue is not None else current.queue,
             priority=_validate_priority(priority) if priority is not None else current.priority,
@@ -147,14 +169,21 @@ class QueueTask(Generic[P, R]):
                 None if delay is not None else current.run_at),
             dedup_key=_validate_dedup_key(dedup_key) if dedup_key is not None
             else current.dedup_key,
+            subject=subject if subject is not None or concurrency_key is not None
+            else current.subject,
+            concurrency_key=concurrency_key if subject is not None or concurrency_key
+            is not None else current.concurrency_key,
         )
         return dataclasses.replace(self, options=options)
 
     def _new_message(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
                      checked: bool = False, where: str = "") -> NewMessage:
         if not checked:
-            calls.check_call(self.name, self.func, args, kwargs, where=where)
+            calls.check_call(self.name, self.func, args, kwargs, where=where,
+                             skip_first=self.takes_context)
         opts = self.options
+        gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
+                               opts.concurrency_key)
         return NewMessage(
             task_name=self.name,
             queue=opts.queue or self.queue,
@@ -166,6 +195,9 @@ class QueueTask(Generic[P, R]):
             retry_backoff=self.retry_backoff,
             timeout=self.timeout,
             dedup_key=opts.dedup_key,
+            gate_key=gate[0] if gate else None,
+            gate_mode=gate[1] if gate else None,
+            gate_limit=gate[2] if gate else None,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -193,7 +225,7 @@ class QueueTask(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
         """One call's arguments, for :meth:`enqueue_many`: type-checked like a real call,
         and checked against the signature here (:class:`TaskArgumentError`)."""
-        calls.check_call(self.name, self.func, args, kwargs)
+        calls.check_call(self.name, self.func, args, kwargs, skip_first=self.takes_context)
         return TaskCall(tuple(args), dict(kwargs), checked_for=self.func)
 
     def enqueue_many(self, calls: Iterable[TaskCall | Sequence[Any]]) -> list[MessageHandle]:
@@ -238,91 +270,42 @@ class QueueTask(Generic[P, R]):
         return await sync_to_async(self.enqueue_many)(calls)
 
 
-#: Finds the task for a name under its prefix, or raises :class:`UnknownTask`.
-TaskResolver = Callable[[str], QueueTask[Any, Any]]
-
-
-class TaskRegistry:
-    """Task name -> task. A worker runs only what is registered here, or what a resolver
-    added for a name prefix vouches for (Django's ``@task`` functions)."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, QueueTask[Any, Any]] = {}
-        self._resolvers: dict[str, TaskResolver] = {}
-        self._lock = threading.Lock()
-
-    def add_resolver(self, prefix: str, resolver: TaskResolver) -> None:
-        """Let ``resolver`` answer for unregistered names starting with ``prefix``."""
-        if not prefix:
-            raise ValueError("A resolver needs a non-empty name prefix.")
-        with self._lock:
-            self._resolvers[prefix] = resolver
-
-    def register(self, task: QueueTask[Any, Any]) -> None:
-        with self._lock:
-            existing = self._tasks.get(task.name)
-            if existing is not None and _qualified(existing.func) != _qualified(task.func):
-                raise TaskAlreadyRegistered(
-                    f"Task name {task.name!r} is already used by "
-                    f"{_qualified(existing.func)}; pass name=... to @queue_task to tell "
-                    "them apart."
-                )
-            self._tasks[task.name] = task
-
-    def get(self, name: str) -> QueueTask[Any, Any]:
-        task = self._tasks.get(name)
-        if task is not None:
-            return task
-        for prefix, resolver in list(self._resolvers.items()):
-            if name.startswith(prefix):
-                return resolver(name)
-        raise UnknownTask(
-            f"No task named {name!r} is registered in this worker. Check that its "
-            "module is an installed app's tasks.py or listed in MYSQLQ['TASK_MODULES']."
-        )
-
-    def names(self) -> list[str]:
-        return sorted(self._tasks)
-
-    def queues(self) -> set[str]:
-        """The queues of the registered tasks (a worker's default ``--queues``)."""
-        with self._lock:
-            return {task.queue for task in self._tasks.values()}
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
-
-
-registry = TaskRegistry()
-
-
-def import_task_modules() -> None:
-    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``.
-
-    A module that fails raises ``ImproperlyConfigured`` naming it and the error (the
-    system check ``django_mysqlq.E005`` reports the same before a worker starts).
-    """
-    from django.apps import apps
-    from django.utils.module_loading import module_has_submodule
-
-    for config in apps.get_app_configs():
-        if module_has_submodule(config.module, "tasks"):
-            _import_task_module(f"{config.name}.tasks", "the tasks module of the app "
-                                                        f"{config.label!r}")
-    for module in get_settings().TASK_MODULES:
-        _import_task_module(module, "MYSQLQ['TASK_MODULES'] lists it")
-
-
-def _import_task_module(module: str, why: str) -> None:
+def _check_takes_context(function: Callable[..., Any], takes_context: object) -> None:
+    if not isinstance(takes_context, bool):
+        raise InvalidTaskOptions(f"takes_context must be True or False, not {takes_context!r}.")
+    if not takes_context:
+        return
     try:
-        importlib.import_module(module)
-    except Exception as exc:  # any error inside the module stops the worker
-        raise ImproperlyConfigured(
-            f"Could not import the task module {module!r} ({why}): "
-            f"{type(exc).__name__}: {exc}. Fix the module, or the dotted path in "
-            "MYSQLQ['TASK_MODULES'] (a module, not a file path or a function)."
-        ) from exc
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to check (some C callables): the call will tell
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not parameters or parameters[0].kind not in positional:
+        raise InvalidTaskOptions(
+            f"{qualified_name(function)} has takes_context=True, so its first parameter receives "
+            "the task context: add one, e.g. def task(context, ...).")
+
+
+def _declare_schedule(task: QueueTask[Any, Any], expression: object, tz: object,
+                      catch_up: object, args: object, kwargs: object) -> CronSchedule:
+    """Check ``cron=...`` and the arguments each occurrence is called with."""
+    try:
+        declared = cron_declare(task.name, expression, tz, catch_up, args, kwargs)
+    except CronError as exc:
+        raise InvalidTaskOptions(str(exc)) from None
+    try:
+        calls.check_call(task.name, task.func, declared.args, declared.kwargs,
+                         skip_first=task.takes_context)
+        payload.encode(task.name, declared.args, declared.kwargs,
+                       get_settings().MAX_PAYLOAD_BYTES)
+    except QueueError as exc:
+        raise InvalidTaskOptions(
+            f"{task.name}: each occurrence of cron={declared.cron!r} calls it with "
+            f"cron_args={list(declared.args)!r} and cron_kwargs={declared.kwargs!r}, which "
+            f"can't be used: {str(exc).replace('; nothing was enqueued', '')} Give "
+            "cron_args/cron_kwargs that fit, or defaults to its parameters.") from None
+    return declared
 
 
 @overload
@@ -335,10 +318,22 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -349,36 +344,60 @@ def queue_task(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
-    retry_backoff: float | None = None,
+    retry_backoff: float | Sequence[float] | None = None,
     timeout: float | None = None,
     name: str | None = None,
     atomic: bool = False,
+    ordered_by: gating.KeySource | None = None,
+    on_dead: str = gating.HOLD,
+    concurrency_key: gating.KeySource | None = None,
+    concurrency_limit: int | None = None,
+    retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
+    dont_retry: type[BaseException] | Sequence[type[BaseException]] = (),
+    takes_context: bool = False,
+    cron: str | None = None,
+    cron_tz: str | None = None,
+    catch_up: str = "skip",
+    cron_args: Sequence[Any] = (),
+    cron_kwargs: Mapping[str, Any] | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
     Options left out take their defaults from ``MYSQLQ`` when the decorator runs.
     ``atomic=True`` runs the body and its ack in one transaction on the queue's database:
     the task's writes there commit exactly when the message is marked done (exactly once).
+    ``ordered_by`` (an argument's name or a function of the arguments) gives each message
+    a subject: within a queue, a subject's messages run one at a time, in enqueue order;
+    ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
+    ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
+    argument's name or a function; left out: one key for the whole task) at once.
+    See docs/ordering.md.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
         conf = get_settings()
         attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
-        backoff = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
+        backoff: object = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
         _checked(limits.max_attempts_problem(attempts))
+        schedule: tuple[float, ...] = ()
+        if isinstance(backoff, list | tuple):
+            schedule = retries.backoff_schedule(backoff)
+            backoff = schedule[0]  # what a worker without schedules uses: the first delay
         _checked(limits.seconds_problem(backoff, "retry_backoff"))
+        assert isinstance(backoff, int | float)
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if atomic and inspect.iscoroutinefunction(function):
             raise InvalidTaskOptions(
-                f"{_qualified(function)} is async: atomic=True needs a plain function, whose "
+                f"{qualified_name(function)} is async: atomic=True needs a plain function, whose "
                 "queries run on the worker thread's connection inside the ack's transaction."
             )
-        task_name = name if name is not None else _qualified(function)
+        task_name = name if name is not None else qualified_name(function)
         if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
             raise InvalidTaskOptions(
                 f"name must be a non-empty string of at most 255 characters, not {task_name!r}."
             )
+        _check_takes_context(function, takes_context)
         task: QueueTask[P, R] = QueueTask(
             func=function,
             name=task_name,
@@ -388,7 +407,22 @@ def queue_task(
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
             atomic=bool(atomic),
+            gate=gating.declare(function, task_name, ordered_by=ordered_by, on_dead=on_dead,
+                                concurrency_key=concurrency_key,
+                                concurrency_limit=concurrency_limit,
+                                takes_context=takes_context),
+            retry_on=retries.exception_classes(retry_on, "retry_on"),
+            dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
+            retry_schedule=schedule,
+            takes_context=takes_context,
         )
+        if cron is not None:
+            task = dataclasses.replace(task, schedule=_declare_schedule(
+                task, cron, cron_tz, catch_up, cron_args, cron_kwargs))
+        elif (cron_tz, catch_up, tuple(cron_args), cron_kwargs) != (None, "skip", (), None):
+            raise InvalidTaskOptions(
+                f"{task_name}: cron_tz, catch_up, cron_args and cron_kwargs go with cron=...; "
+                "give the schedule's cron expression too.")
         registry.register(task)
         return task
 

@@ -29,7 +29,7 @@ DATABASE = os.environ.get(
     "MYSQLQ_TEST_GALERA_DB", "mysqlq_galera_" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8])
 #: Emptied before each test (the Django tables stay).
 TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "mysqlq_lease", "mysqlq_queue",
-          "testapp_ledger")
+          "mysqlq_gate", "mysqlq_schedule", "testapp_ledger")
 
 
 def cluster(*args: str, timeout: float = 240) -> str:
@@ -43,13 +43,15 @@ def cluster(*args: str, timeout: float = 240) -> str:
 
 
 def start() -> None:
-    """Start the cluster (or check it runs), create this checkout's database, migrate it."""
+    """Start the cluster (or check it runs), make this checkout's database anew, migrate it."""
     if not PROVIDER.exists():
         pytest.skip("galera-4 is not installed (bash .ci/setup installs it)")
     cluster("start")
     with raw(1, database=False) as conn:
-        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{DATABASE}` "
-                              "CHARACTER SET utf8mb4")
+        # Made afresh each session, like Django's test database: nothing a run of another
+        # version left (tables, migration records) can matter.
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{DATABASE}`")
+        conn.cursor().execute(f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4")
     done = subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT,
                           env=node_env(1), capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

@@ -54,8 +54,8 @@ def _bounded(node: dict[str, Any]) -> bool:
         and bool(keys) and set(keys) <= UNIQUE_KEYS
 
 
-#: Tables of one row per worker or per paused queue: small by nature.
-SMALL_TABLES = {"mysqlq_worker", "mysqlq_queue"}
+#: Tables of one row per worker, per paused queue or per declared schedule: small by nature.
+SMALL_TABLES = {"mysqlq_worker", "mysqlq_queue", "mysqlq_schedule"}
 
 
 def costly(sql: str, params: list[Any] | None = None, *, limited: bool | None = None

@@ -135,6 +135,14 @@ if os.environ.get("MYSQLQ_TEST_EXTRA_TASK_MODULES"):
     MYSQLQ["TASK_MODULES"] = [*MYSQLQ.get("TASK_MODULES", []),
                               *os.environ["MYSQLQ_TEST_EXTRA_TASK_MODULES"].split(",")]
 
+# Recurring tasks declared in settings (tests/test_schedule_workers.py), as JSON.
+if os.environ.get("MYSQLQ_TEST_SCHEDULES"):
+    import json
+
+    MYSQLQ["SCHEDULES"] = json.loads(os.environ["MYSQLQ_TEST_SCHEDULES"])
+if os.environ.get("MYSQLQ_TEST_SCHEDULE_GRACE"):
+    MYSQLQ["SCHEDULE_GRACE_SECONDS"] = float(os.environ["MYSQLQ_TEST_SCHEDULE_GRACE"])
+
 # How a worker logs under other projects' logging (tests/test_worker_logging.py):
 # "django-default" is no LOGGING at all (Django's own defaults), "root" a LOGGING that gives
 # the root logger a handler and django_mysqlq none.

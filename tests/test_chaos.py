@@ -34,4 +34,8 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert result_path.exists(), output
     result = json.loads(result_path.read_text())
     assert result["metrics"]["lost"] == 0, output
+    # Ordered and limited tasks ran through the same faults, in order and within limits.
+    metrics = result["metrics"]
+    assert metrics["ordered_messages"] and metrics["limited_messages"], output
+    assert (metrics["order_violations"], metrics["limit_violations"]) == (0, 0), output
     assert run.returncode == 0, output

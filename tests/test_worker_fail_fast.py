@@ -21,7 +21,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 #: A worker that can't run must say so well within this (it used to retry forever).
 PATIENCE = 30.0
-QUEUE_TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "mysqlq_queue")
+
+
+def queue_tables() -> list[str]:
+    """Every table the app's migrations make (a new one is copied too)."""
+    from django.apps import apps
+
+    return sorted({model._meta.db_table
+                   for model in apps.get_app_config("django_mysqlq").get_models()
+                   if not model._meta.proxy})
 
 
 @pytest.fixture
@@ -43,7 +51,7 @@ def migrated_scratch_db(scratch_db: str) -> str:
     """The scratch database with copies of the queue's (empty) tables."""
     source = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
-        for table in QUEUE_TABLES:
+        for table in queue_tables():
             cursor.execute(f"CREATE TABLE `{scratch_db}`.`{table}` LIKE `{source}`.`{table}`")
     return scratch_db
 
@@ -97,7 +105,8 @@ def test_a_refused_login_ends_a_daemon_at_start(start_worker):
 def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_worker,
                                                                         scratch_db):
     """Only the workers table exists: the worker registers, then its first read of the
-    messages fails. Its row must not go on saying that it serves its queues."""
+    other tables (its schedules, then the messages) fails. Its row must not go on saying
+    that it serves its queues."""
     source = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
@@ -105,7 +114,7 @@ def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_w
     worker = start_worker(env={"MYSQLQ_TEST_DB": scratch_db})
     status, output = ended(worker)
     assert status == EXIT_CANNOT_RUN, output
-    assert f"Table '{scratch_db}.mysqlq_message' doesn't exist" in output
+    assert f"Table '{scratch_db}.mysqlq_schedule' doesn't exist" in output
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
         assert cursor.fetchone() == (1, 1)

@@ -189,9 +189,14 @@ def server_answers() -> bool:
     return result.returncode == 0
 
 
+#: The server's pid file (Debian's default): other mariadbd processes on the machine (a
+#: second instance, cluster nodes) are not the one the run restarts.
+PID_FILE = "/run/mysqld/mysqld.pid"
+
+
 def _server_process_exists() -> bool:
-    result = subprocess.run(["start-stop-daemon", "--status", "--exec", SERVER],
-                            capture_output=True, timeout=30)
+    result = subprocess.run(["start-stop-daemon", "--status", "--pidfile", PID_FILE,
+                             "--exec", SERVER], capture_output=True, timeout=30)
     return result.returncode == 0
 
 
@@ -222,6 +227,6 @@ def ensure_server_running(timeout: float = 60.0) -> None:
     if server_answers():
         return
     _wait(lambda: not _server_process_exists(), timeout, "the old MariaDB process to exit")
-    subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
-                    SERVER], check=True, capture_output=True, timeout=30)
+    subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background", "--pidfile",
+                    PID_FILE, "--exec", SERVER], check=True, capture_output=True, timeout=30)
     _wait(server_answers, timeout, "MariaDB to answer after its restart")

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from . import claims
+from . import claims, ordering
 from . import events as ev
 from .duplicates import cause_of, describe
 from .events import Event
@@ -34,6 +34,9 @@ CHECKS = (
     ("stalled_locks", "windows with a waiting row locked by the harness in which no other "
                       "message finished: the lock held the queue up"),
     ("unclean_stops", "SIGTERMed workers that did not stop cleanly"),
+    ("order_violations", "messages of an ordered subject that started before the one enqueued "
+                         "before them had ended"),
+    ("limit_violations", "concurrency keys that ran more messages at once than their limit"),
 )
 
 
@@ -98,6 +101,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
     taken = claims.judge(facts, events, lease)
     kinds = Counter(event.kind for event in events)
     tries = [t for m in messages for t in m.tries]
+    gates = ordering.audit(messages, events)
     metrics = {
         "enqueued": len(messages),
         "executed": sum(m.executed for m in messages),
@@ -137,6 +141,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "node_recovery_max_seconds": node_rec["reclaim_seconds"]["max"],
         "node_down_seconds": [round((e.until or e.at) - e.at, 1) for e in events
                               if e.kind == ev.NODE_KILL],
+        **gates["metrics"],
     }
     failures = _failures(metrics, limit)
     return {
@@ -163,6 +168,8 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "atomic_violation_ids": atomic_bad[:100],
         "acked_without_run_ids": acked_unrun[:100],
         "phantom_tokens": sorted(facts.phantoms)[:100],
+        "order_violations": gates["order_violations"],
+        "limit_peaks": gates["limit_peaks"],
     }
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+#: Messages of one concurrency key of ``chaos.limited`` that may run at once.
+GATE_LIMIT = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class ChaosConfig:
@@ -19,6 +22,10 @@ class ChaosConfig:
     #: Messages per producer transaction: 1 to this many.
     max_batch: int = 3
     atomic_share: float = 0.3
+    #: Messages in an ordered subject, and under a concurrency key (of ``gate_keys`` each).
+    ordered_share: float = 0.2
+    limited_share: float = 0.15
+    gate_keys: int = 8
     delayed_share: float = 0.15
     #: Longest delay of a delayed message, in seconds.
     max_delay: float = 1.0

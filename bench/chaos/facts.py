@@ -41,7 +41,9 @@ class MessageFacts:
     id: int
     token: str
     kind: str
-    #: ready, scheduled, claimed, dead (still in the queue table) or None (gone).
+    #: The ordered subject or concurrency key ("" for other kinds).
+    gate_key: str = ""
+    #: ready, scheduled, claimed, blocked, dead (still in the queue table) or None (gone).
     queue_status: str | None = None
     runs: list[Run] = dataclasses.field(default_factory=list)
     tries: list[Try] = dataclasses.field(default_factory=list)
@@ -84,8 +86,9 @@ def pid_of(worker_id: str) -> int | None:
 def load() -> Facts:
     messages: dict[int, MessageFacts] = {}
     by_token: dict[str, MessageFacts] = {}
-    for message_id, token, kind in Enqueued.objects.values_list("message_id", "token", "kind"):
-        facts = MessageFacts(int(message_id), str(token), str(kind))
+    for message_id, token, kind, gate_key in Enqueued.objects.values_list(
+            "message_id", "token", "kind", "gate_key"):
+        facts = MessageFacts(int(message_id), str(token), str(kind), str(gate_key))
         messages[facts.id] = by_token[facts.token] = facts
 
     for message_id, status in Message.objects.values_list("id", "status"):

@@ -82,16 +82,28 @@ class Producer(threading.Thread):
     def _enqueue(self, rng: random.Random) -> str:
         config = self.config
         token = uuid.uuid4().hex
-        kind = Kind.ATOMIC if rng.random() < config.atomic_share else Kind.PLAIN
+        draw = rng.random()
+        kind = Kind.ATOMIC if draw < config.atomic_share else \
+            Kind.ORDERED if draw < config.atomic_share + config.ordered_share else \
+            Kind.LIMITED if draw < config.atomic_share + config.ordered_share \
+            + config.limited_share else Kind.PLAIN
         delay = rng.uniform(0.05, config.max_delay) if rng.random() < config.delayed_share \
             else 0.0
         sleep_ms = rng.randint(0, config.max_sleep_ms)
-        task = tasks.atomic if kind == Kind.ATOMIC else tasks.plain
-        if delay:
-            task = task.using(delay=delay)
-        handle = task.enqueue(token, sleep_ms)
+        gate_key = ""
+        if kind in (Kind.ORDERED, Kind.LIMITED):
+            gate_key = f"{kind[0]}{rng.randrange(config.gate_keys)}"
+            task = tasks.ordered if kind == Kind.ORDERED else tasks.limited
+            handle = (task.using(delay=delay) if delay else task).enqueue(token, gate_key,
+                                                                          sleep_ms)
+        else:
+            task = tasks.atomic if kind == Kind.ATOMIC else tasks.plain
+            if delay:
+                task = task.using(delay=delay)
+            handle = task.enqueue(token, sleep_ms)
         Enqueued.objects.create(token=token, message_id=handle.id, kind=kind, delay=delay,
-                                sleep_ms=sleep_ms, producer=self.index, at=time.time())
+                                sleep_ms=sleep_ms, producer=self.index, at=time.time(),
+                                gate_key=gate_key)
         return token
 
 

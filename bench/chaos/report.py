@@ -43,6 +43,11 @@ ROWS = (
     ("node_recovery_median_seconds", "node kill -9 to such a claim claimed again: median"),
     ("node_recovery_max_seconds", "node kill -9 to such a claim claimed again: max"),
     ("node_down_seconds", "node kill -9 to the node Synced again, per kill"),
+    ("ordered_messages", "messages in an ordered subject"),
+    ("order_violations", "... started before the message enqueued before them had ended"),
+    ("limited_messages", "messages under a concurrency key (limit 2)"),
+    ("limit_violations", "... keys that ran more than their limit at once"),
+    ("limit_peak", "most runs of one key at once"),
 )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 #: Every workload, in the order a run measures them (raw first: the others compare to it).
-WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "contention")
+WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "contention",
+             "ordered")
 #: Measured only when named in ``--only``: ``cluster`` needs the Galera cluster of
 #: bench/cluster/galera.sh (three more mariadbd on this machine).
 OPTIONAL_WORKLOADS = ("cluster",)
@@ -77,6 +78,14 @@ class Sizes:
     #: Threads of each of the two worker processes (one per worker node on the cluster).
     cluster_threads: int = 4
     cluster_batch: int = 100
+    # ordered subjects and concurrency limits (bench/perf/workloads/ordered.py)
+    ordered_subjects: int = 10_000
+    ordered_per_subject: int = 10
+    ordered_one_subject: int = 10_000
+    ordered_limited_keys: int = 100
+    ordered_limited_per_key: int = 100
+    ordered_shape: Shape = (8, 2)
+    ordered_batch: int = 100
 
 
 FULL = Sizes()
@@ -94,6 +103,8 @@ SMOKE = Sizes(
     backlog_probe=50, backlog_drain_seconds=20.0,
     contention_claimers=(1, 2), contention_backlog=1_000,
     purge_wait_seconds=0.0, cluster_size=1_000,
+    ordered_subjects=200, ordered_per_subject=5, ordered_one_subject=300,
+    ordered_limited_keys=20, ordered_limited_per_key=20, ordered_shape=(4, 2),
 )
 
 

@@ -1,10 +1,13 @@
 """The operator's admin: messages (with stuck and dead entry points), history, workers,
-and the queue dashboard. Importing this package registers them with ``admin.site``."""
+recurring tasks, and the queue dashboard. Importing this package registers them with
+``admin.site``."""
 
 from .attempts import AttemptAdmin
+from .blocked import BlockedMessageAdmin
 from .dashboard import QueueDashboardAdmin
 from .messages import DeadMessageAdmin, MessageAdmin, StuckMessageAdmin
+from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["AttemptAdmin", "DeadMessageAdmin", "MessageAdmin", "QueueDashboardAdmin",
-           "StuckMessageAdmin", "WorkerAdmin"]
+__all__ = ["AttemptAdmin", "BlockedMessageAdmin", "DeadMessageAdmin", "MessageAdmin",
+           "QueueDashboardAdmin", "ScheduleAdmin", "StuckMessageAdmin", "WorkerAdmin"]

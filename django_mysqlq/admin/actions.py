@@ -25,6 +25,7 @@ PRIORITY = "change_priority"
 RELEASE = "release_message"
 REPLAY = "replay_attempt"
 PAUSE = "pause_queue"
+RELEASE_SUBJECT = "release_subject"
 
 
 def allowed(request: HttpRequest, codename: str) -> bool:
@@ -63,6 +64,9 @@ class Action:
     done: str
     skipped: str
     needs_priority: bool = False
+    #: Acts on the dead head holding each selected message's subject (the selected ones
+    #: may be blocked messages behind it): ``done`` counts heads, not selected messages.
+    on_heads: bool = False
 
 
 def _release(ids: Sequence[int], operator: Operator, _: int | None) -> list[int]:
@@ -91,19 +95,32 @@ ACTIONS: dict[str, Action] = {action.name: action for action in (
            "Retrying {n} dead message(s).", "{n} skipped: not dead."),
     Action("cancel", "Cancel", CANCEL,
            "Cancelled messages are deleted from the queue; history keeps their arguments, "
-           "so they can be replayed.", ("ready", "scheduled", "dead"),
+           "so they can be replayed.", ("ready", "scheduled", "blocked", "dead"),
            lambda ids, op, _: broker.cancel(ids, op),
            "Cancelled {n} message(s).",
-           "{n} skipped: running, finished or not ready/scheduled/dead."),
+           "{n} skipped: running or finished."),
     Action("priority", "Change priority", PRIORITY, "Messages take the new priority "
            "(-100..100, higher runs first); running ones are left alone.",
-           ("ready", "scheduled", "dead"), _priority,
+           ("ready", "scheduled", "blocked", "dead"), _priority,
            "Changed the priority of {n} message(s).",
-           "{n} skipped: running, finished or not ready/scheduled/dead.", needs_priority=True),
+           "{n} skipped: running or finished.", needs_priority=True),
     Action("release", "Release stuck claim", RELEASE, "", ("claimed",), _release,
            "Released {n} stuck claim(s): back in the queue (or dead if out of attempts).",
            "{n} refused: their worker is alive (or they are no longer claimed). Stop the "
            "worker, or wait for its lease to run out."),
+    Action("requeue_head", "Requeue the dead head holding the subject", REQUEUE, "",
+           ("blocked", "dead"), lambda ids, op, _: broker.requeue_heads(ids, op),
+           "Requeued {n} dead head(s) with a full set of attempts: each runs next, then "
+           "the messages behind it, in order.",
+           "{n} selected: no dead head holds their subject (it is running, retrying or "
+           "gone).", on_heads=True),
+    Action("release_subject", "Release the subject (skip its dead head)", RELEASE_SUBJECT,
+           "The dead head stays dead, with its arguments and trace (requeue it later if it "
+           "should still run, out of order); the next message of its subject runs now.",
+           ("blocked", "dead"), lambda ids, op, _: broker.release_subjects(ids, op),
+           "Released {n} subject(s): their dead heads no longer hold them.",
+           "{n} selected: no dead head holds their subject (it is running, retrying or "
+           "gone).", on_heads=True),
 )}
 
 
@@ -111,4 +128,6 @@ def perform(action: Action, ids: Sequence[int], request: HttpRequest,
             priority: int | None = None) -> tuple[list[int], int]:
     """Run ``action``; return (ids done, how many of ``ids`` were skipped)."""
     done = action.run(ids, who(request), priority)
+    if action.on_heads:
+        return done, 0 if done else len(set(ids))
     return done, len(set(ids)) - len(done)

@@ -89,7 +89,7 @@ class AttemptAdmin(ReadOnlyAdminMixin, _Base):
     fields = ("message_link", "queue", "task_name", "attempt", "outcome", "priority", "by",
               "host", "pid", "connection_id", "thread", "enqueued_at", "started_at",
               "finished_at", "error_class", "error_message", "traceback_text", "result",
-              "payload")
+              "payload", "replayed_from")
     readonly_fields = fields
 
     def has_replay_permission(self, request: HttpRequest) -> bool:

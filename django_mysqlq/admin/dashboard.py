@@ -73,6 +73,7 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
             "refresh": 0 if request.GET.get("refresh") == "0" else REFRESH_SECONDS,
             "can_pause": actions.allowed(request, actions.PAUSE),
             "messages_url": reverse("admin:django_mysqlq_message_changelist"),
+            "blocked_url": reverse("admin:django_mysqlq_blockedmessage_changelist"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_mysqlq/queuestate/dashboard.html",

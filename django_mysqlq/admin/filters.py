@@ -68,6 +68,14 @@ class DeadTaskFilter(TaskFilter):
     status = MessageStatus.DEAD
 
 
+class BlockedQueueFilter(QueueFilter):
+    status = MessageStatus.BLOCKED
+
+
+class BlockedTaskFilter(TaskFilter):
+    status = MessageStatus.BLOCKED
+
+
 class StuckFilter(admin.SimpleListFilter):
     title = "stuck"
     parameter_name = "stuck"

@@ -30,6 +30,7 @@ from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions
 from .actions import ACTIONS, Action, outside_request_transaction
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
+from .gates import gate_holders, gate_label, holds_or_waits
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
 
@@ -67,14 +68,22 @@ def search(term: str) -> tuple[Q, bool]:
     """What the search box finds, and whether it is a task's messages (maybe many).
 
     A number is a message id (or a numeric dedup key); other text is a dedup key if a
-    message has it, else a task's full name. Each is one index lookup: a substring search
-    would read every row of a million-message table.
+    message has it. Either, when no message has it, is an ordered subject or concurrency
+    key if one has that (``ordered_by="order_id"`` makes keys like "42"); other text is
+    then a task's full name. Each is one index lookup: a substring search would read every
+    row of a million-message table.
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
-        return Q(pk=int(term)) | Q(dedup_key=term), False
+        by_id = Q(pk=int(term)) | Q(dedup_key=term)
+        if Message.objects.filter(by_id).exists() or \
+                not Message.objects.filter(gate_key=term).exists():
+            return by_id, False
+        return Q(gate_key=term), False
     if Message.objects.filter(dedup_key=term).exists():
         return Q(dedup_key=term), False
+    if Message.objects.filter(gate_key=term).exists():
+        return Q(gate_key=term), False
     return Q(task_name=term), True
 
 
@@ -112,7 +121,8 @@ def _bulk(action: Action) -> Any:
 
     run.__name__ = action.name
     permission = {actions.REQUEUE: "requeue", actions.CANCEL: "cancel",
-                  actions.PRIORITY: "priority", actions.RELEASE: "release"}[action.permission]
+                  actions.PRIORITY: "priority", actions.RELEASE: "release",
+                  actions.RELEASE_SUBJECT: "release_subject"}[action.permission]
     return admin.action(description=f"{action.label} (selected)",
                         permissions=[permission])(run)
 
@@ -123,7 +133,8 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                     "age", "owner", "run_at"]
     list_filter = [QueueFilter, "status", TaskFilter, StuckFilter]
     search_fields = ("=id", "=dedup_key", "=task_name")
-    search_help_text = "A message id, a dedup key, or a task's full name (exact)."
+    search_help_text = ("A message id, a dedup key, an ordered subject or concurrency key, or a "
+                        "task's full name (exact).")
     ordering = NEWEST_FIRST
     # Each list is in the order its filter's index holds (get_ordering); a column's
     # order would sort every match.
@@ -137,7 +148,7 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
     change_list_template = "admin/django_mysqlq/message/change_list.html"
     fields = ("id", "queue", "task_name", "status", "priority", "attempts", "max_attempts",
               "arguments", "enqueued_at", "run_at", "retry_backoff", "timeout", "dedup_key",
-              "owner", "claimed_at", "lease_expires_at", "last_error_text")
+              "gate", "owner", "claimed_at", "lease_expires_at", "last_error_text")
     readonly_fields = fields
 
     # ------------------------------------------------------------- permissions
@@ -158,6 +169,9 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return actions.allowed(request, actions.RELEASE)
+
+    def has_release_subject_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, actions.RELEASE_SUBJECT)
 
     # ------------------------------------------------------------- list
 
@@ -212,6 +226,10 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                 "</p><pre class='mysqlq-raw'>{}</pre>", obj.payload)
         return format_html("<pre class='mysqlq-json'>{}</pre>", text)
 
+    @admin.display(description="subject / concurrency key")
+    def gate(self, obj: Message) -> str:
+        return gate_label(obj)
+
     @admin.display(description="last error")
     def last_error_text(self, obj: Message) -> str:
         return format_html("<pre>{}</pre>", obj.last_error) if obj.last_error else "-"
@@ -243,12 +261,15 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                                                                           action.permission):
                     if action.name == "release" and (stuck is None or not stuck.releasable):
                         continue
+                    if action.on_heads and not holds_or_waits(message):
+                        continue
                     buttons.append((action, reverse("admin:django_mysqlq_message_act",
                                                     args=[message_id, action.name])))
         context.update(
             trace=Attempt.objects.for_message(message_id)[:500],
             stuck=stuck,
             buttons=buttons,
+            holders=gate_holders(message) if message is not None else None,
         )
         return super().change_view(request, object_id, form_url, context)
 

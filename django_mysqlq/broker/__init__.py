@@ -22,8 +22,14 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
 ``overview``   read-only counts for the dashboard and the CLI
-``purge``      history retention
 ``purge``      retention: history, dead messages, stopped workers' rows
+``subjects``   gates of ordered subjects and concurrency keys: slots, blocked messages
+``held``       subjects held by dead heads, their release, the repair of gate counters
+``schedules``  recurring tasks: schedule rows, each occurrence enqueued once
+``pipeline``   what the Spark pipeline reads (id bounds, the partitions' SELECTs)
+``archive``    the archive's source check and exact deletes
+``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
+``replay``     bulk replay, each copy linked to its original
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -47,7 +53,18 @@ from .base import (
     was_interrupted,
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
+from .defer import Deferral, defer
 from .enqueue import enqueue
+from .held import (
+    Holder,
+    Repair,
+    dead_heads,
+    gates_of,
+    holders,
+    release_subjects,
+    repair_gates,
+    requeue_heads,
+)
 from .isolation import own_connection
 from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
@@ -79,7 +96,7 @@ from .overview import (
     workers_alive,
 )
 from .park import idle_wait, listen, wake
-from .promote import promote_due
+from .promote import promote_due, promote_limited
 from .purge import (
     count_dead_before,
     count_history_before,
@@ -89,18 +106,23 @@ from .purge import (
     purge_workers_batch,
 )
 from .recover import claims_held, recover, release_strays, renew_leases
+from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import fire_due as fire_due_schedules
+from .schedules import prune as prune_schedules
+from .schedules import run_now as run_schedule_now
+from .schedules import set_paused as set_schedules_paused
+from .schedules import sync as sync_schedules
 from .session import connection_identity, connection_session, database_now, wakeups_possible
 from .settle import (
-    Deferral,
     ack,
     ack_many,
     ack_within,
-    defer,
     fail,
     mark_started,
     release,
     retry_delay,
 )
+from .subjects import GateRef
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -120,16 +142,22 @@ __all__ = [
     "WORKER_TABLE",
     "AttemptResult",
     "ClaimedMessage",
+    "DeclaredSchedule",
     "Deferral",
+    "Fired",
+    "GateRef",
     "HistoryBucket",
+    "Holder",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
     "PurgeLag",
     "QueueOverview",
+    "Repair",
     "Runner",
     "Stuck",
+    "Synced",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -147,6 +175,7 @@ __all__ = [
     "count_history_before",
     "count_workers_before",
     "database_now",
+    "dead_heads",
     "defer",
     "deregister_worker",
     "describe_unserved",
@@ -155,9 +184,12 @@ __all__ = [
     "error_code",
     "fail",
     "finish_by",
+    "fire_due_schedules",
+    "gates_of",
     "has_pending",
     "heartbeat_worker",
     "history_window",
+    "holders",
     "idle_wait",
     "is_recovery_leader",
     "is_refusal",
@@ -169,6 +201,8 @@ __all__ = [
     "own_connection",
     "paused_queues",
     "promote_due",
+    "promote_limited",
+    "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -182,17 +216,23 @@ __all__ = [
     "release",
     "release_strays",
     "release_stuck",
+    "release_subjects",
     "renew_leases",
+    "repair_gates",
     "replay",
     "requeue",
+    "requeue_heads",
     "retry_delay",
+    "run_schedule_now",
     "send_robust",
     "served_queues",
     "set_paused",
     "set_priority",
+    "set_schedules_paused",
     "stats",
     "status_counts",
     "stuck_messages",
+    "sync_schedules",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

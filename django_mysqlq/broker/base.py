@@ -30,6 +30,8 @@ MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
 WORKER_TABLE = "mysqlq_worker"
 QUEUE_TABLE = "mysqlq_queue"
+GATE_TABLE = "mysqlq_gate"
+SCHEDULE_TABLE = "mysqlq_schedule"
 
 DEADLOCK = 1213
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
@@ -59,6 +61,10 @@ COMMIT_SQL = "COMMIT"
 ROLLBACK_SQL = "ROLLBACK"
 #: Seconds a bounded statement still gets once its deadline has passed.
 SHORTEST_BOUND = 1.0
+
+#: Named lock held by the one recovery sweeper; scoped to the schema, so databases don't
+#: share it (used by ``recover`` and by the parked workers' check in ``park``).
+RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
 
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (

@@ -29,6 +29,7 @@ from .base import (
 from .locked import run_around_locks, short_wait
 from .session import connection_session
 from .settle import bury
+from .subjects import GateRef
 
 #: The largest value of ``attempts`` (INT UNSIGNED): the claim never adds past it, so a
 #: tampered row can't make the statement fail for the whole queue (it goes dead instead).
@@ -66,7 +67,7 @@ UPDATE {MESSAGE_TABLE}{_CLAIM_SET}
 
 READ_CLAIMED_SQL = f"""
 SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
-       timeout, enqueued_at, owner_connection, losses
+       timeout, enqueued_at, owner_connection, losses, gate_key, gate_mode
   FROM {MESSAGE_TABLE}
  WHERE claim_token = %s
  ORDER BY priority DESC, id
@@ -168,7 +169,9 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
             if isinstance(message, ClaimedMessage):
                 claimed.append(message)
             else:
-                bury(alias, int(row[0]), token, message)
+                gate_key, gate_mode = row[12], row[13]
+                bury(alias, int(row[0]), token, message,
+                     GateRef.of(str(row[1]), gate_mode, gate_key), gate_mode)
     return claimed
 
 
@@ -188,6 +191,7 @@ def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
             retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
             enqueued_at=enqueued_at, claim_token=token,
             connection_id=None if row[10] is None else int(row[10]), losses=int(row[11]),
+            gate_key=row[12], gate_mode=row[13],
         )
     except (TypeError, ValueError, AttributeError) as exc:
         return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"

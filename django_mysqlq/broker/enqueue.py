@@ -1,4 +1,9 @@
-"""Enqueue: insert messages in the caller's transaction, then wake parked workers."""
+"""Enqueue: insert messages in the caller's transaction, then wake parked workers.
+
+A message with an ordered subject or a concurrency key first counts itself into its gate
+(``subjects.acquire``, gates in sorted order), which says whether it gets a slot (ready or
+scheduled) or waits ``blocked``; both statements are in the same transaction.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..messages import NewMessage
+from ..models import MessageStatus
 from ..signals import message_enqueued
 from .base import (
     MESSAGE_TABLE,
     connection_for,
     default_alias,
+    in_transaction,
     logger,
     micros,
     naive_utc,
@@ -20,6 +27,7 @@ from .base import (
 )
 from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
+from .subjects import GateRef, acquire
 
 #: Rows per multi-row INSERT in enqueue_many (bytes per statement: see packets.py).
 INSERT_CHUNK = 1000
@@ -49,8 +57,25 @@ _INSERT_ROW_NOW_NO_KEY = (
 )
 #: The enqueue INSERT of one or more ``{rows}`` (``_INSERT_ROW…`` templates, comma-joined).
 INSERT_SQL = f"INSERT INTO {MESSAGE_TABLE} ({_INSERT_COLUMNS}) VALUES {{rows}}"
+
+_GATED_COLUMNS = (
+    "queue, task_name, payload, priority, max_attempts, retry_backoff, timeout, dedup_key, "
+    "gate_key, gate_mode, gate_limit, enqueued_at, run_at, status, attempts, last_error"
+)
+#: One row of a message that may pass a gate: the status its gate gave it ('blocked', or
+#: 'scheduled' for a concurrency-limited message that takes its slot when due) or NULL for
+#: one holding a slot, which is ready or scheduled by its run_at as usual.
+_INSERT_ROW_GATED = (
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), "
+    "COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), "
+    "COALESCE(%s, IF(COALESCE(%s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND) "
+    "> UTC_TIMESTAMP(6), 'scheduled', 'ready')), 0, '')"
+)
+#: The INSERT of rows of which some pass a gate (``_INSERT_ROW_GATED``, comma-joined).
+GATED_INSERT_SQL = f"INSERT INTO {MESSAGE_TABLE} ({_GATED_COLUMNS}) VALUES {{rows}}"
 #: The same, reading the new ids back (MariaDB only: MySQL has no INSERT … RETURNING).
 INSERT_RETURNING_SQL = INSERT_SQL + " RETURNING id"
+GATED_INSERT_RETURNING_SQL = GATED_INSERT_SQL + " RETURNING id"
 #: The pending message that holds a dedup key (the unique key refused ours).
 DEDUP_HOLDER_SQL = f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s"
 
@@ -76,41 +101,107 @@ def _row(message: NewMessage) -> tuple[str, list[Any]]:
     return _INSERT_ROW, [*params, run_at, delay_micros, run_at, delay_micros]
 
 
-def _insert_one(alias: str, message: NewMessage) -> int:
-    row, params = _row(message)
+def _gated_row(message: NewMessage, status: str | None) -> tuple[str, list[Any]]:
+    """The gated VALUES row and its parameters (``status``: see ``_INSERT_ROW_GATED``)."""
+    run_at = naive_utc(message.run_at) if message.run_at is not None else None
+    delay_micros = micros(message.delay)
+    return _INSERT_ROW_GATED, [
+        message.queue, message.task_name, message.payload, message.priority,
+        message.max_attempts, message.retry_backoff, message.timeout, message.dedup_key,
+        message.gate_key, message.gate_mode, message.gate_limit,
+        run_at, delay_micros, status, run_at, delay_micros,
+    ]
+
+
+#: Status of a message that passes no gate, or holds a slot of its gate: by its run_at.
+_BY_RUN_AT = None
+Statuses = Sequence[str | None] | None
+
+
+def _row_for(message: NewMessage, statuses: Statuses, index: int) -> tuple[str, list[Any]]:
+    if statuses is None:
+        return _row(message)
+    return _gated_row(message, statuses[index])
+
+
+def _insert_one(alias: str, message: NewMessage, statuses: Statuses = None) -> int:
+    row, params = _row_for(message, statuses, 0)
+    sql = INSERT_SQL if statuses is None else GATED_INSERT_SQL
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(INSERT_SQL.format(rows=row), params)
+        cursor.execute(sql.format(rows=row), params)
         return int(cursor.lastrowid)
 
 
-def _insert_many(alias: str, messages: Sequence[NewMessage]) -> list[int]:
+def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None
+                 ) -> list[int]:
     connection = connection_for(alias)
     if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
         # MySQL has no INSERT … RETURNING: insert one by one to learn every id.
-        return [_insert_one(alias, message) for message in messages]
+        return [_insert_one(alias, message, None if statuses is None else [statuses[i]])
+                for i, message in enumerate(messages)]
+    sql = INSERT_RETURNING_SQL if statuses is None else GATED_INSERT_RETURNING_SQL
     ids: list[int] = []
     with connection.cursor() as cursor:
-        for chunk in _chunks(messages, statement_room(alias)):
+        for chunk in _chunks(list(range(len(messages))), messages, statement_room(alias)):
             params: list[Any] = []
             rows: list[str] = []
-            for message in chunk:
-                row, row_params = _row(message)
+            for index in chunk:
+                row, row_params = _row_for(messages[index], statuses, index)
                 rows.append(row)
                 params.extend(row_params)
             values = ", ".join(rows)
-            cursor.execute(INSERT_RETURNING_SQL.format(rows=values), params)
+            cursor.execute(sql.format(rows=values), params)
             ids.extend(int(row[0]) for row in cursor.fetchall())
     return ids
 
 
-def _chunks(messages: Sequence[NewMessage], room: int) -> list[Sequence[NewMessage]]:
+def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int
+            ) -> list[Sequence[int]]:
     """Split into INSERTs of at most INSERT_CHUNK rows and ``room`` bytes as sent."""
     sizes = [
         escaped_size(message.payload) + INSERT_ROW_BYTES
-        + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or ""))
+        + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or "")
+               + len(message.gate_key or ""))
         for message in messages
     ]
-    return split_by_size(messages, sizes, room, INSERT_CHUNK)
+    return split_by_size(indexes, sizes, room, INSERT_CHUNK)
+
+
+def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | None]:
+    """Count the messages that pass a gate into it, gates in sorted order (producers of
+    several gates then never deadlock on each other); return each message's status:
+    None (it holds a slot), 'blocked', or 'scheduled' for a delayed concurrency-limited
+    message, which takes its slot only when due (see ``promote``)."""
+    statuses: list[str | None] = [_BY_RUN_AT] * len(messages)
+    by_gate: dict[GateRef, list[int]] = {}
+    for index, message in enumerate(messages):
+        ref = GateRef.of(message.queue, message.gate_mode, message.gate_key)
+        if ref is None:
+            continue
+        if not ref.ordered and not _ready_now(message):
+            statuses[index] = MessageStatus.SCHEDULED
+            continue
+        by_gate.setdefault(ref, []).append(index)
+    for ref in sorted(by_gate):
+        indexes = by_gate[ref]
+        slots = 1 if ref.ordered else int(messages[indexes[-1]].gate_limit or 1)
+        taken = acquire(cursor, ref, slots, len(indexes))
+        for index in indexes[taken:]:
+            statuses[index] = MessageStatus.BLOCKED
+    return statuses
+
+
+def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int], list[str]]:
+    """Gates, then rows, in one transaction; the ids, and the queues to wake (one entry per
+    message that holds a slot: a blocked one needs no worker yet)."""
+    def body(cursor: Any) -> tuple[list[int], list[str]]:
+        statuses = gate_statuses(cursor, messages)
+        ids = ([_insert_one(alias, messages[0], statuses)] if len(messages) == 1
+               else _insert_many(alias, messages, statuses))
+        return ids, [m.queue for m, status in zip(messages, statuses, strict=True)
+                     if status != MessageStatus.BLOCKED]
+
+    return in_transaction(alias, body)
 
 
 def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
@@ -121,7 +212,11 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
     for attempt in range(3):
         try:
             with transaction.atomic(using=alias):
-                return _insert_one(alias, message), True
+                if message.gate_key is None:
+                    return _insert_one(alias, message), True
+                with connection_for(alias).cursor() as cursor:
+                    statuses = gate_statuses(cursor, [message])
+                return _insert_one(alias, message, statuses), True
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
@@ -143,10 +238,14 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     if not messages:
         return []
     alias = default_alias()
+    queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
         message_id, inserted = _insert_deduplicated(alias, messages[0])
         ids = [message_id]
         new_ids = ids if inserted else []
+    elif any(message.gate_key is not None for message in messages):
+        ids, queues = _insert_gated(alias, messages)
+        new_ids = ids
     elif len(messages) == 1:
         ids = new_ids = [_insert_one(alias, messages[0])]
     else:
@@ -154,7 +253,6 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        queues = [message.queue for message in messages]  # one per message: wake() counts
         transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
     return ids
 

@@ -21,15 +21,19 @@ import uuid
 from typing import Any
 
 from ..conf import get_settings
-from .base import MESSAGE_TABLE, connection_for, micros, with_lock_retry
+from .base import (
+    MESSAGE_TABLE,
+    RECOVERY_LOCK_NAME,
+    connection_for,
+    micros,
+    with_lock_retry,
+)
 from .session import Session
 
 LEASE_TABLE = "mysqlq_lease"
 #: The lease row of the recovery sweep.
 RECOVERY_LEASE = "recover"
 
-#: Named lock held by the one sweeper; scoped to the schema, so databases don't share it.
-RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
 RECOVERY_LOCK_SQL = f"SELECT GET_LOCK({RECOVERY_LOCK_NAME}, 0)"
 RECOVERY_UNLOCK_SQL = f"SELECT RELEASE_LOCK({RECOVERY_LOCK_NAME})"
 

@@ -3,7 +3,9 @@
 Every action locks the rows it may change (``FOR UPDATE``, only in the statuses it
 allows: never ``claimed``), writes one history row per message naming the operator, and
 changes the rows, in one transaction. A message a worker claims meanwhile is simply not
-matched: actions never touch a message a live worker runs.
+matched: actions never touch a message a live worker runs. The gates of the messages
+(ordered subjects, concurrency keys) are locked first, and their counters kept right: a
+cancelled head frees its subject, a requeued message without a slot takes its turn.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from django.db import DatabaseError, transaction
 
 from ..conf import get_settings
 from ..messages import NewMessage
-from ..models import OPERABLE_STATUSES, Outcome
+from ..models import CANCELLABLE_STATUSES, OPERABLE_STATUSES, Outcome
+from . import subjects
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
@@ -36,7 +39,7 @@ from .session import connection_session
 #: Ids per operator transaction: bounds lock time and statement size.
 OPERATOR_CHUNK = 500
 
-_OPERATOR_HISTORY_SQL = f"""
+OPERATOR_HISTORY_SQL = f"""
 INSERT INTO {ATTEMPT_TABLE}
        (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
         finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
@@ -47,10 +50,16 @@ SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
  WHERE id IN ({{ids}})
 """
 _LOCK_OPERABLE_SQL = f"""
-SELECT id, queue FROM {MESSAGE_TABLE}
+SELECT id, queue, status, gate_key, gate_mode FROM {MESSAGE_TABLE}
  WHERE id IN ({{ids}}) AND status IN ({{statuses}})
  ORDER BY id
    FOR UPDATE
+"""
+#: The gates of some messages, read without a lock before they are locked in order (a
+#: message's gate never changes).
+GATES_OF_SQL = f"""
+SELECT queue, gate_key, gate_mode FROM {MESSAGE_TABLE}
+ WHERE id IN ({{ids}}) AND gate_key IS NOT NULL
 """
 #: Without a reset, a message out of attempts gets one more by raising its own limit, so
 #: its attempts keep reading "3/3", never "3/2". MariaDB and MySQL assign left to right:
@@ -77,7 +86,7 @@ SELECT id, claim_token, owner_connection, owner_server_start,
 """
 _LOCK_CLAIMED_SQL = f"""
 SELECT claim_token, owner_connection, owner_server_start,
-       lease_expires_at < UTC_TIMESTAMP(6)
+       lease_expires_at < UTC_TIMESTAMP(6), gate_mode
   FROM {MESSAGE_TABLE}
  WHERE id = %s AND status = 'claimed'
    FOR UPDATE
@@ -115,41 +124,64 @@ class Stuck:
     releasable: bool
 
 
+Gates = dict[subjects.GateRef, subjects.GateRow]
+#: An action's change: given the locked messages and their locked gates, change the rows;
+#: return the blocked messages it promoted, as (id, queue).
+Change = Callable[[Any, list[subjects.Target], Gates], list[tuple[int, str]]]
+
+
+def _gates_of(alias: str, ids: Sequence[int]) -> set[subjects.GateRef]:
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(GATES_OF_SQL.format(ids=placeholders(len(ids))), list(ids))
+        return {ref for queue, key, mode in cursor.fetchall()
+                if (ref := subjects.GateRef.of(str(queue), mode, key)) is not None}
+
+
 def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
-             change: Callable[[Any, list[int]], None], *, keep_payload: bool = False,
+             change: Change, *, keep_payload: bool = False,
              statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
-    """Lock the operable rows among ``ids``, record ``outcome`` for each, apply ``change``.
+    """Lock the operable rows among ``ids`` (their gates first), record ``outcome`` for
+    each, apply ``change``.
 
     Returns the ids changed; the others were gone, running or in another status.
     """
     alias = default_alias()
     done: list[int] = []
     queues: list[str] = []  # one entry per message changed: wake() wakes as many
+    promoted: list[tuple[int, str]] = []
     unique = sorted({int(i) for i in ids})
     for start in range(0, len(unique), OPERATOR_CHUNK):
         chunk = unique[start:start + OPERATOR_CHUNK]
+        refs = _gates_of(alias, chunk)
 
-        def body(cursor: Any, chunk: list[int] = chunk) -> list[tuple[int, str]]:
+        def body(cursor: Any, chunk: list[int] = chunk,
+                 refs: set[subjects.GateRef] = refs) -> list[subjects.Target]:
+            gates = subjects.lock_or_create(cursor, refs, {}) if refs else {}
             cursor.execute(
                 _LOCK_OPERABLE_SQL.format(ids=placeholders(len(chunk)),
                                           statuses=placeholders(len(statuses))),
                 [*chunk, *statuses],
             )
-            locked = [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+            locked = [subjects.Target(int(row[0]), str(row[1]), str(row[2]),
+                                      subjects.GateRef.of(str(row[1]), row[4], row[3]), row[4])
+                      for row in cursor.fetchall()]
             if not locked:
                 return []
-            locked_ids = [message_id for message_id, _ in locked]
+            locked_ids = [target.id for target in locked]
             cursor.execute(
-                _OPERATOR_HISTORY_SQL.format(ids=placeholders(len(locked_ids))),
+                OPERATOR_HISTORY_SQL.format(ids=placeholders(len(locked_ids))),
                 [outcome, operator.host[:255], operator.pid, note, keep_payload,
                  operator.name[:200], *locked_ids],
             )
-            change(cursor, locked_ids)
+            if any(target.gate is not None and target.gate not in gates for target in locked):
+                raise DatabaseError("A message's gate changed while it was being locked.")
+            promoted.extend(change(cursor, locked, gates))
             return locked
 
-        for message_id, queue in in_transaction(alias, body):
-            done.append(message_id)
-            queues.append(queue)
+        for target in in_transaction(alias, body):
+            done.append(target.id)
+            queues.append(target.queue)
+    subjects.wake_promoted(alias, promoted)
     if queues and outcome == Outcome.REQUEUED:
         try:
             wake(queues, alias)
@@ -172,40 +204,51 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
                          f"{sorted(set(statuses) - set(OPERABLE_STATUSES))}.")
     note = "requeued" + (" with attempts reset" if reset_attempts else "")
 
-    def change(cursor: Any, locked: list[int]) -> None:
+    def change(cursor: Any, locked: list[subjects.Target], gates: Gates
+               ) -> list[tuple[int, str]]:
         cursor.execute(REQUEUE_SQL.format(ids=placeholders(len(locked))),
-                       [reset_attempts, reset_attempts, *locked])
+                       [reset_attempts, reset_attempts, *(target.id for target in locked)])
+        subjects.after_requeue(cursor, locked, gates)
+        return []
 
     return _operate(ids, operator, Outcome.REQUEUED, note, change, statuses=statuses)
 
 
 def cancel(ids: Sequence[int], operator: Operator, *, note: str = "cancelled",
-           statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
-    """Delete ready, scheduled or dead messages, keeping their payload in history.
+           statuses: Sequence[str] = CANCELLABLE_STATUSES) -> list[int]:
+    """Delete ready, scheduled, blocked or dead messages, keeping their payload in history.
 
     ``note`` is the history row's message; ``statuses`` narrows which messages qualify
-    (retention deletes only dead ones).
+    (retention deletes only dead ones). A cancelled head of an ordered subject (or a
+    slot holder of a concurrency key) frees its slot for the next blocked message.
     """
-    if not set(statuses) <= set(OPERABLE_STATUSES):
-        raise ValueError(f"Only ready, scheduled or dead messages can be cancelled, not "
-                         f"{sorted(set(statuses) - set(OPERABLE_STATUSES))}.")
+    if not set(statuses) <= set(CANCELLABLE_STATUSES):
+        raise ValueError(f"Only ready, scheduled, blocked or dead messages can be cancelled, "
+                         f"not {sorted(set(statuses) - set(CANCELLABLE_STATUSES))}.")
 
-    def change(cursor: Any, locked: list[int]) -> None:
-        cursor.execute(CANCEL_SQL.format(ids=placeholders(len(locked))), locked)
+    def change(cursor: Any, locked: list[subjects.Target], gates: Gates
+               ) -> list[tuple[int, str]]:
+        cursor.execute(CANCEL_SQL.format(ids=placeholders(len(locked))),
+                       [target.id for target in locked])
+        return subjects.after_cancel(cursor, locked, gates)
 
     return _operate(ids, operator, Outcome.CANCELLED, note, change, keep_payload=True,
                     statuses=statuses)
 
 
 def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[int]:
-    """Change the priority of ready, scheduled or dead messages (history keeps the old one)."""
+    """Change the priority of waiting or dead messages (history keeps the old one)."""
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise ValueError(f"priority must be an integer from -100 to 100, not {priority!r}.")
 
-    def change(cursor: Any, locked: list[int]) -> None:
-        cursor.execute(PRIORITY_SQL.format(ids=placeholders(len(locked))), [priority, *locked])
+    def change(cursor: Any, locked: list[subjects.Target], gates: Gates
+               ) -> list[tuple[int, str]]:
+        cursor.execute(PRIORITY_SQL.format(ids=placeholders(len(locked))),
+                       [priority, *(target.id for target in locked)])
+        return []
 
-    return _operate(ids, operator, Outcome.PRIORITY, f"priority set to {priority}", change)
+    return _operate(ids, operator, Outcome.PRIORITY, f"priority set to {priority}", change,
+                    statuses=CANCELLABLE_STATUSES)
 
 
 def stuck_messages(liveness: str | None = None) -> list[Stuck]:
@@ -244,12 +287,18 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
     server_start = session.server_start
     released: dict[int, str] = {}
     for message_id in sorted({int(i) for i in ids}):
-        def body(cursor: Any, message_id: int = message_id) -> str | None:
+        refs = _gates_of(alias, [message_id])
+        promoted: list[tuple[int, str]] = []
+
+        def body(cursor: Any, message_id: int = message_id,
+                 refs: set[subjects.GateRef] = refs,
+                 promoted: list[tuple[int, str]] = promoted) -> str | None:
+            gates = subjects.lock_or_create(cursor, refs, {}) if refs else {}
             cursor.execute(_LOCK_CLAIMED_SQL, [message_id])
             row = cursor.fetchone()
             if row is None:
                 return None
-            token, owner, owner_start, expired = row
+            token, owner, owner_start, expired, gate_mode = row
             live = live_connections(cursor, liveness)
             reason = loss_reason(owner, owner_start, bool(expired), live, liveness,
                                   server_start)
@@ -262,13 +311,16 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
             note = f"claim released by an operator: {reason}"
             if not started:
                 note = f"{note}; {NOT_STARTED}"
-            cursor.execute(_OPERATOR_HISTORY_SQL.format(ids="%s"),
+            cursor.execute(OPERATOR_HISTORY_SQL.format(ids="%s"),
                            [outcome, operator.host[:255], operator.pid, note, out_of_attempts,
                             operator.name[:200], message_id])
             cursor.execute(RECOVER_SQL, [f"WorkerLost: {reason}", message_id, token])
+            if out_of_attempts and gates and subjects.frees_when_dead(gate_mode):
+                promoted[:] = subjects.release(cursor, dict.fromkeys(gates, 1), gates)
             return reason
 
         reason = in_transaction(alias, body)
+        subjects.wake_promoted(alias, promoted)
         if reason is not None:
             released[message_id] = reason
     return released
@@ -307,7 +359,7 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
         [new_id] = enqueue([message])
         with connection_for(alias).cursor() as cursor:
             cursor.execute(
-                _OPERATOR_HISTORY_SQL.format(ids="%s"),
+                OPERATOR_HISTORY_SQL.format(ids="%s"),
                 [Outcome.REPLAYED, operator.host[:255], operator.pid,
                  f"replay of history row {attempt_id} (message #{message_id})", False,
                  operator.name[:200], new_id])

@@ -26,6 +26,7 @@ from .base import (
     QUERY_INTERRUPTED,
     QUEUE_TABLE,
     ROLLBACK_SQL,
+    SCHEDULE_TABLE,
     START_TRANSACTION_SQL,
     WORKER_TABLE,
     connection_for,
@@ -57,10 +58,19 @@ HOLD_OWN_ROW_SQL = f"SELECT listening FROM {WORKER_TABLE} WHERE id = %s FOR UPDA
 #: On a cluster, wakes a worker parked on another node: the change, applied there, aborts
 #: the parked worker's hold on its row and with it the SLEEP.
 RING_SQL = f"UPDATE {WORKER_TABLE} SET listening = 0 WHERE id = %s AND listening = 1"
-#: Parks an idle worker: returns at once if its queues have ready messages or a scheduled
-#: message is due, else sleeps (at most %s seconds, or until the next message is due)
-#: until a producer's KILL QUERY cuts the SLEEP short. The check and the sleep are one
-#: statement, so a wake-up can't fall between them.
+#: Seconds until the next occurrence of a live schedule is due (``schedules``), or a large
+#: number: a schedule that can fire ends a park as a due scheduled message does. A row
+#: without a time counts as due, so a worker repairs it; paused, removed and broken ones
+#: don't count, or a park would end at once, again and again.
+_SCHEDULE_WAIT = f"""COALESCE((
+    SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6),
+                         MIN(COALESCE(next_run_at, UTC_TIMESTAMP(6)))) / 1000000
+      FROM {SCHEDULE_TABLE} WHERE paused = 0 AND removed_at IS NULL AND error = ''),
+    1000000000)"""
+#: Parks an idle worker: returns at once if its queues have ready messages, a scheduled
+#: message or a schedule's occurrence is due, else sleeps (at most %s seconds, or until
+#: the next one is due) until a producer's KILL QUERY cuts the SLEEP short. The check and
+#: the sleep are one statement, so a wake-up can't fall between them.
 _IDLE_WAIT_SQL = f"""
 SELECT CASE
          WHEN %s = 'leader' AND {{leader_due}} THEN 'sweep'
@@ -73,8 +83,8 @@ SELECT CASE
        END,
        (SELECT COALESCE(GROUP_CONCAT(queue ORDER BY queue SEPARATOR ','), '')
           FROM {QUEUE_TABLE} WHERE paused = 1 AND queue IN ({{queues}}))
-  FROM (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at)) / 1000000,
-                        %s) AS wait
+  FROM (SELECT LEAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at))
+                              / 1000000, %s), {_SCHEDULE_WAIT}) AS wait
           FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
          WHERE status = 'scheduled') AS due
 """

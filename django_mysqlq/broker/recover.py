@@ -1,4 +1,9 @@
-"""Leases and recovery: claims of vanished workers go back to the queue."""
+"""Leases and recovery: claims of vanished workers go back to the queue.
+
+A lost message goes back to ``ready`` keeping its gate's slot (an ordered subject's head
+runs again before anything after it); one that dies on recovery frees its slot like any
+death, unless it is a head that holds its subject.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 from ..conf import get_settings
 from ..models import Outcome
 from ..signals import messages_recovered
-from . import leader, park
+from . import leader, park, subjects
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
@@ -49,7 +54,7 @@ UPDATE {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 
 CLAIMED_ROWS_SQL = f"""
 SELECT id, claim_token, owner_connection, owner_server_start,
-       lease_expires_at < UTC_TIMESTAMP(6) AS expired
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired, queue, gate_key, gate_mode
   FROM {MESSAGE_TABLE}
  WHERE status = 'claimed'
 """
@@ -142,8 +147,12 @@ def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None =
     return with_lock_retry(alias, run)
 
 
-def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[int, str, str]]:
-    """``(id, token, reason)`` of claims whose owner is gone or whose lease ran out."""
+LostClaim = tuple[int, str, str, subjects.GateRef | None, str | None]
+
+
+def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[LostClaim]:
+    """``(id, token, reason, gate, gate_mode)`` of claims whose owner is gone or whose
+    lease ran out."""
     # Read the claims before the process list: a claim visible now was made by a
     # connection that exists now or died; one made later can't be judged wrongly.
     cursor.execute(CLAIMED_ROWS_SQL)
@@ -154,11 +163,12 @@ def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[tuple[in
     if liveness == "connection":
         cursor.execute(LIVE_CONNECTIONS_SQL)
         live = {int(row[0]) for row in cursor.fetchall()}
-    lost = []
-    for message_id, token, owner, owner_start, expired in rows:
+    lost: list[LostClaim] = []
+    for message_id, token, owner, owner_start, expired, queue, gate_key, gate_mode in rows:
         reason = loss_reason(owner, owner_start, expired, live, liveness, server_start)
         if reason is not None:
-            lost.append((int(message_id), str(token), reason))
+            lost.append((int(message_id), str(token), reason,
+                         subjects.GateRef.of(str(queue), gate_mode, gate_key), gate_mode))
     return lost
 
 
@@ -204,18 +214,25 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
             recovered = [m for m in lost if _recover_one(alias, *m)]
         finally:
             leader.end(cursor, lead)
-    ids = [message_id for message_id, _, _ in recovered]
+    ids = [message_id for message_id, *_ in recovered]
     if ids:
         logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
-                       "; ".join(f"#{m} ({reason})" for m, _, reason in recovered))
+                       "; ".join(f"#{m} ({reason})" for m, _, reason, *_ in recovered))
         send_robust(messages_recovered, None, message_ids=ids)
         park.wake_for(ids, alias)
     return ids
 
 
 
-def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
+def _recover_one(alias: str, message_id: int, token: str, reason: str,
+                 gate: subjects.GateRef | None, gate_mode: str | None) -> bool:
+    # The gate first (its lock comes before the message's on every path), in case the
+    # message dies here and frees its slot.
+    frees = gate is not None and subjects.frees_when_dead(gate_mode)
+    promoted: list[tuple[int, str]] = []
+
     def body(cursor: Any) -> bool:
+        gates = subjects.lock_or_create(cursor, [gate], {}) if frees and gate else {}
         cursor.execute(LOCK_LOST_SQL, [message_id, token])
         row = cursor.fetchone()
         if row is None:
@@ -226,9 +243,13 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str) -> bool:
         cursor.execute(HISTORY_FROM_MESSAGE_SQL,
                        [outcome, "WorkerLost", note, outcome == Outcome.FAILED, message_id])
         cursor.execute(RECOVER_SQL, [f"WorkerLost: {note}", message_id, token])
+        if frees and gate is not None and outcome == Outcome.FAILED:
+            promoted[:] = subjects.release(cursor, {gate: 1}, gates)
         return True
 
-    return in_transaction(alias, body)
+    recovered = in_transaction(alias, body)
+    subjects.wake_promoted(alias, promoted)
+    return recovered
 
 
 def live_connections(cursor: Any, liveness: str) -> set[int]:

@@ -1,10 +1,15 @@
-"""The end of an attempt: ack (delete + history), retry, dead, or release unstarted."""
+"""The end of an attempt: ack (delete + history), retry, dead, or release unstarted.
+
+A message of an ordered subject or a concurrency key frees its gate's slot in the same
+transaction as its end (``subjects``), which promotes the next blocked message: it is
+ready when the ack commits.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import random
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +17,8 @@ from django.db import DatabaseError
 
 from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
-from ..models import Outcome
+from ..models import GateMode, Outcome
+from . import subjects
 from .base import (
     CHECK_FAILED,
     CLEAR_CLAIM,
@@ -128,7 +134,10 @@ def ack(message: ClaimedMessage, runner: Runner, result: AttemptResult) -> bool:
     return message.id in ack_many([(message, runner, result)])
 
 
-def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -> set[int]:
+Finished = tuple[ClaimedMessage, Runner, AttemptResult]
+
+
+def ack_many(finished: Sequence[Finished], busy: list[Finished] | None = None) -> set[int]:
     """Ack many finished messages in one transaction; return the ids that were still ours.
 
     One ``DELETE`` of the batch's (id, token) pairs per ``ACK_DELETE_CHUNK`` messages and
@@ -140,14 +149,30 @@ def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -
     payload copy. A statement the server still refuses as too large (1153, or a dropped
     connection after a big one) is split further and retried, and a result its JSON check
     refuses (4025) is dropped: the ack itself is never lost to them.
+
+    Messages of a gate lock it first, stepping over gates another transaction holds (a
+    producer's long transaction must not stall the batch): with ``busy`` given, those
+    messages are appended to it, not acked, for the caller to try again later; without,
+    they are acked after the batch, waiting for their gates.
     """
     if not finished:
         return set()
     alias = default_alias()
+    attempt = _run_ack(alias, finished, wait_for_gates=False)
+    owned = attempt.owned
+    waiting = [finished[index] for index in attempt.busy]
+    if busy is not None:
+        busy.extend(waiting)
+    elif waiting:
+        owned |= _run_ack(alias, waiting, wait_for_gates=True).owned
+    return owned
+
+
+def _run_ack(alias: str, finished: Sequence[Finished], *, wait_for_gates: bool) -> _AckAttempt:
     rows = [attempt_params(message, Outcome.SUCCEEDED, runner, result, True)
             for message, runner, result in finished]
     messages = [message for message, _, _ in finished]
-    attempt = _AckAttempt(alias, messages, rows)
+    attempt = _AckAttempt(alias, messages, rows, wait_for_gates)
     while True:
         try:
             owned = in_transaction(alias, attempt.run)
@@ -157,14 +182,17 @@ def ack_many(finished: Sequence[tuple[ClaimedMessage, Runner, AttemptResult]]) -
         except DatabaseError as exc:  # 4025 arrives as an IntegrityError, 1153 operational
             if not attempt.recoverable(exc):
                 raise
+    attempt.owned = owned
+    subjects.wake_promoted(alias, attempt.promoted)
     # A message not in ``owned`` runs again: the worker's attempt line says so.
-    return owned
+    return attempt
 
 
 class _AckAttempt:
     """One ack batch's statements, and how a refusal of them is answered before a retry."""
 
-    def __init__(self, alias: str, messages: list[ClaimedMessage], rows: list[list[Any]]):
+    def __init__(self, alias: str, messages: list[ClaimedMessage], rows: list[list[Any]],
+                 wait_for_gates: bool = True):
         self.alias = alias
         self.messages = messages
         self.rows = rows
@@ -173,20 +201,50 @@ class _AckAttempt:
         self.results_dropped = False
         #: Some claims were found lost: lock first to learn which rows are still ours.
         self.careful = False
+        self.wait_for_gates = wait_for_gates
+        #: Indexes of messages left out: another transaction holds their gate.
+        self.busy: list[int] = []
+        #: Blocked messages this ack gave a slot, as (id, queue).
+        self.promoted: list[tuple[int, str]] = []
+        self.owned: set[int] = set()
 
     def run(self, cursor: Any) -> set[int]:
         self.in_flight = 0
-        owned = _delete_acked(cursor, self.messages, self.careful)
+        gated = {index: ref for index, message in enumerate(self.messages)
+                 if (ref := subjects.GateRef.of(message.queue, message.gate_mode,
+                                                message.gate_key)) is not None}
+        locked = self._lock_gates(cursor, set(gated.values())) if gated else {}
+        self.busy = [index for index, ref in gated.items() if ref not in locked]
+        now = [index for index in range(len(self.messages)) if index not in set(self.busy)]
+        owned = _delete_acked(cursor, [self.messages[index] for index in now], self.careful)
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
                  for message, params in zip(self.messages, self.rows, strict=True)]
-        indexes = list(range(len(self.rows)))
-        for part in split_by_size(indexes, sizes, statement_room(self.alias) // self.divisor,
+        for part in split_by_size(now, [sizes[index] for index in now],
+                                  statement_room(self.alias) // self.divisor,
                                   ACK_INSERT_CHUNK):
             self.in_flight = sum(sizes[index] for index in part)
             cursor.execute(ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(part)),
                            [value for index in part for value in self.rows[index]])
+        freed = Counter(ref for index, ref in gated.items()
+                        if ref in locked and self.messages[index].id in owned)
+        self.promoted = subjects.release(
+            cursor, dict(freed), locked,
+            snapshot_may_lag=connection_for(self.alias).in_atomic_block) if freed else []
         return owned
+
+    def _lock_gates(self, cursor: Any, refs: set[subjects.GateRef]
+                    ) -> dict[subjects.GateRef, subjects.GateRow]:
+        """Lock the batch's gates; without ``wait_for_gates``, step over those another
+        transaction holds (a gate that is gone is made again, so its messages move on)."""
+        if self.wait_for_gates:
+            return subjects.lock_or_create(cursor, refs, {})
+        locked = subjects.lock(cursor, refs, skip_locked=True)
+        absent = refs - set(locked)
+        gone = subjects.missing(cursor, absent) if absent else set()
+        if gone:
+            locked.update(subjects.lock_or_create(cursor, gone, {}))
+        return locked
 
     def recoverable(self, exc: DatabaseError) -> bool:
         """Whether a change to the rows can get past ``exc``; if so, make it."""
@@ -237,10 +295,16 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
     alias = default_alias()
     params = attempt_params(message, Outcome.SUCCEEDED, runner, result, True)
     fit_row(message, params, row_room(alias))
+    ref = subjects.GateRef.of(message.queue, message.gate_mode, message.gate_key)
     with connection_for(alias).cursor() as cursor:
+        gates = subjects.lock_or_create(cursor, [ref], {}) if ref is not None else {}
         cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
         owned = bool(cursor.rowcount)
         cursor.execute(INSERT_ATTEMPT_SQL, params)
+        if ref is not None and owned:
+            # The task's own transaction may read an older snapshot (REPEATABLE READ).
+            subjects.wake_promoted(alias, subjects.release(cursor, {ref: 1}, gates,
+                                                           snapshot_may_lag=True))
     return owned
 
 
@@ -255,8 +319,11 @@ def retry_delay(message: ClaimedMessage) -> float:
 
 
 def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
-         *, retry: bool = True) -> str:
+         *, retry: bool = True, retry_in: float | None = None) -> str:
     """Record a failed attempt; schedule a retry or, out of attempts, make it dead.
+
+    ``retry=False`` makes it dead at once; ``retry_in`` is the retry's delay in seconds
+    (the task's backoff schedule, or what it asked for), else the exponential backoff.
 
     Returns the outcome written (``retried`` or ``failed``), or ``lost`` when a peer had
     recovered the message meanwhile: then nothing is written (the recovery already
@@ -266,10 +333,18 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
     will_retry = retry and message.attempt < message.max_attempts
     outcome = Outcome.RETRIED if will_retry else Outcome.FAILED
     summary = f"{result.error_class}: {result.error_message}".strip(": ")
-    delay = retry_delay(message) if will_retry else 0.0
+    delay = (retry_delay(message) if retry_in is None else retry_in) if will_retry else 0.0
     params = attempt_params(message, outcome, runner, result, not will_retry)
+    ref = subjects.GateRef.of(message.queue, message.gate_mode, message.gate_key)
+    # A concurrency-limited message waits for its retry without its slot (it takes one
+    # again when due); an ordered head keeps its subject's slot through its retries.
+    frees = ref is not None and (
+        (will_retry and delay > 0 and message.gate_mode == GateMode.LIMIT)
+        or (not will_retry and subjects.frees_when_dead(message.gate_mode)))
+    promoted: list[tuple[int, str]] = []
 
     def body(cursor: Any) -> bool:
+        gates = subjects.lock_or_create(cursor, [ref], {}) if frees and ref else {}
         if will_retry:
             cursor.execute(RETRY_SQL, [delay, micros(delay), summary, message.id,
                                        message.claim_token])
@@ -279,73 +354,15 @@ def fail(message: ClaimedMessage, runner: Runner, result: AttemptResult,
             return False
         fit_row(message, params, row_room(alias))
         cursor.execute(INSERT_ATTEMPT_SQL, params)
+        if frees and ref is not None:
+            promoted[:] = subjects.release(cursor, {ref: 1}, gates)
         return True
 
-    if not in_transaction(alias, body):
+    written = in_transaction(alias, body)
+    subjects.wake_promoted(alias, promoted)
+    if not written:
         return str(Outcome.LOST)  # the worker's attempt line says so
     return str(outcome)
-
-
-#: A deferral: back to the queue later, the attempt given back, one more deferral counted.
-DEFER_SQL = f"""
-UPDATE {MESSAGE_TABLE}
-   SET status = 'scheduled', run_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-       attempts = IF(attempts > 0, attempts - 1, 0),
-       deferrals = IF(deferrals < 65535, deferrals + 1, deferrals),
-       last_error = %s, started_at = NULL, {CLEAR_CLAIM}
- WHERE id = %s AND claim_token = %s
-"""
-LOCK_DEFERRALS_SQL = f"""
-SELECT deferrals FROM {MESSAGE_TABLE} WHERE id = %s AND claim_token = %s FOR UPDATE
-"""
-#: First and longest wait before a deferred message is tried again (it doubles).
-DEFER_FIRST_SECONDS = 5.0
-DEFER_LONGEST_SECONDS = 300.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Deferral:
-    """What ``defer`` did: ``deferred`` (with the delay and the count so far), ``failed``
-    (out of deferrals: dead) or ``lost`` (a peer recovered the message meanwhile)."""
-
-    outcome: str
-    deferrals: int = 0
-    delay: float = 0.0
-
-
-def defer_delay(deferrals: int) -> float:
-    """5 s, 10 s, 20 s … up to 5 minutes: twelve deferrals span about 35 minutes."""
-    return min(DEFER_LONGEST_SECONDS, DEFER_FIRST_SECONDS * 2.0 ** min(deferrals, 32))
-
-
-def defer(message: ClaimedMessage, runner: Runner, result: AttemptResult,
-          limit: int) -> Deferral:
-    """Give back a message whose task this worker doesn't know, for a later try elsewhere.
-
-    Its attempt is not counted. After ``limit`` deferrals it goes dead with ``result``'s
-    error instead, like a failure on its last attempt.
-    """
-    alias = default_alias()
-    summary = f"{result.error_class}: {result.error_message}".strip(": ")
-
-    def body(cursor: Any) -> Deferral:
-        cursor.execute(LOCK_DEFERRALS_SQL, [message.id, message.claim_token])
-        row = cursor.fetchone()
-        if row is None:
-            return Deferral(str(Outcome.LOST))
-        done = int(row[0])
-        if done >= limit:
-            cursor.execute(DEAD_SQL, [summary, message.id, message.claim_token])
-            cursor.execute(INSERT_ATTEMPT_SQL,
-                           attempt_params(message, Outcome.FAILED, runner, result, True))
-            return Deferral(str(Outcome.FAILED), done)
-        delay = defer_delay(done)
-        cursor.execute(DEFER_SQL, [micros(delay), summary, message.id, message.claim_token])
-        cursor.execute(INSERT_ATTEMPT_SQL,
-                       attempt_params(message, Outcome.DEFERRED, runner, result, False))
-        return Deferral(str(Outcome.DEFERRED), done + 1, delay)
-
-    return in_transaction(alias, body)
 
 
 def release(messages: Sequence[ClaimedMessage]) -> int:
@@ -367,15 +384,19 @@ def release(messages: Sequence[ClaimedMessage]) -> int:
 UNRUNNABLE = "UnrunnableMessage"
 
 
-def bury(alias: str, message_id: int, token: str, reason: str) -> bool:
+def bury(alias: str, message_id: int, token: str, reason: str,
+         gate: subjects.GateRef | None = None, gate_mode: str | None = None) -> bool:
     """Make a claimed row that can't be run (a tampered value) dead, with ``reason``.
 
     The history row is copied on the server from the message row itself, so nothing of it
     has to be read into Python first. Returns False if the claim was lost meanwhile.
     """
     logger.error("Message #%s can't be run: %s. It is now dead.", message_id, reason)
+    frees = gate is not None and subjects.frees_when_dead(gate_mode)
+    promoted: list[tuple[int, str]] = []
 
     def body(cursor: Any) -> bool:
+        gates = subjects.lock_or_create(cursor, [gate], {}) if frees and gate else {}
         cursor.execute(LOCK_CLAIM_SQL, [message_id, token])
         if cursor.fetchone() is None:
             return False
@@ -383,9 +404,13 @@ def bury(alias: str, message_id: int, token: str, reason: str) -> bool:
         cursor.execute(HISTORY_FROM_MESSAGE_SQL, [Outcome.FAILED, UNRUNNABLE, reason, True,
                                                   message_id])
         cursor.execute(DEAD_SQL, [f"{UNRUNNABLE}: {reason}", message_id, token])
+        if frees and gate is not None:
+            promoted[:] = subjects.release(cursor, {gate: 1}, gates)
         return True
 
-    return in_transaction(alias, body)
+    buried = in_transaction(alias, body)
+    subjects.wake_promoted(alias, promoted)
+    return buried
 
 
 def mark_started(starts: Sequence[tuple[ClaimedMessage, dt.datetime]],

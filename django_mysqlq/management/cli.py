@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import OutputWrapper
 
 from .. import ops
-from ..models import OPERABLE_STATUSES
+from ..models import CANCELLABLE_STATUSES
 
 
 def _csv(text: str) -> list[str]:
@@ -20,11 +20,12 @@ def _csv(text: str) -> list[str]:
 
 def _statuses(text: str) -> list[str]:
     statuses = _csv(text)
-    unknown = sorted(set(statuses) - set(OPERABLE_STATUSES))
+    unknown = sorted(set(statuses) - set(CANCELLABLE_STATUSES))
     if unknown:
         raise ArgumentTypeError(
-            f"{', '.join(unknown)}: only {', '.join(OPERABLE_STATUSES)} messages can be "
-            "changed by an operator (running ones never are)")
+            f"{', '.join(unknown)}: only {', '.join(CANCELLABLE_STATUSES)} messages can be "
+            "changed by an operator (running ones never are; blocked ones can be cancelled, "
+            "not requeued)")
     return statuses
 
 
@@ -49,7 +50,8 @@ def add_filter_arguments(parser: ArgumentParser, default_status: str | None) -> 
                         help="Only these task names (comma-separated).")
     parser.add_argument("--status", type=_statuses,
                         default=[default_status] if default_status else None,
-                        help="Statuses to match: ready, scheduled, dead (comma-separated)"
+                        help="Statuses to match: ready, scheduled, dead, blocked "
+                             "(comma-separated)"
                              + (f"; default {default_status}." if default_status else "."))
     parser.add_argument("--since", type=_since, default=None,
                         help="Only messages enqueued since then: a duration (2h, 3d) or an "

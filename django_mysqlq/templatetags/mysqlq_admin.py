@@ -24,13 +24,15 @@ def mysqlq_index_box(context: dict[str, Any]) -> dict[str, Any]:
     try:
         # Capped: the index renders on every admin visit, at any backlog.
         counts = broker.status_counts(
-            [MessageStatus.READY, MessageStatus.DEAD, MessageStatus.CLAIMED], COUNT_CAP)
+            [MessageStatus.READY, MessageStatus.DEAD, MessageStatus.CLAIMED,
+             MessageStatus.BLOCKED], COUNT_CAP)
         stuck = len(broker.stuck_messages())
     except DatabaseError:  # the index must still render when the queue tables are missing
         return {"show": True, "error": True}
     shown = {status: Count(*counts[status]) for status in counts}
     return {"show": True, "stuck": Count(stuck), "dead": shown[MessageStatus.DEAD],
-            "ready": shown[MessageStatus.READY], "claimed": shown[MessageStatus.CLAIMED]}
+            "ready": shown[MessageStatus.READY], "claimed": shown[MessageStatus.CLAIMED],
+            "blocked": shown[MessageStatus.BLOCKED]}
 
 
 @register.filter

@@ -5,6 +5,13 @@ A crash loses the acks not yet committed, so those tasks run again: at most
 are unacked (being written or waiting to be). The acker reports each success once its
 ack is written (``succeeded``) or given up on (``unacked``: it will run again), and logs
 each one's attempt line then, once: a success is not one before its ack commits.
+
+A success of an ordered subject or a concurrency key is acked without the batching delay
+while the worker has nothing else claimed to run (its ack makes the next message of its
+gate ready, which may be all there is to do), and the worker's control loop is nudged
+after it to claim that one; a worker with claimed messages waiting batches them as usual.
+One whose gate another transaction holds (a producer's long transaction) is left out of
+its batch and tried again shortly, so the rest flow.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ logger = logging.getLogger("django_mysqlq")
 Finished = tuple[ClaimedMessage, Runner, AttemptResult]
 #: Seconds ``stop()`` waits past the stop's end for a statement started just before it.
 JOIN_MARGIN = SHORTEST_BOUND
+#: Seconds before a success whose gate was held by another transaction is tried again.
+BUSY_RETRY_SECONDS = 0.25
 
 
 def _no_report(**counts: int) -> None:
@@ -54,7 +63,9 @@ class Acker:
     """Collects successful attempts and acks them in batches on its own connection."""
 
     def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
-                 report: Callable[..., None] = _no_report) -> None:
+                 report: Callable[..., None] = _no_report,
+                 nudge: Callable[[], None] = lambda: None,
+                 idle: Callable[[], bool] = lambda: True) -> None:
         self.batch_size = batch_size
         self.delay = delay
         self._give_up = give_up
@@ -63,6 +74,13 @@ class Acker:
         self._pending: list[Finished] = []
         #: The batch being written: its claims are still ours until it commits.
         self._writing: list[Finished] = []
+        #: Successes whose gate another transaction held, and when to try them again.
+        self._busy: list[tuple[Finished, float]] = []
+        #: Called after an ack that may have made a gate's next message ready.
+        self._nudge = nudge
+        #: Whether the worker has no claimed message waiting for a thread: then a gated
+        #: success is acked at once, since its gate's next message may be the only work.
+        self._idle = idle
         #: Tokens of successes whose ack was given up: a stop must not release those
         #: claims as unstarted (they ran; a peer recovers them and counts the attempt).
         self._unacked_tokens: set[str] = set()
@@ -83,12 +101,18 @@ class Acker:
     @property
     def pending(self) -> int:
         """Successes not acked yet (their claims must keep being renewed)."""
-        return len(self._pending)
+        return len(self._pending) + len(self._busy)
+
+    @property
+    def unacked(self) -> int:
+        """Successes not acked yet: waiting, being written, or waiting for a busy gate."""
+        return len(self._pending) + len(self._writing) + len(self._busy)
 
     def held_pairs(self) -> list[tuple[int, str]]:
         """(id, token) of successes not acked yet (being written or waiting)."""
         with self._cond:
-            return [(m.id, m.claim_token) for m, _, _ in [*self._writing, *self._pending]]
+            return [(m.id, m.claim_token) for m, _, _ in
+                    [*self._writing, *self._pending, *(f for f, _ in self._busy)]]
 
     def handover(self) -> Handover:
         return Handover(self)
@@ -102,7 +126,7 @@ class Acker:
             line: AttemptLine | None = None) -> None:
         """Queue one success; blocks while a batch's worth is unacked, which bounds the loss."""
         with self._cond:
-            while (len(self._pending) + len(self._writing) >= self.batch_size
+            while (len(self._pending) + len(self._writing) + len(self._busy) >= self.batch_size
                    and not self._stopping):
                 self._cond.wait(0.1)
             if not self._pending:
@@ -132,7 +156,7 @@ class Acker:
             return
         with self._cond:
             self._abandoned = True
-            stuck = [*self._writing, *self._pending]
+            stuck = [*self._writing, *self._pending, *(f for f, _ in self._busy)]
             self._unacked_tokens.update(m.claim_token for m, _, _ in stuck)
             ends = self._ends(stuck, None, "its ack was not written by the end of the stop; "
                               "a peer recovers it and it runs again")
@@ -145,10 +169,19 @@ class Acker:
     def _take(self) -> list[Finished] | None:
         with self._cond:
             while True:
+                now = time.monotonic()
+                due = [f for f, at in self._busy if self._stopping or at <= now]
+                if due:
+                    self._busy = [(f, at) for f, at in self._busy if f not in due]
+                    if not self._pending:
+                        self._oldest = now
+                    self._pending[:0] = due
                 if self._pending and (
                     self._stopping
                     or len(self._pending) >= self.batch_size
-                    or time.monotonic() - self._oldest >= self.delay
+                    or now - self._oldest >= self.delay
+                    or (any(m.gate_key is not None for m, _, _ in self._pending)
+                        and self._idle())
                 ):
                     batch, self._pending = self._pending, []
                     self._writing = batch
@@ -156,24 +189,36 @@ class Acker:
                     return batch
                 if self._stopping:
                     return None
-                timeout = self.delay - (time.monotonic() - self._oldest) if self._pending \
-                    else None
-                self._cond.wait(timeout)
+                waits = [at - now for _, at in self._busy]
+                if self._pending:
+                    waits.append(self.delay - (now - self._oldest))
+                self._cond.wait(max(0.0, min(waits)) if waits else None)
 
     def _ack(self, batch: list[Finished]) -> set[int] | None:
-        """Ack a batch; return the ids whose ack was written (the rest will run again),
-        None if the database could not be reached (``settle`` gave up).
+        """Ack a batch; return the ids whose ack was written, None if the database could not
+        be reached (``settle`` gave up). Those whose gate was busy go to ``_busy`` to be
+        tried again; the rest will run again.
 
         If the server refuses the batch, ack one by one so one bad row stays alone.
         """
+        busy: list[Finished] = []
+
         def attempt() -> set[int]:
+            busy.clear()
             if self._end is not None:
                 broker.finish_by(self._end)
-            return broker.ack_many(batch)
+            # Stopping, a busy gate is waited for (within the stop's end), not left behind.
+            return broker.ack_many(batch, busy=None if self._stopping else busy)
 
         try:
             owned: set[int] | None = settle(attempt, f"a batch of {len(batch)} acks",
                                             self._give_up, lambda: self._end)
+            if owned is not None and busy:
+                retry_at = time.monotonic() + BUSY_RETRY_SECONDS
+                with self._cond:
+                    self._busy.extend((finished, retry_at) for finished in busy)
+            if owned and self._idle() and any(m.gate_key is not None for m, _, _ in batch):
+                self._nudge()  # a gate's next message may be ready: claim it now
         except DatabaseError as exc:
             if len(batch) == 1:
                 message = batch[0][0]
@@ -221,10 +266,14 @@ class Acker:
                     self._cond.notify_all()
                     if self._abandoned:
                         continue  # stop() has counted and logged this batch already
-                    if acked < len(batch):
-                        self._unacked_tokens.update(m.claim_token for m, _, _ in batch)
-                    ends = self._ends(batch, tokens, NOT_RECORDED)
+                    later = {(f[0].id, f[0].claim_token) for f, _ in self._busy}
+                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later]
+                    unacked = len(settled) - acked
+                    if unacked > 0:
+                        self._unacked_tokens.update(m.claim_token for m, _, _ in settled)
+                    # Those waiting for a busy gate keep their line for their next try.
+                    ends = self._ends(settled, tokens, NOT_RECORDED)
                 self._write(ends)
-                self._report(succeeded=acked, unacked=len(batch) - acked)
+                self._report(succeeded=acked, unacked=max(0, unacked))
         finally:
             connections.close_all()

@@ -15,15 +15,17 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .. import broker, payload
+from .. import broker, payload, retries
 from ..broker.base import only_test_transactions
 from ..conf import get_settings
+from ..context import TaskContext
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
 from ..log import one_line
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
+from ..registry import registry
 from ..signals import task_finished, task_started
-from ..tasks import AttemptScope, QueueTask, registry
+from ..tasks import AttemptScope, QueueTask
 from .attempt_log import AttemptLine
 
 logger = logging.getLogger("django_mysqlq")
@@ -193,6 +195,8 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
                    "can help" if written is not None else NOT_RECORDED)
         return outcome
 
+    if task.takes_context:
+        args = [TaskContext.of(message), *args]
     # From here on user code runs (hooks, signal receivers, the body): what it sends to
     # each connection is counted, so the leak check asks the server only when it must.
     marks = broker.activity_marks()
@@ -286,20 +290,26 @@ def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: Clai
             runner: Runner, error: BaseException, started_at: dt.datetime,
             give_up: threading.Event, line: AttemptLine) -> str:
     result = _describe(error, started_at)
-    written = settle(lambda: broker.fail(message, runner, result),
+    decision = retries.decide(error, message.attempt, retry_on=task.retry_on,
+                              dont_retry=task.dont_retry, schedule=task.retry_schedule,
+                              now=broker.database_now)
+    written = settle(lambda: broker.fail(message, runner, result, retry=decision.retry,
+                                         retry_in=decision.delay),
                      _describe_message(message), give_up)
     outcome = written if written is not None else str(Outcome.LOST)
     if written == Outcome.FAILED:
         # The one line with the traceback after it; retries keep theirs in history. A
         # Django task's traceback is logged by Django (the django.tasks logger, from the
         # task_finished signal): printing it here too would show it twice.
-        line.write(outcome, result, "now dead: no attempts left",
+        why = decision.why if not decision.retry else "no attempts left" + (
+            f" ({decision.why})" if decision.why else "")
+        line.write(outcome, result, f"now dead: {why}",
                    error=error if scope is None else None)
     elif written == Outcome.LOST:
         line.write(outcome, result, "failed after its claim was recovered by a peer; its new "
                    "owner decides what happens next")
     else:
-        line.write(outcome, result, "" if written is not None else NOT_RECORDED)
+        line.write(outcome, result, decision.why if written is not None else NOT_RECORDED)
     return _finished(task, scope, message, outcome, error, None)
 
 

@@ -22,9 +22,9 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
+from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from ..tasks import import_task_modules
-from . import draining, fatal, queues, retention
+from . import draining, fatal, queues, retention, schedules
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -118,9 +118,14 @@ class Worker:
         self._paused_seen: str | None = None
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
-                           self.stats.add) if batch > 1 else None
+                           self.stats.add, nudge=self.wakeup.set,
+                           idle=self._nothing_waiting) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+
+    def _nothing_waiting(self) -> bool:
+        """No claimed message waits for a task thread (the one being acked still counts)."""
+        return self.holdings.in_flight <= self.options.concurrency
 
     # ------------------------------------------------------------------ control loop
 
@@ -143,12 +148,13 @@ class Worker:
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
                     " (burst)" if self.options.burst else "")
-        if self.options.report_queues:
-            try:
+        try:
+            self._call_until_up(lambda: schedules.start(self.id))
+            if self.options.report_queues:
                 queues.report(f"Worker {self.id}", self.options.queues)
-            except WorkerCannotRun:
-                draining.deregister(self)  # its row must not count as serving its queues
-                raise
+        except WorkerCannotRun:
+            draining.deregister(self)  # its row must not count as serving its queues
+            raise
         if self.acker is not None:
             self.acker.start()
         for index in range(self.options.concurrency):
@@ -237,6 +243,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
@@ -244,6 +251,7 @@ class Worker:
             due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
             broker.promote_due()
+            schedules.fire()  # recurring tasks' due occurrences, once whoever fires them
             due.promote = now + conf.POLL_SECONDS
         self._report_overruns()
         if now >= due.summary:
@@ -272,7 +280,9 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        busy = self.holdings.in_flight > 0
+        # Successes waiting for their ack count: an ack may make a gate's next message
+        # ready, and the acker then nudges this loop (a parked one would not hear it).
+        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""

@@ -371,3 +371,6 @@ def fails_verbosely(size: int) -> None:
     """Fails at once with a message of two lines and ``size`` more characters: the log
     line cuts it, the history keeps it (tests/test_worker_logging.py)."""
     raise ValueError("first line\nsecond line " + "x" * size)
+
+
+from . import gated  # noqa: E402, F401  (ordered and limited tasks: workers register them)

@@ -1,7 +1,8 @@
 """Three tables the chaos run judges the queue by.
 
 * :class:`Enqueued`: one row per message, written by the producer in the transaction
-  that enqueues it, so it exists exactly when the message does.
+  that enqueues it, so it exists exactly when the message does (with its subject or
+  concurrency key, for the order and limit audit).
 * :class:`Execution`: one row when a task body starts and one when it ends, written on a
   connection of their own (alias ``ledger``) so a rolled-back atomic task keeps them.
 * :class:`Effect`: the business write of an atomic task, in the task's transaction.
@@ -22,6 +23,10 @@ class Kind(models.TextChoices):
     ATOMIC = "atomic", "Atomic"
     #: Kills its worker process at once (the chaos "crashing task" fault).
     CRASH = "crash", "Crash"
+    #: Runs in its ordered subject: one at a time, in enqueue order.
+    ORDERED = "ordered", "Ordered"
+    #: Runs under its concurrency key's limit.
+    LIMITED = "limited", "Limited"
 
 
 class Enqueued(models.Model):
@@ -32,6 +37,8 @@ class Enqueued(models.Model):
     sleep_ms = models.PositiveIntegerField()
     producer = models.PositiveSmallIntegerField()
     at = models.FloatField()
+    #: The ordered subject or concurrency key of an ordered or limited message.
+    gate_key = models.CharField(max_length=64, blank=True, default="")
 
     objects: ClassVar[models.Manager[Enqueued]] = models.Manager()
 

@@ -15,6 +15,7 @@ from django.dispatch import receiver
 from django_mysqlq import queue_task
 from django_mysqlq.signals import task_started
 
+from ..config import GATE_LIMIT
 from . import record
 from .models import Effect, Kind
 
@@ -38,6 +39,24 @@ def atomic(token: str, sleep_ms: int) -> None:
     run = record.start(token, Kind.ATOMIC)
     Effect.objects.create(token=token, message_id=run.message_id, pid=os.getpid(),
                           at=time.time())
+    time.sleep(sleep_ms / 1000)
+    record.end(run)
+
+
+@queue_task(name="chaos.ordered", ordered_by="subject", max_attempts=10, retry_backoff=0.1)
+def ordered(token: str, subject: str, sleep_ms: int) -> None:
+    """Like ``plain``, one at a time per subject in enqueue order (audited: ordering.py).
+    Ten attempts: kill -9s spend them, and a dead head would hold its subject."""
+    run = record.start(token, Kind.ORDERED)
+    time.sleep(sleep_ms / 1000)
+    record.end(run)
+
+
+@queue_task(name="chaos.limited", concurrency_key="key", concurrency_limit=GATE_LIMIT,
+            max_attempts=10, retry_backoff=0.1)
+def limited(token: str, key: str, sleep_ms: int) -> None:
+    """Like ``plain``, at most ``GATE_LIMIT`` at once per key (audited: ordering.py)."""
+    run = record.start(token, Kind.LIMITED)
     time.sleep(sleep_ms / 1000)
     record.end(run)
 

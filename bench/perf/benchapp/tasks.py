@@ -43,3 +43,17 @@ def stamp(enqueued_ns: int, seq: int = -1) -> None:
     """Record when this run started: ``seq enqueued_ns started_ns`` (wall clock, ns)."""
     started_ns = time.time_ns()
     os.write(_stamp_fd(), f"{seq} {enqueued_ns} {started_ns}\n".encode())
+
+
+#: Messages of one key of ``limited_noop`` that may run at once.
+LIMITED_NOOP_LIMIT = 4
+
+
+@queue_task(max_attempts=1, ordered_by="subject")
+def ordered_noop(subject: str) -> None:
+    """Does nothing, one at a time per subject, in order (bench/perf/workloads/ordered.py)."""
+
+
+@queue_task(max_attempts=1, concurrency_key="key", concurrency_limit=LIMITED_NOOP_LIMIT)
+def limited_noop(key: str) -> None:
+    """Does nothing, at most ``LIMITED_NOOP_LIMIT`` at once per key."""

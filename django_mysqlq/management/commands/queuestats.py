@@ -11,8 +11,10 @@ from django.core.management.base import BaseCommand
 
 from django_mysqlq import ops
 
-COLUMNS = ("queue", "ready", "scheduled", "claimed", "dead", "oldest", "1m", "5m", "60m",
-           "fail%")
+from .queueschedule import table as schedule_table
+
+COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "dead", "oldest", "1m", "5m",
+           "60m", "fail%")
 
 
 def _table(data: ops.Dashboard) -> str:
@@ -22,7 +24,7 @@ def _table(data: ops.Dashboard) -> str:
         rate = "-" if q.failure_rate is None else f"{100 * q.failure_rate:.0f}"
         marks = (" (paused)" if q.paused else "") + (" (no worker)" if q.unserved else "")
         rows.append((q.name + marks, str(q.ready),
-                     str(q.scheduled), str(q.claimed), str(q.dead), oldest,
+                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -37,12 +39,16 @@ def _table(data: ops.Dashboard) -> str:
     if data.top_failing:
         lines.append("top failing (60 min): " + ", ".join(f"{t} ({n})"
                                                             for t, n in data.top_failing[:5]))
+    if data.schedules:
+        lines.extend(["", schedule_table(data.schedules)])
     return "\n".join(lines)
 
 
 class Command(BaseCommand):
-    help = ("Per-queue counts, oldest ready age, throughput and failure rate; workers alive; "
-            "the server's purge lag.")
+    help = ("Per-queue counts (blocked: waiting behind their ordered subject's head or for a "
+            "slot of their concurrency key), oldest ready age, throughput and failure rate; "
+            "workers alive; the server's purge lag; recurring tasks with their last and next "
+            "run.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")

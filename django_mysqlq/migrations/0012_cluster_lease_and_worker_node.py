@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_mysqlq', '0008_worker_queues_text'),
+        ('django_mysqlq', '0011_gates'),
     ]
 
     operations = [

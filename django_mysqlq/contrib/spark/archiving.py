@@ -1,0 +1,248 @@
+"""``archive``: move history older than a cut-off to Parquet, exactly once.
+
+Rows go in batches of ``batch_rows`` ids (see :mod:`.batches` for one batch's steps and
+why a kill at any of them loses or doubles nothing). While Spark stages and verifies
+the next batch, a thread of the driver deletes the previous one, so the database's
+deletes and Spark's reads overlap. One run at a time per database (a named lock on the
+driver's connection, released when the driver dies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ...broker import archive as statements
+from ...broker import count_dead_before, count_history_before, database_now
+from ...broker import pipeline as reads
+from . import batches
+from .batches import Batch, BatchMismatch, Control, Recovered
+from .database import Database, database
+from .errors import PipelineError
+from .layout import DEAD, HISTORY, SCHEMAS
+from .reading import micros_to_timestamp, plan, read
+
+#: Ids per batch: small enough that deleting one batch overlaps writing the next most of
+#: the time (only the last batch's delete runs alone), big enough that a batch's fixed
+#: Spark jobs (write, read back, ids) stay a small part of it.
+DEFAULT_BATCH_ROWS = 200_000
+DEFAULT_DELETE_BATCH = 2_000
+#: Times a batch is staged again when the source changed under it.
+BATCH_TRIES = 3
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class ArchiveResult:
+    cutoff: dt.datetime
+    dry_run: bool
+    #: Rows that would move (dry run) or moved, per kind.
+    rows: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Rows deleted from MySQL, per kind (dead messages an operator revived meanwhile stay).
+    deleted: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Batches this run committed.
+    committed: list[str] = dataclasses.field(default_factory=list)
+    recovered: Recovered = dataclasses.field(default_factory=Recovered)
+    #: For a dry run: batches an interrupted run left (committed, staged).
+    pending: tuple[list[str], list[str]] = ([], [])
+    seconds: float = 0.0
+    #: Seconds per step, summed over batches (``delete`` runs beside the next batch).
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _frame(spark: SparkSession, db: Database, batch: Batch, partition_rows: int | None,
+           max_connections: int | None) -> DataFrame:
+    if batch.kind == HISTORY:
+        where = f"{reads.older_where(batch.cutoff)}"
+        table = reads.HISTORY_SELECT.format(columns=reads.HISTORY_COLUMNS, where=where)
+        times = {"enqueued_us": "enqueued_at", "started_us": "started_at",
+                 "finished_us": "finished_at"}
+        day = "finished_at"
+    else:
+        table = reads.DEAD_SELECT.format(columns=reads.DEAD_COLUMNS,
+                                         where=reads.dead_where(batch.cutoff))
+        times = {"enqueued_us": "enqueued_at", "died_us": "died_at"}
+        day = "died_at"
+    frame = read(spark, db, table, plan(batch.low, batch.high - 1, partition_rows,
+                                        max_connections))
+    frame = micros_to_timestamp(frame, times).withColumn("day", F.to_date(F.col(day)))
+    schema = SCHEMAS[batch.kind]
+    return frame.select(*[F.col(field.name).cast(field.dataType).alias(field.name)
+                          for field in schema.fields])
+
+
+class Deleter(threading.Thread):
+    """Deletes committed batches one after another, beside Spark's next batch."""
+
+    def __init__(self, control: Control, alias: str, delete_batch: int,
+                 progress: Progress | None) -> None:
+        super().__init__(name="mysqlq-archive-deleter", daemon=True)
+        self.control, self.alias, self.delete_batch = control, alias, delete_batch
+        self.progress = progress
+        self.work: queue.Queue[tuple[dict[str, Any], list[int]] | None] = queue.Queue(1)
+        self.deleted: dict[str, int] = {}
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while (item := self.work.get()) is not None:
+                record, ids = item
+                started = time.monotonic()
+                done = batches.delete(self.control, record, ids, self.alias,
+                                      self.delete_batch)
+                self.deleted[record["kind"]] = self.deleted.get(record["kind"], 0) + done
+                self.seconds += time.monotonic() - started
+                if self.progress is not None:
+                    self.progress(f"batch {record['batch']}: deleted {done} of "
+                                  f"{len(ids)} rows")
+        except BaseException as exc:  # noqa: BLE001  (reported by finish(); the batch stays committed)
+            self.error = exc
+        finally:
+            connections[self.alias].close()
+
+    def submit(self, record: dict[str, Any], ids: list[int]) -> None:
+        self._check()
+        self.work.put((record, ids))
+
+    def finish(self) -> dict[str, int]:
+        self.work.put(None)
+        self.join()
+        self._check()
+        return self.deleted
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise PipelineError(f"Deleting archived rows failed ({self.error}); the batch "
+                                "is committed: run archive again to finish it.") from self.error
+
+
+def _ranges(low: int, high: int, batch_rows: int) -> list[tuple[int, int]]:
+    return [(start, min(start + batch_rows, high + 1))
+            for start in range(low, high + 1, batch_rows)]
+
+
+class Timer:
+    """Seconds per step, summed."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.mark = time.monotonic()
+
+    def step(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.mark
+        self.mark = now
+
+
+def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: Batch,
+                   deleter: Deleter, partition_rows: int | None,
+                   max_connections: int | None, timer: Timer) -> int:
+    for attempt in range(BATCH_TRIES):
+        staged = batches.stage(control, batch,
+                               _frame(spark, db, batch, partition_rows, max_connections))
+        timer.step("stage")
+        if not staged:
+            control.store.delete(control.staging(batch.name))
+            return 0
+        try:
+            stats = batches.verify(control, batch, db.alias)
+        except BatchMismatch:
+            control.store.delete(control.staging(batch.name))
+            if attempt == BATCH_TRIES - 1:
+                raise
+            continue
+        finally:
+            timer.step("verify")
+        record = batches.commit(control, batch, stats)
+        finals = batches.move(control, record)
+        timer.step("commit and move")
+        ids = batches.archived_ids(control, record, finals)
+        timer.step("read back ids")
+        deleter.submit(record, ids)
+        timer.step("wait for the previous batch's delete")
+        return int(record["rows"])
+    raise AssertionError("unreachable")
+
+
+def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
+            include_dead: bool = False, dry_run: bool = False,
+            database_alias: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+            delete_batch: int = DEFAULT_DELETE_BATCH, partition_rows: int | None = None,
+            max_connections: int | None = None,
+            progress: Progress | None = None) -> ArchiveResult:
+    """Move history finished before now - ``older_than`` (and, with ``include_dead``,
+    messages dead since before then) to Parquet under ``to``, then delete them.
+
+    First finishes what an interrupted run left. ``dry_run`` counts, changes nothing.
+    """
+    started = time.monotonic()
+    if older_than < dt.timedelta(0):
+        raise PipelineError(f"--older-than must not be negative, not {older_than}.")
+    if batch_rows < 1 or delete_batch < 1:
+        raise PipelineError("--batch-rows and --delete-batch must be at least 1.")
+    db = database(database_alias)
+    cutoff = database_now() - older_than
+    control = Control(spark, to)
+    kinds = [HISTORY, DEAD] if include_dead else [HISTORY]
+    if dry_run:
+        counts = {HISTORY: count_history_before(cutoff)}
+        if include_dead:
+            counts[DEAD] = count_dead_before(cutoff)
+        return ArchiveResult(cutoff=cutoff, dry_run=True, rows=counts,
+                             pending=batches.pending(control))
+    if connections[db.alias].in_atomic_block:
+        raise PipelineError("archive() deletes in autocommit batches: call it outside "
+                            "transaction.atomic().")
+    if not statements.take_archive_lock(db.alias):
+        raise PipelineError("Another archive is running on this database; wait for it to "
+                            "finish (or for its driver to die) and run this one again.")
+    result = ArchiveResult(cutoff=cutoff, dry_run=False)
+    deleter = Deleter(control, db.alias, delete_batch, progress)
+    try:
+        timer = Timer(result.timings)
+        result.recovered = batches.recover(control, db.alias, delete_batch)
+        timer.step("recover")
+        if progress is not None and (result.recovered.finished or result.recovered.dropped):
+            progress(f"finished {len(result.recovered.finished)} batch(es) an interrupted "
+                     f"run committed ({result.recovered.deleted} rows deleted); dropped "
+                     f"{len(result.recovered.dropped)} it had not committed")
+        deleter.start()
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        for kind in kinds:
+            bounds = (reads.older_bounds(cutoff, db.alias) if kind == HISTORY
+                      else reads.dead_bounds(cutoff, db.alias))
+            timer.step("plan")
+            result.rows[kind] = 0
+            if bounds is None:
+                continue
+            for low, high in _ranges(bounds[0], bounds[1], batch_rows):
+                batch = Batch(kind, low, high, cutoff,
+                              f"{kind}-{low:012d}-{high:012d}-{stamp}")
+                rows = _archive_batch(spark, control, db, batch, deleter, partition_rows,
+                                      max_connections, timer)
+                if rows:
+                    result.rows[kind] += rows
+                    result.committed.append(batch.name)
+                    if progress is not None:
+                        progress(f"batch {batch.name}: {rows} rows written and verified")
+        result.deleted = deleter.finish()
+        timer.step("wait for the last delete")
+    finally:
+        if deleter.is_alive():
+            deleter.work.put(None)
+            deleter.join()
+        statements.release_archive_lock(db.alias)
+    result.seconds = time.monotonic() - started
+    result.timings["delete (beside the next batch)"] = deleter.seconds
+    return result

@@ -1,0 +1,280 @@
+"""One archive batch from start to end, and the recovery of batches a killed run left.
+
+A batch is an id range of one kind (``history`` or ``dead``). Its life, each step safe
+to be killed in:
+
+1. **staged**: Spark writes its rows to ``_mysqlq/staging/<batch>/`` (Parquet, by day
+   and queue). Killed here: the next run deletes the staging; the rows are still in
+   MySQL and are archived again.
+2. **verified**: per day and queue, the rows, sum, first and last id read back from the
+   staged files equal what the source holds (else the staging is dropped).
+3. **committed**: ``_mysqlq/batches/<batch>.json`` is written (atomically), naming each
+   staged file and its final place. From here the batch is archived: a next run rolls
+   it forward.
+4. **moved**: the staged files are renamed to ``<kind>/day=…/queue=…/part-<batch>-N.parquet``.
+5. **deleted**: exactly the ids read back from those files are deleted from MySQL, a
+   short autocommit statement per ``delete_batch`` ids; then ``<batch>.done`` is written
+   and the staging removed. Deleting an id twice is a no-op, so a run killed anywhere in
+   here is finished by the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import connections
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ...broker import archive as statements
+from .errors import PipelineError
+from .hooks import checkpoint
+from .layout import CONTROL, HISTORY, PARTITION_COLUMNS, SCHEMAS, join
+from .store import Store
+
+STAGING = "staging"
+BATCHES = "batches"
+PartitionStats = statements.PartitionStats
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    kind: str
+    low: int
+    high: int  # exclusive
+    cutoff: dt.datetime
+    name: str
+
+    def record(self, files: list[tuple[str, str]], stats: PartitionStats) -> dict[str, Any]:
+        return {"batch": self.name, "kind": self.kind, "low": self.low, "high": self.high,
+                "cutoff": self.cutoff.isoformat(), "rows": sum(s[0] for s in stats.values()),
+                "partitions": [[day, queue, *figures]
+                               for (day, queue), figures in sorted(stats.items())],
+                "files": files}
+
+
+class Control:
+    """The archive's bookkeeping under ``<root>/_mysqlq``."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        self.spark = spark
+        self.root = root
+        self.store = Store(spark, root)
+
+    def staging(self, name: str) -> str:
+        return join(self.root, CONTROL, STAGING, name)
+
+    def record_path(self, name: str) -> str:
+        return join(self.root, CONTROL, BATCHES, f"{name}.json")
+
+    def done_path(self, name: str) -> str:
+        return join(self.root, CONTROL, BATCHES, f"{name}.done")
+
+    def staged_names(self) -> list[str]:
+        return self.store.list_dir(join(self.root, CONTROL, STAGING))
+
+    def records(self) -> dict[str, bool]:
+        """``{batch: done}`` for every committed batch."""
+        names = self.store.list_dir(join(self.root, CONTROL, BATCHES))
+        done = {name[:-5] for name in names if name.endswith(".done")}
+        return {name[:-5]: name[:-5] in done for name in names if name.endswith(".json")}
+
+    def read_record(self, name: str) -> dict[str, Any]:
+        record: dict[str, Any] = json.loads(self.store.read_text(self.record_path(name)))
+        return record
+
+
+def stage(control: Control, batch: Batch, rows: DataFrame) -> bool:
+    """Write the batch's rows to its staging; False if it has none."""
+    staging = control.staging(batch.name)
+    control.store.delete(staging)
+    rows.write.mode("overwrite").partitionBy(*PARTITION_COLUMNS).parquet(staging)
+    checkpoint("written")
+    return bool(staged_files(control, batch.name))
+
+
+def staged_files(control: Control, name: str) -> list[str]:
+    return [path for path in control.store.list_files(control.staging(name))
+            if path.endswith(".parquet")]
+
+
+def _read(spark: SparkSession, kind: str, base: str, paths: list[str]) -> DataFrame:
+    return spark.read.schema(SCHEMAS[kind]).option("basePath", base).parquet(*paths)
+
+
+def file_stats(frame: DataFrame, kind: str) -> tuple[PartitionStats,
+                                                     tuple[dt.datetime, dt.datetime] | None]:
+    """Per day and queue: rows, sum, first and last id of what the files hold; and the
+    first and last finish time of the history rows among them."""
+    time = F.unix_micros(F.col("finished_at" if kind == HISTORY else "died_at"))
+    rows = frame.groupBy("day", "queue").agg(
+        F.count(F.lit(1)), F.sum("id"), F.min("id"), F.max("id"), F.min(time),
+        F.max(time)).collect()
+    stats = {(row[0].isoformat(), str(row[1])): (int(row[2]), int(row[3]), int(row[4]),
+                                                 int(row[5])) for row in rows}
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    span = (epoch + dt.timedelta(microseconds=min(row[6] for row in rows)),
+            epoch + dt.timedelta(microseconds=max(row[7] for row in rows))) if rows else None
+    return stats, span
+
+
+def source_stats(batch: Batch, alias: str,
+                 span: tuple[dt.datetime, dt.datetime] | None) -> PartitionStats:
+    if batch.kind == HISTORY:
+        if span is None:
+            return {}
+        return statements.history_partition_stats(batch.low, batch.high, batch.cutoff, span,
+                                                  alias)
+    return statements.dead_partition_stats(batch.low, batch.high, batch.cutoff, alias)
+
+
+def verify(control: Control, batch: Batch, alias: str) -> PartitionStats:
+    """Compare the staged files with the source, per partition; raise if they differ."""
+    staging = control.staging(batch.name)
+    written, span = file_stats(_read(control.spark, batch.kind, staging, [staging]),
+                               batch.kind)
+    source = source_stats(batch, alias, span)
+    if written != source:
+        differing = sorted(set(written.items()) ^ set(source.items()))[:4]
+        raise BatchMismatch(
+            f"Archive batch {batch.name}: the Parquet files written and the database "
+            f"disagree on {differing} (day, queue, (rows, sum of ids, first id, last id)). "
+            "The source changed during the batch (a purge, or a row committed late).")
+    checkpoint("verified")
+    return written
+
+
+class BatchMismatch(PipelineError):
+    """What was written is not what the source holds: the batch is dropped, not deleted."""
+
+
+def commit(control: Control, batch: Batch, stats: PartitionStats) -> dict[str, Any]:
+    """Write the batch's record: from here on the batch is archived."""
+    moves = []
+    for index, path in enumerate(staged_files(control, batch.name)):
+        directory = path.rsplit("/", 1)[0]
+        moves.append((path, f"{batch.kind}/{directory}/part-{batch.name}-{index:05d}.parquet"))
+    record = batch.record(moves, stats)
+    control.store.write_text(control.record_path(batch.name), json.dumps(record, indent=1))
+    checkpoint("committed")
+    return record
+
+
+def move(control: Control, record: dict[str, Any]) -> list[str]:
+    """Rename the staged files into the archive (again: those not moved yet)."""
+    finals = []
+    staging = control.staging(record["batch"])
+    for source, target in record["files"]:
+        final = join(control.root, target)
+        if not control.store.exists(final):
+            if not control.store.rename(join(staging, source), final):
+                raise PipelineError(
+                    f"Archive batch {record['batch']} is committed but its file {source} "
+                    f"is neither in the staging ({staging}) nor at {final}: the archive "
+                    "was changed by hand. Restore the file, or delete the batch's record "
+                    f"{control.record_path(record['batch'])} to archive its rows again.")
+            checkpoint("renamed")
+        finals.append(final)
+    return finals
+
+
+def archived_ids(control: Control, record: dict[str, Any], finals: list[str]) -> list[int]:
+    """The ids a committed batch's files hold (what its delete must remove, exactly)."""
+    base = join(control.root, record["kind"])
+    frame = _read(control.spark, record["kind"], base, finals).select("id")
+    table = frame.toArrow()
+    ids: list[int] = table.column("id").to_pylist()
+    if len(ids) != record["rows"]:
+        raise PipelineError(f"Archive batch {record['batch']}: its files hold {len(ids)} rows "
+                            f"but its record says {record['rows']}; nothing deleted.")
+    ids.sort()
+    return ids
+
+
+def chunks(ids: list[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(ids), size):
+        yield ids[start:start + size]
+
+
+#: Connections deleting one batch at once (each its own every-other statement).
+DELETE_THREADS = 2
+
+
+def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
+           delete_batch: int) -> int:
+    """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections), mark it
+    done, drop its staging."""
+    cutoff = dt.datetime.fromisoformat(record["cutoff"])
+    parts = list(chunks(ids, delete_batch))
+    counts = [0] * DELETE_THREADS
+    errors: list[BaseException] = []
+
+    def work(lane: int) -> None:
+        try:
+            for part in parts[lane::DELETE_THREADS]:
+                if record["kind"] == HISTORY:
+                    counts[lane] += statements.delete_history(part, alias, cutoff)
+                else:
+                    counts[lane] += statements.delete_dead(part, cutoff, alias)
+                checkpoint("deleting")
+        except BaseException as exc:  # noqa: BLE001  (raised below, in the caller)
+            errors.append(exc)
+        finally:
+            connections[alias].close()
+
+    lanes = [threading.Thread(target=work, args=(lane,), name=f"mysqlq-archive-delete-{lane}")
+             for lane in range(DELETE_THREADS)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    if errors:
+        raise errors[0]
+    deleted = sum(counts)
+    checkpoint("deleted")
+    control.store.write_text(control.done_path(record["batch"]), f"{deleted}\n")
+    control.store.delete(control.staging(record["batch"]))
+    return deleted
+
+
+@dataclasses.dataclass
+class Recovered:
+    """What a run found left over by an earlier, interrupted one."""
+
+    #: Committed batches it finished (moved and deleted).
+    finished: list[str] = dataclasses.field(default_factory=list)
+    #: Rows those batches deleted now.
+    deleted: int = 0
+    #: Staged batches that were never committed, dropped (their rows are still in MySQL).
+    dropped: list[str] = dataclasses.field(default_factory=list)
+
+
+def pending(control: Control) -> tuple[list[str], list[str]]:
+    """``(committed batches not done, staged batches not committed)``."""
+    records = control.records()
+    unfinished = sorted(name for name, done in records.items() if not done)
+    orphans = sorted(name for name in control.staged_names()
+                     if name not in records or records[name])
+    return unfinished, orphans
+
+
+def recover(control: Control, alias: str, delete_batch: int) -> Recovered:
+    """Finish what an interrupted run committed; drop what it staged and did not."""
+    recovered = Recovered()
+    unfinished, orphans = pending(control)
+    for name in unfinished:
+        record = control.read_record(name)
+        finals = move(control, record)
+        ids = archived_ids(control, record, finals)
+        recovered.deleted += delete(control, record, ids, alias, delete_batch)
+        recovered.finished.append(name)
+    for name in orphans:
+        control.store.delete(control.staging(name))
+        if name not in unfinished:
+            recovered.dropped.append(name)
+    return recovered

@@ -1,0 +1,89 @@
+"""Files through Hadoop's FileSystem API: one code path for a local directory, HDFS,
+``s3a://`` or ``abfs://`` (whatever the session's Hadoop configuration can reach)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+class Store:
+    """The file system of one root path, as the session's JVM sees it."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        context = spark.sparkContext
+        self._jvm: Any = context._jvm
+        self.root = root.rstrip("/") or "/"
+        self._fs: Any = self._path(self.root).getFileSystem(
+            context._jsc.hadoopConfiguration())
+        # No ".name.crc" files beside what this writes on a local disk.
+        self._fs.setWriteChecksum(False)
+
+    def _path(self, path: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def qualified(self, path: str) -> str:
+        return str(self._fs.makeQualified(self._path(path)).toString())
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs.exists(self._path(path)))
+
+    def mkdirs(self, path: str) -> None:
+        self._fs.mkdirs(self._path(path))
+
+    def delete(self, path: str) -> None:
+        self._fs.delete(self._path(path), True)
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names directly under ``path`` (none if it does not exist)."""
+        if not self.exists(path):
+            return []
+        return sorted(str(status.getPath().getName())
+                      for status in self._fs.listStatus(self._path(path)))
+
+    def list_files(self, path: str) -> list[str]:
+        """Paths of every file under ``path``, relative to it, recursively."""
+        if not self.exists(path):
+            return []
+        base = self.qualified(path).rstrip("/") + "/"
+        found = []
+        files = self._fs.listFiles(self._path(path), True)
+        while files.hasNext():
+            full = str(files.next().getPath().toString())
+            found.append(full[len(base):] if full.startswith(base) else full)
+        return sorted(found)
+
+    def rename(self, source: str, target: str) -> bool:
+        """Move a file, making the target's directory; False if the source is gone."""
+        if not self.exists(source):
+            return False
+        parent = self._path(target).getParent()
+        if parent is not None:
+            self._fs.mkdirs(parent)
+        return bool(self._fs.rename(self._path(source), self._path(target)))
+
+    def write_text(self, path: str, text: str) -> None:
+        """Write a small file whole: to a temporary name, then renamed into place (a
+        reader sees the old file or the new one, never half of it)."""
+        temporary = f"{path}.tmp"
+        stream = self._fs.create(self._path(temporary), True)
+        try:
+            stream.write(bytearray(text.encode()))
+        finally:
+            stream.close()
+        if self.exists(path):
+            self._fs.delete(self._path(path), False)
+        if not self._fs.rename(self._path(temporary), self._path(path)):
+            raise OSError(f"could not rename {temporary} to {path}")
+
+    def read_text(self, path: str) -> str:
+        stream = self._fs.open(self._path(path))
+        try:
+            chunks = []
+            buffer = self._jvm.java.io.ByteArrayOutputStream()
+            self._jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, buffer, 65536, False)
+            chunks.append(bytes(buffer.toByteArray()))
+        finally:
+            stream.close()
+        return b"".join(chunks).decode()

@@ -1,0 +1,58 @@
+"""``manage.py queuesubject``: look at an ordered subject, release it or requeue its head."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_mysqlq import ops
+
+
+class Command(BaseCommand):
+    help = ("Show an ordered subject (or, with --concurrency-key, a concurrency key): its "
+            "counters and the messages holding it. 'release' lets the subject go on past "
+            "its dead head (which stays dead); 'requeue-head' runs that head again first.")
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("action", choices=("show", "release", "requeue-head"))
+        parser.add_argument("key", help="The subject (or concurrency key), exactly.")
+        parser.add_argument("--queue", default=None,
+                            help="Its queue (default: MYSQLQ['DEFAULT_QUEUE']).")
+        parser.add_argument("--concurrency-key", action="store_true",
+                            help="KEY is a concurrency key, not an ordered subject (show only).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django_mysqlq.conf import get_settings
+
+        queue = options["queue"] or get_settings().DEFAULT_QUEUE
+        key, action = options["key"], options["action"]
+        ordered = not options["concurrency_key"]
+        if action != "show" and not ordered:
+            raise CommandError("Only an ordered subject is held by a dead head; a concurrency "
+                               "key's dead messages free their slots by themselves.")
+        state = ops.subject_state(queue, key, ordered=ordered)
+        if action == "show":
+            kind = "subject" if ordered else "concurrency key"
+            if state.counters is None:
+                self.stdout.write(f"{kind} {key!r} in queue {queue!r}: nothing waits or runs.")
+                return
+            slots, active, blocked = state.counters
+            holders = ", ".join(f"#{h.id} ({h.status})" for h in state.holders) or "none"
+            self.stdout.write(f"{kind} {key!r} in queue {queue!r}: slots={slots} "
+                              f"active={active} blocked={blocked}; held by {holders}")
+            return
+        if not state.dead_heads:
+            raise CommandError(f"No dead head holds subject {key!r} in queue {queue!r} "
+                               "(see: manage.py queuesubject show KEY).")
+        who = ops.cli_operator()
+        if action == "release":
+            done = ops.release_subject(queue, key, who)
+            self.stdout.write(f"Released subject {key!r}: dead head(s) "
+                              f"{', '.join(f'#{i}' for i in done)} stay dead; the next "
+                              "message runs now.")
+        else:
+            done = ops.requeue_subject_head(queue, key, who)
+            self.stdout.write(f"Requeued dead head(s) {', '.join(f'#{i}' for i in done)} of "
+                              f"subject {key!r}: they run next, then the rest in order.")

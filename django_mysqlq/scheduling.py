@@ -1,0 +1,120 @@
+"""Recurring tasks as an operator sees them: what the admin, ``queuestats`` and
+``queueschedule`` show, and the pause, resume, prune and run-now they share (through the
+broker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from . import broker
+from .broker import Operator
+from .conf import get_settings
+from .models import Schedule
+
+ACTIVE, PAUSED, REMOVED, BROKEN = "active", "paused", "removed", "broken"
+
+logger = logging.getLogger("django_mysqlq")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleStatus:
+    """One schedule row, with the state an operator reads first."""
+
+    name: str
+    source: str
+    task_name: str
+    queue: str
+    cron: str
+    timezone: str
+    catch_up: str
+    #: ``active``, ``paused``, ``removed`` (no worker's code declares it any more) or
+    #: ``broken`` (its row can't be read: see ``error``).
+    state: str
+    next_run_at: dt.datetime | None
+    last_run_at: dt.datetime | None
+    last_enqueued_at: dt.datetime | None
+    last_message_id: int | None
+    error: str
+    changed_by: str
+    changed_at: dt.datetime | None
+
+    @classmethod
+    def of(cls, row: Schedule) -> ScheduleStatus:
+        state = (REMOVED if row.removed_at is not None else BROKEN if row.error
+                 else PAUSED if row.paused else ACTIVE)
+        return cls(name=row.name, source=row.source, task_name=row.task_name,
+                   queue=row.queue, cron=row.cron, timezone=row.timezone,
+                   catch_up=row.catch_up, state=state,
+                   next_run_at=None if state != ACTIVE else row.next_run_at,
+                   last_run_at=row.last_run_at, last_enqueued_at=row.last_enqueued_at,
+                   last_message_id=row.last_message_id, error=row.error,
+                   changed_by=row.changed_by, changed_at=row.changed_at)
+
+    def local(self, moment: dt.datetime | None) -> str:
+        """A time in the schedule's zone, ``2025-11-02 01:30 EDT``; ``-`` for none."""
+        if moment is None:
+            return "-"
+        try:
+            return moment.astimezone(ZoneInfo(self.timezone)).strftime("%Y-%m-%d %H:%M:%S %Z")
+        except (ZoneInfoNotFoundError, ValueError):
+            return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    @property
+    def next_local(self) -> str:
+        return self.local(self.next_run_at) if self.state == ACTIVE else f"- ({self.state})"
+
+    @property
+    def last_local(self) -> str:
+        return self.local(self.last_run_at)
+
+    def as_json(self) -> dict[str, object]:
+        def iso(moment: dt.datetime | None) -> str | None:
+            return None if moment is None else moment.isoformat()
+
+        return {"name": self.name, "source": self.source, "task": self.task_name,
+                "queue": self.queue, "cron": self.cron, "timezone": self.timezone,
+                "catch_up": self.catch_up, "state": self.state, "paused": self.state == PAUSED,
+                "next_run_at": iso(self.next_run_at), "last_run_at": iso(self.last_run_at),
+                "last_enqueued_at": iso(self.last_enqueued_at),
+                "last_message_id": self.last_message_id, "error": self.error,
+                "changed_by": self.changed_by, "changed_at": iso(self.changed_at)}
+
+
+def statuses() -> list[ScheduleStatus]:
+    """Every schedule row, by name (a few rows: read whole)."""
+    return [ScheduleStatus.of(row)
+            for row in Schedule.objects.using(get_settings().DATABASE).order_by("name")]
+
+
+def known_names() -> set[str]:
+    return set(Schedule.objects.using(get_settings().DATABASE).values_list("name", flat=True))
+
+
+def set_paused(names: Sequence[str], paused: bool, who: Operator) -> list[str]:
+    """Pause or resume; a resumed schedule starts from its next occurrence after now."""
+    return broker.set_schedules_paused(names, paused, who.name)
+
+
+def prune(names: Sequence[str] = ()) -> int:
+    """Delete schedules no worker's code declares any more (all, or these)."""
+    return broker.prune_schedules(names)
+
+
+def run_now(names: Sequence[str], who: Operator) -> dict[str, int]:
+    """Enqueue one extra run of each schedule now; return name -> message id.
+
+    Paused, removed and broken schedules run too: an operator asked for it. The schedules'
+    next occurrences don't move.
+    """
+    made = {}
+    for name in names:
+        message_id = broker.run_schedule_now(name)
+        if message_id is not None:
+            made[name] = message_id
+            logger.info("Schedule %r: %s enqueued one run now (#%s).", name, who.name,
+                        message_id)
+    return made

@@ -1,0 +1,74 @@
+"""``queuepipeline replay``: copies of the originals, linked to them, never twice."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_mysqlq.models import Attempt, Message
+
+from .support import NOW, seed_history
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def failed() -> list[Attempt]:
+    seed_history(64, start=NOW - dt.timedelta(hours=3), span=dt.timedelta(hours=2))
+    return [row for row in Attempt.objects.filter(outcome="failed").order_by("id")]
+
+
+def test_dry_run_then_replay_then_rerun(spark, failed, capsys, root):
+    call_command("queuepipeline", "replay", "--since", "1d", "--dry-run")
+    out = capsys.readouterr().out
+    assert f"{len(failed)} message(s) would be replayed" in out
+    assert Message.objects.count() == 0
+    call_command("queuepipeline", "replay", "--since", "1d")
+    assert f"Replayed {len(failed)} message(s)" in capsys.readouterr().out
+    copies = {message.dedup_key: message for message in Message.objects.all()}
+    assert len(copies) == len(failed)
+    for original in failed:
+        copy = copies[f"replay:{original.message_id}"]
+        assert (copy.task_name, copy.queue, copy.priority, copy.payload) == (
+            original.task_name, original.queue, original.priority, original.payload)
+        link = Attempt.objects.get(message_id=copy.pk, outcome="replayed")
+        assert link.replayed_from == original.message_id
+        assert link.error_message.startswith(f"replayed from #{original.message_id}")
+    # The admin's trace of a copy says where it came from.
+    copy = copies[f"replay:{failed[0].message_id}"]
+    page = root.get(f"/admin/django_mysqlq/message/{copy.pk}/change/")
+    assert f"replayed from #{failed[0].message_id}" in page.content.decode()
+    # Again with the same filter: nothing new, even once the copies are gone.
+    Message.objects.all().delete()
+    call_command("queuepipeline", "replay", "--since", "1d")
+    assert "Replayed 0 message(s)" in capsys.readouterr().out
+    assert Message.objects.count() == 0
+
+
+def test_filters_and_archive_source(spark, failed, tmp_path: Path):
+    from django_mysqlq.contrib.spark import archive, replay
+
+    errors = {row.error_class for row in failed}
+    picked = sorted(errors)[0]
+    result = replay(spark, error_classes=[picked], tasks=[failed[0].task_name], dry_run=True)
+    expected = {row.message_id for row in failed
+                if row.error_class == picked and row.task_name == failed[0].task_name}
+    assert result.matched == len(expected)
+    # Archived history is replayed too, with --archive.
+    archive(spark, str(tmp_path), dt.timedelta(0))
+    assert not Attempt.objects.exists()
+    assert replay(spark, dry_run=True).matched == 0
+    result = replay(spark, archive=str(tmp_path))
+    assert result.enqueued == len(failed)
+    assert sorted(json.loads(m.payload)["args"][0] for m in Message.objects.all()) == sorted(
+        json.loads(row.payload)["args"][0] for row in failed)
+
+
+def test_only_final_outcomes_can_be_replayed(spark, failed):
+    with pytest.raises(CommandError, match="only final rows keep"):
+        call_command("queuepipeline", "replay", "--outcome", "retried")
+    assert Message.objects.count() == 0

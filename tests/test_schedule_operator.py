@@ -1,0 +1,177 @@
+"""What an operator sees of recurring tasks and does with them: ``queueschedule``,
+``queuestats`` (table and JSON), the admin's schedule list and actions, the dashboard."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.urls import reverse
+
+from django_mysqlq import broker
+from django_mysqlq.broker import DeclaredSchedule
+from django_mysqlq.models import Schedule
+from tests.operator_support import user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCHEDULES = reverse("admin:django_mysqlq_schedule_changelist")
+DASHBOARD = reverse("admin:django_mysqlq_queuestate_changelist")
+
+
+def declared(name: str, cron: str = "30 1 * * *", zone: str = "America/New_York",
+             catch_up: str = "latest") -> DeclaredSchedule:
+    return DeclaredSchedule(
+        name=name, source="settings", task_name="shop.tasks.report", queue="reports",
+        priority=0, max_attempts=3, retry_backoff=2.0, timeout=None,
+        payload='{"args":[],"kwargs":{}}', cron=cron, timezone=zone, catch_up=catch_up)
+
+
+@pytest.fixture
+def three_schedules() -> None:
+    """nightly (active, run once), hourly (paused), gone (removed), broken (bad zone)."""
+    broker.sync_schedules([declared("nightly"), declared("hourly", cron="0 * * * *"),
+                           declared("gone"), declared("broken")])
+    broker.sync_schedules([declared("nightly"), declared("hourly", cron="0 * * * *"),
+                           declared("broken")])
+    Schedule.objects.filter(name="nightly").update(
+        last_run_at=dt.datetime(2025, 11, 2, 5, 30, tzinfo=dt.UTC), last_message_id=42,
+        next_run_at=dt.datetime(2025, 11, 3, 6, 30, tzinfo=dt.UTC))
+    broker.set_schedules_paused(["hourly"], True, "cli:root")
+    Schedule.objects.filter(name="broken").update(error="time zone 'X' is not known")
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_queueschedule_lists_each_schedule_with_its_last_and_next_run(three_schedules):
+    lines = run("queueschedule").splitlines()
+    assert lines[0].split() == ["schedule", "task", "cron", "zone", "catch-up", "state",
+                                "last", "run", "next", "run"]
+    nightly = next(line for line in lines if line.startswith("nightly"))
+    assert "30 1 * * *  America/New_York  latest    active" in nightly
+    assert "2025-11-02 01:30:00 EDT" in nightly and "2025-11-03 01:30:00 EST" in nightly
+    assert "- (paused)" in next(line for line in lines if line.startswith("hourly"))
+    assert "- (removed)" in next(line for line in lines if line.startswith("gone"))
+    assert "broken: time zone 'X' is not known" in lines
+    data = {row["name"]: row for row in json.loads(run("queueschedule", "--json"))}
+    assert data["nightly"]["last_run_at"] == "2025-11-02T05:30:00+00:00"
+    assert data["nightly"]["next_run_at"] == "2025-11-03T06:30:00+00:00"
+    assert data["nightly"]["last_message_id"] == 42
+    assert (data["hourly"]["state"], data["hourly"]["paused"]) == ("paused", True)
+    assert data["hourly"]["next_run_at"] is None
+    assert data["gone"]["state"] == "removed" and data["broken"]["state"] == "broken"
+
+
+def test_queueschedule_pause_resume_and_prune(three_schedules):
+    assert run("queueschedule", "pause", "nightly").strip() == "Paused: nightly."
+    assert run("queueschedule", "pause", "nightly").strip() == "Paused: none (already so)."
+    assert Schedule.objects.get(name="nightly").paused
+    assert run("queueschedule", "resume", "nightly", "hourly").strip() == \
+        "Resumed: hourly, nightly."
+    assert not Schedule.objects.filter(paused=True).exists()
+    assert run("queueschedule", "prune").strip() == "Deleted 1 removed schedule(s)."
+    assert sorted(Schedule.objects.values_list("name", flat=True)) == [
+        "broken", "hourly", "nightly"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("pause",), "pause needs the names"),
+    (("pause", "nope"), "No schedule named 'nope'; known: broken, gone, hourly, nightly."),
+    (("list", "nightly"), "list takes no names"),
+])
+def test_queueschedule_refuses_bad_arguments_clearly(three_schedules, args, fragment):
+    with pytest.raises(CommandError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        call_command("queueschedule", *args)
+
+
+def test_queuestats_shows_the_schedules_in_its_table_and_json(three_schedules):
+    table = run("queuestats")
+    assert "schedule  task" in table and "nightly" in table and "- (paused)" in table
+    data = json.loads(run("queuestats", "--json"))
+    assert [row["name"] for row in data["schedules"]] == ["broken", "gone", "hourly",
+                                                         "nightly"]
+    assert data["schedules"][3]["last_run_at"] == "2025-11-02T05:30:00+00:00"
+
+
+def test_the_admin_lists_schedules_and_filters_by_state(root, three_schedules):
+    page = root.get(SCHEDULES).content.decode()
+    for text in ("nightly", "2025-11-02 01:30:00 EDT", "2025-11-03 01:30:00 EST",
+                 "- (paused)", "?message_id=42"):
+        assert text in page
+    assert "nightly" not in root.get(SCHEDULES + "?state=paused").content.decode()
+    assert "gone" in root.get(SCHEDULES + "?state=removed").content.decode()
+    detail = root.get(reverse("admin:django_mysqlq_schedule_change",
+                              args=["broken"])).content.decode()
+    assert "time zone &#x27;X&#x27; is not known" in detail
+
+
+def test_admin_actions_pause_resume_and_prune_with_their_permission(root, three_schedules):
+    response = root.post(SCHEDULES, {"action": "pause_selected",
+                                     "_selected_action": ["nightly"]}, follow=True)
+    assert "Paused 1 schedule(s)" in response.content.decode()
+    row = Schedule.objects.get(name="nightly")
+    assert row.paused and row.changed_by == "admin:root"
+    root.post(SCHEDULES, {"action": "resume_selected", "_selected_action": ["nightly"]})
+    assert not Schedule.objects.get(name="nightly").paused
+    response = root.post(SCHEDULES, {"action": "prune_selected",
+                                     "_selected_action": ["gone", "nightly"]}, follow=True)
+    assert "Deleted 1 removed schedule(s); 1 skipped" in response.content.decode()
+    assert not Schedule.objects.filter(name="gone").exists()
+
+
+def test_a_viewer_sees_schedules_but_can_not_pause_them(three_schedules):
+    viewer = Client()
+    viewer.force_login(user("viewer"))
+    page = viewer.get(SCHEDULES)
+    assert page.status_code == 200 and b"pause_selected" not in page.content
+    viewer.post(SCHEDULES, {"action": "pause_selected", "_selected_action": ["nightly"]})
+    assert not Schedule.objects.get(name="nightly").paused
+    operator = Client()
+    operator.force_login(user("operator", "pause_schedule"))
+    assert b"pause_selected" in operator.get(SCHEDULES).content
+    nobody = Client()
+    nobody.force_login(User.objects.create_user("nobody", password="pw", is_staff=True))
+    assert nobody.get(SCHEDULES).status_code == 403
+
+
+def test_schedules_are_read_only_in_the_admin(root, three_schedules):
+    detail = reverse("admin:django_mysqlq_schedule_change", args=["nightly"])
+    root.post(detail, {"cron": "* * * * *"})
+    assert Schedule.objects.get(name="nightly").cron == "30 1 * * *"
+    assert root.get(reverse("admin:django_mysqlq_schedule_add")).status_code == 403
+
+
+def test_the_dashboard_shows_the_schedules(root, three_schedules):
+    page = root.get(DASHBOARD).content.decode()
+    assert 'id="schedules"' in page and 'id="schedule-nightly"' in page
+    assert "2025-11-03 01:30:00 EST" in page and "paused" in page
+
+
+def test_run_now_enqueues_one_extra_run_and_moves_nothing(three_schedules, root):
+    from django_mysqlq.models import Message
+
+    before = Schedule.objects.get(name="nightly")
+    out = run("queueschedule", "run", "nightly", "hourly")
+    made = dict(Message.objects.values_list("pk", "task_name"))
+    assert len(made) == 2 and set(made.values()) == {"shop.tasks.report"}
+    assert out.startswith("Enqueued: nightly (#") and "hourly (#" in out
+    after = Schedule.objects.get(name="nightly")
+    assert (after.next_run_at, after.last_run_at, after.last_message_id) == (
+        before.next_run_at, before.last_run_at, before.last_message_id)
+    message = Message.objects.get(pk=max(made))
+    assert (message.status, message.queue) == ("ready", "reports")
+    response = root.post(SCHEDULES, {"action": "run_selected",
+                                     "_selected_action": ["nightly"]}, follow=True)
+    assert "Enqueued one run now of 1 schedule(s): nightly (#" in response.content.decode()
+    assert Message.objects.count() == 3
+    with pytest.raises(CommandError, match="run needs the names"):
+        call_command("queueschedule", "run")
