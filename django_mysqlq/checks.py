@@ -197,7 +197,7 @@ def check_schedules(app_configs: Sequence[AppConfig] | None = None,
     except SettingsError:
         return []
     from . import recurring
-    from .tasks import import_task_modules
+    from .registry import import_task_modules
 
     try:
         import_task_modules()

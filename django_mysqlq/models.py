@@ -7,6 +7,7 @@
   action), the trace the admin shows and the input of analytics.
 * :class:`Worker` is one row per live worker process, renewed by heartbeats.
 * :class:`QueueState` holds what an operator set on a queue (paused or not).
+* :class:`Lease` names the one recovery sweeper on a cluster (``GET_LOCK`` is per node).
 * :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
   messages may hold a slot, how many do, and how many wait (``blocked``).
 * :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
@@ -278,6 +279,10 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     #: Idle and parked in a SLEEP on ``connection_id``: producers wake it with KILL QUERY.
     listening = models.BooleanField(default=False)
+    #: The cluster node that connection is on (a Galera node's ``wsrep_gcomm_uuid``), empty
+    #: on a single server: connection ids mean something only on their own node, so a
+    #: producer on another node wakes it through its row instead (``broker.park``).
+    node = models.CharField(max_length=64, blank=True, default="", db_default="")
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 
@@ -414,6 +419,22 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"
+
+
+class Lease(models.Model):
+    """A duty one process holds at a time across a cluster, where ``GET_LOCK`` is per node:
+    the recovery sweep. Taken and renewed by a conditional ``UPDATE``; it lapses at
+    ``expires_at`` unless its holder renews it (``broker.leader``)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=255)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "mysqlq_lease"
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder} until {self.expires_at}"
 
 
 class StuckMessage(Message):

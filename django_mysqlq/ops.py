@@ -22,7 +22,7 @@ from .broker import Operator
 from .conf import get_settings
 from .exceptions import UnknownTask
 from .models import CANCELLABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
-from .tasks import registry
+from .registry import registry
 
 #: Messages per broker call when an operation walks a filter.
 BATCH = 500

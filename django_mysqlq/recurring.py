@@ -14,7 +14,8 @@ from . import calls, cron, payload
 from .broker.schedules import DeclaredSchedule
 from .conf import get_settings
 from .exceptions import QueueError
-from .tasks import QueueTask, registry
+from .registry import registry
+from .tasks import QueueTask
 
 CODE, SETTINGS = "code", "settings"
 

@@ -1,28 +1,26 @@
-"""``@queue_task``, the task objects it makes, and the registry workers run from."""
+"""``@queue_task`` and the task objects it makes (the registry they go into: ``registry``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import inspect
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from . import calls, gating, limits, payload, retries
 from .conf import get_settings
 from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
-from .exceptions import InvalidTaskOptions, QueueError, TaskAlreadyRegistered, UnknownTask
+from .exceptions import InvalidTaskOptions, QueueError
 from .handles import MessageHandle
 from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
+from .registry import qualified_name, registry
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -272,58 +270,6 @@ class QueueTask(Generic[P, R]):
         return await sync_to_async(self.enqueue_many)(calls)
 
 
-#: Finds the task for a name under its prefix, or raises :class:`UnknownTask`.
-TaskResolver = Callable[[str], QueueTask[Any, Any]]
-
-
-class TaskRegistry:
-    """Task name -> task. A worker runs only what is registered here, or what a resolver
-    added for a name prefix vouches for (Django's ``@task`` functions)."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, QueueTask[Any, Any]] = {}
-        self._resolvers: dict[str, TaskResolver] = {}
-        self._lock = threading.Lock()
-
-    def add_resolver(self, prefix: str, resolver: TaskResolver) -> None:
-        """Let ``resolver`` answer for unregistered names starting with ``prefix``."""
-        if not prefix:
-            raise ValueError("A resolver needs a non-empty name prefix.")
-        with self._lock:
-            self._resolvers[prefix] = resolver
-
-    def register(self, task: QueueTask[Any, Any]) -> None:
-        with self._lock:
-            existing = self._tasks.get(task.name)
-            if existing is not None and _qualified(existing.func) != _qualified(task.func):
-                raise TaskAlreadyRegistered(
-                    f"Task name {task.name!r} is already used by "
-                    f"{_qualified(existing.func)}; pass name=... to @queue_task to tell "
-                    "them apart."
-                )
-            self._tasks[task.name] = task
-
-    def get(self, name: str) -> QueueTask[Any, Any]:
-        task = self._tasks.get(name)
-        if task is not None:
-            return task
-        for prefix, resolver in list(self._resolvers.items()):
-            if name.startswith(prefix):
-                return resolver(name)
-        raise UnknownTask(
-            f"No task named {name!r} is registered in this worker. Check that its "
-            "module is an installed app's tasks.py or listed in MYSQLQ['TASK_MODULES']."
-        )
-
-    def names(self) -> list[str]:
-        return sorted(self._tasks)
-
-    def queues(self) -> set[str]:
-        """The queues of the registered tasks (a worker's default ``--queues``)."""
-        with self._lock:
-            return {task.queue for task in self._tasks.values()}
-
-
 def _check_takes_context(function: Callable[..., Any], takes_context: object) -> None:
     if not isinstance(takes_context, bool):
         raise InvalidTaskOptions(f"takes_context must be True or False, not {takes_context!r}.")
@@ -337,7 +283,7 @@ def _check_takes_context(function: Callable[..., Any], takes_context: object) ->
                   inspect.Parameter.VAR_POSITIONAL)
     if not parameters or parameters[0].kind not in positional:
         raise InvalidTaskOptions(
-            f"{_qualified(function)} has takes_context=True, so its first parameter receives "
+            f"{qualified_name(function)} has takes_context=True, so its first parameter receives "
             "the task context: add one, e.g. def task(context, ...).")
 
 
@@ -360,41 +306,6 @@ def _declare_schedule(task: QueueTask[Any, Any], expression: object, tz: object,
             f"can't be used: {str(exc).replace('; nothing was enqueued', '')} Give "
             "cron_args/cron_kwargs that fit, or defaults to its parameters.") from None
     return declared
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
-
-
-registry = TaskRegistry()
-
-
-def import_task_modules() -> None:
-    """Import every installed app's ``tasks`` module and ``MYSQLQ['TASK_MODULES']``.
-
-    A module that fails raises ``ImproperlyConfigured`` naming it and the error (the
-    system check ``django_mysqlq.E005`` reports the same before a worker starts).
-    """
-    from django.apps import apps
-    from django.utils.module_loading import module_has_submodule
-
-    for config in apps.get_app_configs():
-        if module_has_submodule(config.module, "tasks"):
-            _import_task_module(f"{config.name}.tasks", "the tasks module of the app "
-                                                        f"{config.label!r}")
-    for module in get_settings().TASK_MODULES:
-        _import_task_module(module, "MYSQLQ['TASK_MODULES'] lists it")
-
-
-def _import_task_module(module: str, why: str) -> None:
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # any error inside the module stops the worker
-        raise ImproperlyConfigured(
-            f"Could not import the task module {module!r} ({why}): "
-            f"{type(exc).__name__}: {exc}. Fix the module, or the dotted path in "
-            "MYSQLQ['TASK_MODULES'] (a module, not a file path or a function)."
-        ) from exc
 
 
 @overload
@@ -478,10 +389,10 @@ def queue_task(
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if atomic and inspect.iscoroutinefunction(function):
             raise InvalidTaskOptions(
-                f"{_qualified(function)} is async: atomic=True needs a plain function, whose "
+                f"{qualified_name(function)} is async: atomic=True needs a plain function, whose "
                 "queries run on the worker thread's connection inside the ack's transaction."
             )
-        task_name = name if name is not None else _qualified(function)
+        task_name = name if name is not None else qualified_name(function)
         if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
             raise InvalidTaskOptions(
                 f"name must be a non-empty string of at most 255 characters, not {task_name!r}."

@@ -75,33 +75,46 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
-                 transactional_db: None) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ``runqueueworker`` subprocesses; any still running at teardown are killed."""
-    started: list[WorkerProcess] = []
-    OUTPUT.mkdir(exist_ok=True)
+class WorkerStarter:
+    """Starts ``runqueueworker`` subprocesses with a base environment, output to files
+    under test-output/ named after the test, and kills whatever still runs at the end."""
 
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        name = f"{request.node.name}-{len(started)}".replace("/", "_")[:150]
+    def __init__(self, request: pytest.FixtureRequest, base_env: dict[str, str]) -> None:
+        self.request = request
+        self.base_env = base_env
+        self.started: list[WorkerProcess] = []
+        OUTPUT.mkdir(exist_ok=True)
+
+    def start(self, *args: str, env: dict[str, str] | None = None,
+              label: str = "") -> WorkerProcess:
+        name = f"{self.request.node.name}{label}-{len(self.started)}".replace("/", "_")[:150]
         log_path = OUTPUT / f"worker-{name}.log"
         with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
                 [sys.executable, "-m", "django", "runqueueworker", *args],
-                cwd=ROOT, env={**worker_env, **(env or {})}, stdout=log,
+                cwd=ROOT, env={**self.base_env, **(env or {})}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         process = WorkerProcess(popen, log_path)
-        started.append(process)
+        self.started.append(process)
         return process
 
-    yield start
-    for process in started:
-        # The whole process group: a supervisor's children must not outlive the test.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        if process.popen.poll() is None:
-            process.popen.wait(timeout=10)
+    def kill_all(self) -> None:
+        for process in self.started:
+            # The whole process group: a supervisor's children must not outlive the test.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if process.popen.poll() is None:
+                process.popen.wait(timeout=10)
+
+
+@pytest.fixture
+def start_worker(request: pytest.FixtureRequest, worker_env: dict[str, str],
+                 transactional_db: None) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``runqueueworker`` subprocesses; any still running at teardown are killed."""
+    starter = WorkerStarter(request, worker_env)
+    yield starter.start
+    starter.kill_all()
 
 
 @pytest.fixture

@@ -48,7 +48,8 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.mysql",
+        # "tests.mysqlpaths": MariaDB spoken to as MySQL (tests/test_mysql_paths.py).
+        "ENGINE": os.environ.get("MYSQLQ_TEST_ENGINE", "django.db.backends.mysql"),
         "HOST": os.environ.get("MYSQLQ_TEST_HOST", "127.0.0.1"),
         "PORT": int(os.environ.get("MYSQLQ_TEST_PORT", "3306")),
         "USER": os.environ.get("MYSQLQ_TEST_USER", "root"),

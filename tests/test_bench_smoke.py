@@ -39,6 +39,7 @@ def test_smoke_benchmark_reports_every_workload(tmp_path: Path) -> None:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["DJANGO_SETTINGS_MODULE"] = "bench.perf.settings"
     env["MYSQLQ_BENCH_DB"] = "mysqlq_bench_smoke"  # never a full run's database
+    _drop_database("mysqlq_bench_smoke")  # made afresh: nothing an older run left matters
     proc = subprocess.run(
         [sys.executable, "-m", "bench.perf", "--smoke", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -77,3 +78,16 @@ def test_smoke_benchmark_reports_every_workload(tmp_path: Path) -> None:
     for plot in run["plots"]:
         assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
         assert f"]({plot})" in markdown
+
+
+def _drop_database(name: str) -> None:
+    import MySQLdb
+    from django.conf import settings
+
+    conf = settings.DATABASES["default"]
+    conn = MySQLdb.connect(host=conf["HOST"], port=int(conf["PORT"]), user=conf["USER"],
+                           password=conf["PASSWORD"])
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()

@@ -17,8 +17,8 @@ from django_mysqlq import (
     queue_task,
 )
 from django_mysqlq.models import Attempt, Message
+from django_mysqlq.registry import registry
 from django_mysqlq.signals import message_enqueued
-from django_mysqlq.tasks import registry
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

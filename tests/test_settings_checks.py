@@ -142,7 +142,7 @@ def test_a_task_module_that_fails_inside_is_E005_with_the_import_error(settings)
 def test_the_worker_start_error_names_the_module_too(settings):
     from django.core.exceptions import ImproperlyConfigured
 
-    from django_mysqlq.tasks import import_task_modules
+    from django_mysqlq.registry import import_task_modules
 
     settings.MYSQLQ = {"TASK_MODULES": ["tests.testapp.broken_tasks"]}
     with pytest.raises(ImproperlyConfigured, match=(

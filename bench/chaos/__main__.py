@@ -2,6 +2,7 @@
 
     python -m bench.chaos --minutes 2                   # the full run (about 2.5 minutes)
     python -m bench.chaos --seconds 40 --json out.json  # the CI run (about a minute)
+    python -m bench.chaos --galera --seconds 40         # on the 3-node Galera cluster
 
 What it does, on its own database ``mysqlq_chaos`` (``MYSQLQ_CHAOS_DB``, ``…_HOST``,
 ``…_PORT``, ``…_USER``, ``…_PASSWORD`` override; created and migrated, tables emptied):
@@ -22,6 +23,15 @@ What it does, on its own database ``mysqlq_chaos`` (``MYSQLQ_CHAOS_DB``, ``…_H
 5. audits the ledger, the business rows and the queue's history, prints a markdown table
    and writes JSON (``--json PATH``, else ``bench/results/chaos-<time>/result.json``).
 
+With ``--galera`` the run uses the cluster of ``bench/cluster/galera.sh`` (started if it
+isn't running; the server on 3306 is left alone): the harness and the producers on node 1
+(port 4306), the workers spread over nodes 2 and 3, claims judged by lease alone
+(``LEASE_SECONDS`` 3, ``MYSQLQ_CHAOS_LEASE`` overrides), KILL CONNECTION sent on the
+worker's own node, and instead of the server restart a kill -9 of the node most workers
+use, started again 4 s later (it rejoins by IST while the load goes on). Recovery of a
+kill -9 then takes a lease, and a lapsed leader's lease is noticed within two sweep
+intervals: the limit on its median is the lease + twice RECOVERY_SECONDS + 2 s (6 s).
+
 It exits 1 when the audit fails: a message lost; a duplicate run with no kill -9, KILL
 CONNECTION or restart to explain it; atomic work not exactly once; a run of a rolled-back
 message; a message acked without having run, dead, or still queued after the drain; a
@@ -38,6 +48,7 @@ under ``bench/results/``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -46,6 +57,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 SETTINGS = "bench.chaos.settings"
+#: LEASE_SECONDS of a --galera run: claims are judged by lease alone there.
+GALERA_LEASE = 3.0
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -79,6 +92,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="mean seconds between chaos actions (4)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (from the clock)")
     parser.add_argument("--no-restart", action="store_true", help="don't restart MariaDB")
+    parser.add_argument("--galera", action="store_true",
+                        help="run on the 3-node Galera cluster (bench/cluster/galera.sh), "
+                             "with a kill -9 of a node instead of the restart")
     args = parser.parse_args(argv)
     if args.seconds is None:
         args.seconds = 60.0 * (args.minutes or 2.0)
@@ -102,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # Always the chaos settings: a DJANGO_SETTINGS_MODULE of some project must not leak in.
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    if args.galera:
+        from . import galera
+
+        os.environ["MYSQLQ_CHAOS_HOST"] = "127.0.0.1"
+        os.environ["MYSQLQ_CHAOS_PORT"] = str(galera.HARNESS_PORT)
+        os.environ.setdefault("MYSQLQ_CHAOS_LEASE", str(GALERA_LEASE))
     import django
 
     django.setup()
@@ -114,6 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(seconds=args.seconds, workers=args.workers,
                          producers=args.producers, rate=args.rate,
                          mean_interval=args.interval, restart=not args.no_restart, seed=seed)
+    if args.galera:
+        from django_mysqlq.conf import get_settings
+
+        from . import galera
+
+        try:
+            print(galera.start_cluster(), end="", file=sys.stderr)
+        except HarnessError as exc:
+            print(f"chaos: {exc}", file=sys.stderr)
+            return 2
+        # A crashed worker's claims run out of lease; if it led the sweeps, its lease row
+        # too, and a follower notices within two sweep intervals: then the 2 s of slack
+        # the single server's limit allows.
+        conf = get_settings()
+        config = dataclasses.replace(
+            config, galera=True, restart=False, worker_ports=galera.WORKER_PORTS,
+            recovery_limit=conf.LEASE_SECONDS + 2 * conf.RECOVERY_SECONDS + 2.0)
     run_dir = RESULTS / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     _log_to(run_dir)

@@ -38,10 +38,11 @@ def database_name() -> str:
 
 
 @contextlib.contextmanager
-def connect(database: bool = True) -> Iterator[Any]:
+def connect(database: bool = True, port: int | None = None) -> Iterator[Any]:
+    """A connection to the chaos database's server (``port``: another node of a cluster)."""
     conf = _conf()
     args: dict[str, Any] = {
-        "host": conf["HOST"], "port": int(conf["PORT"]), "user": conf["USER"],
+        "host": conf["HOST"], "port": port or int(conf["PORT"]), "user": conf["USER"],
         "password": conf["PASSWORD"], "charset": "utf8mb4", "autocommit": True,
         "connect_timeout": 5, "read_timeout": 30, "write_timeout": 30,
     }
@@ -51,7 +52,7 @@ def connect(database: bool = True) -> Iterator[Any]:
         conn = MySQLdb.connect(**args)
     except MySQLdb.OperationalError as exc:
         raise HarnessError(
-            f"Can't connect to MariaDB at {conf['HOST']}:{conf['PORT']} as {conf['USER']} "
+            f"Can't connect to MariaDB at {conf['HOST']}:{args['port']} as {conf['USER']} "
             f"({exc}). Start the server or set MYSQLQ_CHAOS_HOST/PORT/USER/PASSWORD.") from exc
     try:
         yield conn
@@ -82,9 +83,10 @@ def empty_tables() -> None:
             cursor.execute(f"TRUNCATE TABLE {table}")
 
 
-def connections_by_port() -> dict[int, int]:
-    """Client TCP port -> connection id, for connections to the chaos database."""
-    with connect() as conn:
+def connections_by_port(server_port: int | None = None) -> dict[int, int]:
+    """Client TCP port -> connection id, for connections to the chaos database (on the
+    node listening on ``server_port``: process lists are per node)."""
+    with connect(port=server_port) as conn:
         cursor = conn.cursor()
         cursor.execute("SELECT ID, HOST FROM information_schema.PROCESSLIST "
                        "WHERE DB = %s AND ID <> CONNECTION_ID()", [database_name()])
@@ -96,10 +98,10 @@ def connections_by_port() -> dict[int, int]:
         return found
 
 
-def kill_connections(ids: list[int]) -> list[int]:
-    """``KILL CONNECTION`` each id; return those the server still knew."""
+def kill_connections(ids: list[int], server_port: int | None = None) -> list[int]:
+    """``KILL CONNECTION`` each id (on that node); return those the server still knew."""
     killed = []
-    with connect() as conn:
+    with connect(port=server_port) as conn:
         cursor = conn.cursor()
         for connection_id in ids:
             try:

@@ -11,7 +11,7 @@ from . import events as ev
 from .duplicates import cause_of, describe
 from .events import Event
 from .facts import Facts, MessageFacts
-from .recovery import recovery
+from .recovery import node_recovery, recovery
 
 CHECKS = (
     ("lost", "messages gone from the queue without a success"),
@@ -49,9 +49,10 @@ def _ids(messages: list[MessageFacts], status: str) -> list[int]:
 
 
 def _resume_after_restarts(messages: list[MessageFacts], events: list[Event]) -> list[float]:
-    """Seconds from each restart's end to the first success after it."""
+    """Seconds from each restart's end (a node's return to the cluster) to the first
+    success after it."""
     resume = []
-    for restart in (e for e in events if e.kind == ev.RESTART):
+    for restart in (e for e in events if e.kind in ev.OUTAGES):
         back = restart.until or restart.at
         after = [t.finished for m in messages for t in m.tries
                  if t.outcome == "succeeded" and t.finished > back]
@@ -67,7 +68,7 @@ def _crash_pids(messages: list[MessageFacts]) -> set[int]:
 
 def _stalled_locks(messages: list[MessageFacts], events: list[Event]) -> list[dict[str, Any]]:
     """Locked-row windows (no restart among them) in which no other message succeeded."""
-    restarts = [e for e in events if e.kind == ev.RESTART]
+    restarts = [e for e in events if e.kind in ev.OUTAGES]
     stalled = []
     for lock in (e for e in events if e.kind == ev.LOCKED_ROW):
         start, end = lock.at, lock.until or lock.at
@@ -82,7 +83,7 @@ def _stalled_locks(messages: list[MessageFacts], events: list[Event]) -> list[di
 
 
 def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: float,
-            lease: float) -> dict[str, Any]:
+            lease: float, ports_by_pid: dict[int, int | None] | None = None) -> dict[str, Any]:
     everything = list(facts.messages.values())
     crashing = [m for m in everything if m.kind == "crash"]
     messages = [m for m in everything if m.kind != "crash"]
@@ -96,6 +97,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
                   and m.effects != (1 if m.status == "succeeded" else 0)]
     acked_unrun = [m.id for m in messages if m.status == "succeeded" and not m.executed]
     rec = recovery(facts, events).as_dict()
+    node_rec = node_recovery(facts, events, ports_by_pid or {}).as_dict()
     taken = claims.judge(facts, events, lease)
     kinds = Counter(event.kind for event in events)
     tries = [t for m in messages for t in m.tries]
@@ -124,6 +126,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "sigterms": kinds[ev.SIGTERM],
         "connection_kills": kinds[ev.CONNECTION_KILL],
         "restarts": kinds[ev.RESTART],
+        "node_kills": kinds[ev.NODE_KILL],
         "crashes": kinds[ev.CRASH],
         "unexplained_crashes": sum(e.pid not in crash_pids for e in crashes),
         "crashing_tasks": len(crashing),
@@ -133,6 +136,11 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "unclean_stops": kinds[ev.STOP_OVERRUN] + kinds[ev.STOP_STATUS],
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
+        "node_kill_orphans": node_rec["orphans"],
+        "node_recovery_median_seconds": node_rec["reclaim_seconds"]["median"],
+        "node_recovery_max_seconds": node_rec["reclaim_seconds"]["max"],
+        "node_down_seconds": [round((e.until or e.at) - e.at, 1) for e in events
+                              if e.kind == ev.NODE_KILL],
         **gates["metrics"],
     }
     failures = _failures(metrics, limit)
@@ -147,6 +155,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "stalled_locks": stalled_locks,
         "crashing_task_histories": [[t.outcome for t in m.tries] for m in crashing][:20],
         "recovery": rec,
+        "node_recovery": node_rec,
         "restart_resume_seconds": _resume_after_restarts(messages, events),
         "history_outcomes": facts.outcomes,
         "lost_reasons": dict(Counter(_shape(t.error_message) for t in tries

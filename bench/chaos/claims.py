@@ -24,7 +24,7 @@ def _explained(held: Try, events: list[Event]) -> bool:
     first = (held.started if held.started is not None else held.finished) - SLACK
     last = held.finished + SLACK
     for event in events:
-        if event.kind == ev.RESTART and event.at <= last and (event.until or event.at) >= first:
+        if event.kind in ev.OUTAGES and event.at <= last and (event.until or event.at) >= first:
             return True
         if event.kind in TAKERS and event.pid == held.pid and first <= event.at <= last:
             return True
@@ -37,14 +37,14 @@ def _started(message: MessageFacts, held: Try) -> bool:
 
 def _restart_between(held: Try, events: list[Event]) -> bool:
     first = held.started if held.started is not None else held.finished
-    return any(event.kind == ev.RESTART and event.at <= held.finished
+    return any(event.kind in ev.OUTAGES and event.at <= held.finished
                and (event.until or event.at) >= first for event in events)
 
 
 def _evidence(message: MessageFacts, held: Try, events: list[Event]) -> dict[str, Any]:
     first = held.started if held.started is not None else held.finished
     around = [f"{event.kind} {event.at - first:+.2f}s" for event in events
-              if (event.pid == held.pid or event.kind == ev.RESTART)
+              if (event.pid == held.pid or event.kind in ev.OUTAGES)
               and first - 10 <= event.at <= held.finished + 10]
     return {"message_id": message.id, "attempt": held.attempt, "pid": held.pid,
             "claimed": held.started, "recovered": held.finished,

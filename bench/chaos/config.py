@@ -47,6 +47,12 @@ class ChaosConfig:
     seed: int = 0
     #: Fail the run when the median kill-to-reclaim time exceeds this.
     recovery_limit: float = 5.0
+    #: --galera: the harness and producers on node 1's port, workers on these ports (taken
+    #: in turn), and one node of them killed -9 instead of the server restart, started
+    #: again after ``node_down_seconds``.
+    galera: bool = False
+    worker_ports: tuple[int, ...] = ()
+    node_down_seconds: float = 4.0
 
     def worker_args(self) -> list[str]:
         return ["--concurrency", str(self.concurrency), "--batch", str(self.batch)]

@@ -2,7 +2,8 @@
 
 A duplicate is *explained* when something the harness did could have cut a run short
 while the message was held: a ``kill -9`` or ``KILL CONNECTION`` of a worker that claimed
-or ran it, or a server restart, between the message's first claim and its last start.
+or ran it, or a server restart (on a cluster, a node's kill -9), between the message's first claim
+and its last start.
 A graceful SIGTERM explains nothing: a stopping worker finishes what it runs and
 releases the rest.
 """
@@ -18,7 +19,7 @@ from .facts import MessageFacts
 #: Tolerance on times compared across processes (clock reads a little apart).
 SLACK = 0.5
 #: Causes in the order they are credited when several fit.
-CAUSES = (ev.KILL, ev.CONNECTION_KILL, ev.RESTART, ev.STOP_OVERRUN, ev.CRASH)
+CAUSES = (ev.KILL, ev.CONNECTION_KILL, ev.RESTART, ev.NODE_KILL, ev.STOP_OVERRUN, ev.CRASH)
 
 
 def _window(message: MessageFacts) -> tuple[float, float]:
@@ -37,7 +38,7 @@ def cause_of(message: MessageFacts, events: list[Event]) -> str | None:
     pids = _pids(message)
     fitting = set()
     for event in events:
-        if event.kind == ev.RESTART:
+        if event.kind in ev.OUTAGES:
             if event.at <= last and (event.until or event.at) >= first:
                 fitting.add(event.kind)
         elif event.pid in pids and first <= event.at <= last:

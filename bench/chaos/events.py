@@ -12,11 +12,14 @@ KILL = "kill9"
 SIGTERM = "sigterm"
 CONNECTION_KILL = "connection_kill"
 RESTART = "restart"
+NODE_KILL = "node_kill9"  # kill -9 of one Galera node (--galera), started again after a while
 CRASHING_TASK = "crashing_task"  # a message of a task that kills its worker, enqueued
 LOCKED_ROW = "locked_row"  # a ready row held FOR UPDATE by the harness for a while
 CRASH = "crash"  # a worker that exited without being told to
 STOP_OVERRUN = "stop_overrun"  # a SIGTERMed worker that had to be killed
 STOP_STATUS = "stop_status"  # a SIGTERMed worker that exited with a non-zero status
+#: Database outages: every claim held meanwhile may be taken back, any run may repeat.
+OUTAGES = (RESTART, NODE_KILL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,8 @@ class Event:
     #: End of the event for ones that last (a restart: when the server answered again).
     until: float | None = None
     detail: str = ""
+    #: The database port a node kill took down (--galera).
+    port: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -40,11 +45,17 @@ class EventLog:
         self._lock = threading.Lock()
 
     def add(self, kind: str, pid: int | None = None, *, at: float | None = None,
-            until: float | None = None, detail: str = "") -> Event:
-        event = Event(kind, time.time() if at is None else at, pid, until, detail)
+            until: float | None = None, detail: str = "", port: int | None = None) -> Event:
+        event = Event(kind, time.time() if at is None else at, pid, until, detail, port)
         with self._lock:
             self._events.append(event)
         return event
+
+    def finish(self, event: Event, until: float, detail: str) -> None:
+        """Record the end of a lasting event added when it began."""
+        with self._lock:
+            index = self._events.index(event)
+            self._events[index] = dataclasses.replace(event, until=until, detail=detail)
 
     def all(self) -> list[Event]:
         with self._lock:

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import events as ev
 from .events import Event
-from .facts import Facts
+from .facts import Facts, MessageFacts, Try
 
 
 @dataclasses.dataclass
@@ -45,20 +45,39 @@ def recovery(facts: Facts, events: list[Event]) -> Recovery:
     for message in facts.messages.values():
         for attempt in message.tries:
             kill = kills.get(attempt.pid) if attempt.pid is not None else None
-            if (kill is None or attempt.error_class != "WorkerLost"
-                    or attempt.finished < kill.at):
-                continue
-            if attempt.started is not None and attempt.started > kill.at:
-                continue  # claimed after the kill: not this process's claim
-            result.sweep.append(attempt.finished - kill.at)
-            # The next claim elsewhere: a claim that never started spends no attempt, so
-            # the number may be the same; what counts is a claim or run after the kill.
-            later = [t.started for t in message.tries
-                     if t is not attempt and t.started is not None and t.started > kill.at]
-            later += [run.start for run in message.runs
-                      if run.pid != attempt.pid and run.start > kill.at]
-            if later:
-                result.reclaim.append(min(later) - kill.at)
-            else:
-                result.unreclaimed.append(message.id)
+            if kill is not None:
+                _orphan(result, message, attempt, kill.at)
     return result
+
+
+def node_recovery(facts: Facts, events: list[Event],
+                  ports_by_pid: dict[int, int | None]) -> Recovery:
+    """The same, for the claims of the workers connected to a Galera node killed -9 (their
+    processes live on; their claims are lost with their connections, then their leases)."""
+    result = Recovery()
+    for kill in (event for event in events if event.kind == ev.NODE_KILL):
+        for message in facts.messages.values():
+            for attempt in message.tries:
+                if attempt.pid is not None and ports_by_pid.get(attempt.pid) == kill.port:
+                    _orphan(result, message, attempt, kill.at)
+    return result
+
+
+def _orphan(result: Recovery, message: MessageFacts, attempt: Try, killed_at: float) -> None:
+    """Count ``attempt`` if it is a claim its holder lost to a kill at ``killed_at``: when
+    the sweep took it back, and when it was claimed again elsewhere."""
+    if attempt.error_class != "WorkerLost" or attempt.finished < killed_at:
+        return
+    if attempt.started is not None and attempt.started > killed_at:
+        return  # claimed after the kill: not this process's claim
+    result.sweep.append(attempt.finished - killed_at)
+    # The next claim elsewhere: a claim that never started spends no attempt, so the
+    # number may be the same; what counts is a claim or run after the kill.
+    later = [t.started for t in message.tries
+             if t is not attempt and t.started is not None and t.started > killed_at]
+    later += [run.start for run in message.runs
+              if run.pid != attempt.pid and run.start > killed_at]
+    if later:
+        result.reclaim.append(min(later) - killed_at)
+    else:
+        result.unreclaimed.append(message.id)

@@ -29,6 +29,7 @@ ROWS = (
     ("sigterms", "SIGTERM of a worker (graceful stop)"),
     ("connection_kills", "KILL CONNECTION of all of a worker's connections"),
     ("restarts", "MariaDB restarts"),
+    ("node_kills", "kill -9 of a Galera node, started again after a while (--galera)"),
     ("crashes", "workers that exited by themselves"),
     ("unexplained_crashes", "... not by running the crashing task"),
     ("crashing_tasks", "messages of a task that kills its worker (os._exit), enqueued"),
@@ -38,6 +39,10 @@ ROWS = (
     ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
     ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
+    ("node_kill_orphans", "claims of workers on the killed node, taken back"),
+    ("node_recovery_median_seconds", "node kill -9 to such a claim claimed again: median"),
+    ("node_recovery_max_seconds", "node kill -9 to such a claim claimed again: max"),
+    ("node_down_seconds", "node kill -9 to the node Synced again, per kill"),
     ("ordered_messages", "messages in an ordered subject"),
     ("order_violations", "... started before the message enqueued before them had ended"),
     ("limited_messages", "messages under a concurrency key (limit 2)"),
@@ -60,7 +65,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Duplicates by cause: {causes or 'none'}.",
         f"Kill -9 orphans: {recovery['orphans']}; sweep after the kill median "
         f"{recovery['sweep_seconds']['median']} s, max {recovery['sweep_seconds']['max']} s.",
-        f"First success after each restart: {result['restart_resume_seconds']} s.",
+        f"First success after each restart (or node's return): "
+        f"{result['restart_resume_seconds']} s.",
         f"History outcomes: {result['history_outcomes']}.",
         f"Lost-claim reasons: {result['lost_reasons']}.",
     ]

@@ -72,12 +72,13 @@ class Run:
         self.config = config
         self.log_dir = log_dir
         self.events = EventLog()
-        self.pool = WorkerPool(log_dir, self.events, config.worker_args())
+        self.pool = WorkerPool(log_dir, self.events, config.worker_args(), config.worker_ports)
         self.rng = random.Random(config.seed)
         self.stop_producers = threading.Event()
         self.producers = [Producer(i, config, self.stop_producers, config.seed * 1000 + i)
                           for i in range(config.producers)]
         self.timing: dict[str, float] = {}
+        self.monkey = Monkey(config, self.pool, self.events, self.rng)
 
     def _phase(self, name: str, since: float) -> float:
         now = time.monotonic()
@@ -117,7 +118,7 @@ class Run:
             self.pool.start()
 
     def _chaos(self) -> None:
-        monkey = Monkey(self.config, self.pool, self.events, self.rng)
+        monkey = self.monkey
         logger.info("Load and chaos for %.0fs: %d workers, %d producers at %.0f msg/s; "
                     "%d actions planned.", self.config.seconds, self.config.workers,
                     self.config.producers, self.config.rate, len(monkey.pending))
@@ -139,6 +140,7 @@ class Run:
         if monkey.pending:
             logger.warning("%d planned action(s) not carried out: %s", len(monkey.pending),
                            [item.action for item in monkey.pending])
+        monkey.wait_for_nodes()  # a killed cluster node is back before the drain
 
     def _drain(self) -> None:
         """Let the workers empty the queue (dead messages aside), within a bound."""
@@ -160,7 +162,7 @@ class Run:
         events = self.events.all()
         lease = get_settings().LEASE_SECONDS
         result = analysis.analyze(facts.load(), events, rolled_back,
-                                  self.config.recovery_limit, lease)
+                                  self.config.recovery_limit, lease, self.pool.ports_by_pid())
         _close_connections()
         result["log_errors"] = logs.error_lines(self.log_dir)
         result["producers"] = {
@@ -172,6 +174,7 @@ class Run:
         }
         result["workers"] = {
             "started": len(self.pool.workers),
+            "ports": {str(w.pid): w.port for w in self.pool.workers if w.port is not None},
             "exit_statuses": {str(pid): status
                               for pid, status in self.pool.exit_statuses.items()},
         }

@@ -34,11 +34,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(port: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["DJANGO_SETTINGS_MODULE"] = SETTINGS
     env["PYTHONUNBUFFERED"] = "1"
+    if port is not None:  # a node of a Galera cluster (--galera)
+        env["MYSQLQ_CHAOS_PORT"] = str(port)
     return env
 
 
@@ -51,6 +53,8 @@ class Worker:
     #: running, stopping (SIGTERM sent), killed, exited
     state: str = "running"
     signalled_at: float = 0.0
+    #: The database port it connects to (a cluster node), or None: the harness's.
+    port: int | None = None
 
     @property
     def pid(self) -> int:
@@ -58,25 +62,41 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, log_dir: Path, events: EventLog, args: list[str]) -> None:
+    def __init__(self, log_dir: Path, events: EventLog, args: list[str],
+                 ports: tuple[int, ...] = ()) -> None:
         self.log_dir = log_dir
         self.events = events
         self.args = args
         self.workers: list[Worker] = []
         self.exit_statuses: dict[int, int] = {}
+        #: Cluster nodes to spread the workers over (--galera), and the ones down now.
+        self.ports = ports
+        self.down: set[int] = set()
+
+    def _next_port(self) -> int | None:
+        """The node with the fewest running workers, among those up (None: no cluster)."""
+        up = [port for port in self.ports if port not in self.down] or list(self.ports)
+        if not up:
+            return None
+        running = [worker.port for worker in self.running()]
+        return min(up, key=lambda port: (running.count(port), up.index(port)))
 
     def start(self) -> Worker:
         index = len(self.workers)
         log_path = self.log_dir / f"worker-{index:02d}.log"
+        port = self._next_port()
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "django", "runqueueworker", *self.args],
-                cwd=ROOT, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT, env=worker_env(port), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
-        worker = Worker(index, popen, log_path, time.time())
+        worker = Worker(index, popen, log_path, time.time(), port=port)
         self.workers.append(worker)
         return worker
+
+    def ports_by_pid(self) -> dict[int, int | None]:
+        return {worker.pid: worker.port for worker in self.workers}
 
     def running(self) -> list[Worker]:
         return [worker for worker in self.workers if worker.state == "running"]

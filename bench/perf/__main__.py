@@ -5,10 +5,12 @@
     python -m bench.perf --only raw,burndown --repeat 5 --out /tmp/bench
     python -m bench.perf --only backlog --backlog-rows 200000 --history-rows 200000
     python -m bench.perf --set latency_rates=(50,) --set latency_seconds=30
+    python -m bench.perf --only burndown,cluster --repeat 1   # + the 3-node Galera cluster
 
 The database is ``mysqlq_bench`` on 127.0.0.1:3306 (``MYSQLQ_BENCH_DB``, ``…_HOST``,
 ``…_PORT``, ``…_USER``, ``…_PASSWORD`` override); it is created and migrated, and its
-queue tables are emptied between measurements.
+queue tables are emptied between measurements. The ``cluster`` workload (only with
+``--only``) also uses the Galera cluster of ``bench/cluster/galera.sh`` (started if needed).
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import FULL, SMOKE, WORKLOADS, Sizes, override
+from .config import ALL_WORKLOADS, FULL, SMOKE, WORKLOADS, Sizes, override
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results"
 
 
 def _workloads(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in WORKLOADS]
+    unknown = [name for name in names if name not in ALL_WORKLOADS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown workload(s) {', '.join(unknown) or repr(text)}; "
-            f"choose from {', '.join(WORKLOADS)}")
-    return [name for name in WORKLOADS if name in names]
+            f"choose from {', '.join(ALL_WORKLOADS)}")
+    return [name for name in ALL_WORKLOADS if name in names]
 
 
 def _repeat(text: str) -> int:
@@ -55,7 +57,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny sizes and 1 repeat (unless --repeat): checks the harness "
                              "works, measures nothing worth quoting")
     parser.add_argument("--only", type=_workloads, default=list(WORKLOADS),
-                        metavar="WORKLOAD[,…]", help=f"run only these: {', '.join(WORKLOADS)}")
+                        metavar="WORKLOAD[,…]",
+                        help=f"run only these: {', '.join(ALL_WORKLOADS)} (cluster only "
+                             "when named)")
     parser.add_argument("--repeat", type=_repeat, default=None,
                         help="repeats of each measurement (default 3, 1 with --smoke)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,

@@ -7,6 +7,10 @@ import dataclasses
 #: Every workload, in the order a run measures them (raw first: the others compare to it).
 WORKLOADS = ("raw", "enqueue", "burndown", "latency", "idle", "backlog", "contention",
              "ordered")
+#: Measured only when named in ``--only``: ``cluster`` needs the Galera cluster of
+#: bench/cluster/galera.sh (three more mariadbd on this machine).
+OPTIONAL_WORKLOADS = ("cluster",)
+ALL_WORKLOADS = WORKLOADS + OPTIONAL_WORKLOADS
 
 Shape = tuple[int, int]  # (threads per process, processes)
 #: How idle workers learn of new messages: parked in SQL and woken, or polling.
@@ -69,6 +73,11 @@ class Sizes:
     contention_seconds: float = 20.0  # claimers stop claiming after this long
     #: Longest wait for InnoDB purge to catch up before a burn-down (0: don't wait).
     purge_wait_seconds: float = 10.0
+    # cluster: the same burn-down on the single server and on the Galera cluster
+    cluster_size: int = 20_000
+    #: Threads of each of the two worker processes (one per worker node on the cluster).
+    cluster_threads: int = 4
+    cluster_batch: int = 100
     # ordered subjects and concurrency limits (bench/perf/workloads/ordered.py)
     ordered_subjects: int = 10_000
     ordered_per_subject: int = 10
@@ -93,7 +102,7 @@ SMOKE = Sizes(
     backlog_small=500, backlog_large=5_000, backlog_history=5_000, backlog_drain=300,
     backlog_probe=50, backlog_drain_seconds=20.0,
     contention_claimers=(1, 2), contention_backlog=1_000,
-    purge_wait_seconds=0.0,
+    purge_wait_seconds=0.0, cluster_size=1_000,
     ordered_subjects=200, ordered_per_subject=5, ordered_one_subject=300,
     ordered_limited_keys=20, ordered_limited_per_key=20, ordered_shape=(4, 2),
 )

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import WORKLOADS
+from .config import ALL_WORKLOADS
 
 _TITLES = {
     "raw": "Raw floor (plain MySQLdb, same statements, one connection)",
@@ -18,6 +18,8 @@ _TITLES = {
     "idle": "Idle load on the server",
     "backlog": "Backlog scaling",
     "contention": "Claim contention (forked claimers: broker.claim + ack_many)",
+    "cluster": "Burn-down on the single server and on the 3-node Galera cluster, same run "
+               "(queue filled on node 1, one worker process on each of nodes 2 and 3)",
     "ordered": "Ordered subjects and concurrency limits: burn-downs with and without gates",
 }
 _SERVER_KEYS = ("innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "log_bin",
@@ -74,7 +76,7 @@ def markdown(run: dict[str, Any]) -> str:
                      f"({retry['reason']})")
     if run.get("error"):
         lines += ["", f"**Run stopped: {run['error']}**"]
-    for workload in WORKLOADS:
+    for workload in ALL_WORKLOADS:
         rows = [r for r in run["results"] if r["workload"] == workload]
         if not rows:
             continue

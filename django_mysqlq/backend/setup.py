@@ -7,7 +7,8 @@ import importlib
 from typing import Any
 
 from ..exceptions import UnknownTask
-from ..tasks import QueueTask, registry
+from ..registry import registry
+from ..tasks import QueueTask
 from . import checks
 from .wire import DJANGO_TASK_PREFIX
 

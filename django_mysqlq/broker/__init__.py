@@ -16,6 +16,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``settle``     ack, retry, dead, release of unstarted messages
 ``promote``    scheduled messages that are due become ready
 ``recover``    leases, and the claims of vanished workers back to the queue
+``leader``     who sweeps: a named lock, or a lease row on a Galera cluster
+``cluster``    what changes on a Galera cluster (per-node ids, locks and process lists)
 ``park``       idle workers' wait, producers' wake-ups
 ``workers``    the workers table
 ``operate``    operator actions (admin, CLI)
@@ -64,6 +66,7 @@ from .held import (
     requeue_heads,
 )
 from .isolation import own_connection
+from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
@@ -102,15 +105,7 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
-from .recover import (
-    RECOVERY_LOCK_SQL,
-    RECOVERY_UNLOCK_SQL,
-    claims_held,
-    is_recovery_leader,
-    recover,
-    release_strays,
-    renew_leases,
-)
+from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
 from .schedules import prune as prune_schedules

@@ -127,7 +127,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
     """
     alias = alias or default_alias()
     require_autocommit(alias, "claim()")
-    session = connection_session(alias)  # behind a proxy: no owner stamp, lease only
+    session = connection_session(alias)  # proxy or cluster: no owner stamp, lease only
     connection = connection_for(alias)
     collation = _queue_collation(alias)
     claimed: list[ClaimedMessage] = []
@@ -136,7 +136,8 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
         if wanted <= 0:
             break
         token = uuid.uuid4().hex
-        stamp = [token, session.direct, session.owner_start, worker_id, micros(lease_seconds)]
+        stamp = [token, session.stamps_owner, session.owner_start, worker_id,
+                 micros(lease_seconds)]
 
         def fast(queue: str = queue, wanted: int = wanted, stamp: list[Any] = stamp) -> int:
             with connection.cursor() as cursor:

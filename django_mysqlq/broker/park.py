@@ -1,4 +1,11 @@
-"""Idle workers park in one ``SELECT … SLEEP()``; producers wake them with ``KILL QUERY``."""
+"""Idle workers park in one ``SELECT … SLEEP()``; producers wake them with ``KILL QUERY``.
+
+On a Galera cluster a connection id means something on its own node only, so a parked
+worker also holds the lock of its own ``mysqlq_worker`` row while it sleeps. A producer on
+another node wakes it by clearing that row's ``listening`` flag: when the change reaches
+the worker's node, the cluster aborts the transaction that holds the lock (a brute-force
+abort), which ends the SLEEP at once. A producer on the same node sends ``KILL QUERY``.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,21 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
-from django.db import OperationalError
+from django.db import DatabaseError, OperationalError
 
 from ..conf import get_settings
 from ..models import CLAIM_INDEX
+from . import leader
 from .base import (
+    DEADLOCK,
     MESSAGE_TABLE,
     QUERY_INTERRUPTED,
     QUEUE_TABLE,
-    RECOVERY_LOCK_NAME,
+    ROLLBACK_SQL,
     SCHEDULE_TABLE,
+    START_TRANSACTION_SQL,
     WORKER_TABLE,
     connection_for,
     default_alias,
@@ -25,20 +36,28 @@ from .base import (
     micros,
     with_lock_retry,
 )
+from .isolation import transaction_prelude
 from .session import connection_session
 
 LISTEN_SQL = f"""
-UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID() WHERE id = %s
+UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID(), node = %s
+ WHERE id = %s
 """
 #: Parked workers of a queue. Only rows renewed within a lease and since the server
 #: started count: a dead worker's connection id may belong to someone else by now.
 LISTENERS_SQL = f"""
-SELECT connection_id FROM {WORKER_TABLE}
+SELECT id, connection_id, node FROM {WORKER_TABLE}
  WHERE listening = 1 AND stopped_at IS NULL AND FIND_IN_SET(%s, queues)
    AND last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND
 """
 #: Ends a parked worker's SLEEP (the statement only: its connection stays).
 KILL_QUERY_SQL = "KILL QUERY %s"
+#: On a cluster, a parked worker's hold on its own row while it sleeps; ``listening`` 0
+#: means a producer rang while it was between parks.
+HOLD_OWN_ROW_SQL = f"SELECT listening FROM {WORKER_TABLE} WHERE id = %s FOR UPDATE"
+#: On a cluster, wakes a worker parked on another node: the change, applied there, aborts
+#: the parked worker's hold on its row and with it the SLEEP.
+RING_SQL = f"UPDATE {WORKER_TABLE} SET listening = 0 WHERE id = %s AND listening = 1"
 #: Seconds until the next occurrence of a live schedule is due (``schedules``), or a large
 #: number: a schedule that can fire ends a park as a due scheduled message does. A row
 #: without a time counts as due, so a worker repairs it; paused, removed and broken ones
@@ -54,9 +73,8 @@ _SCHEDULE_WAIT = f"""COALESCE((
 #: the sleep are one statement, so a wake-up can't fall between them.
 _IDLE_WAIT_SQL = f"""
 SELECT CASE
-         WHEN %s = 'leader' AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
-                                          WHERE status = 'claimed') THEN 'sweep'
-         WHEN %s = 'follower' AND IS_FREE_LOCK({RECOVERY_LOCK_NAME}) = 1 THEN 'sweep'
+         WHEN %s = 'leader' AND {{leader_due}} THEN 'sweep'
+         WHEN %s = 'follower' AND {{follower_due}} THEN 'sweep'
          WHEN EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
                        WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
          WHEN due.wait <= 0 THEN 'due'
@@ -76,18 +94,21 @@ def listen(worker_id: str, listening: bool) -> None:
     """Say whether this worker is parked (and on which connection) for producers to wake.
 
     Never behind a proxy: the connection id would be a backend's, maybe another client's.
+    On a cluster the row also says which node the connection is on.
     """
-    listening = listening and connection_session().direct
+    session = connection_session()
+    listening = listening and session.direct
 
     def run() -> None:
         with connection_for().cursor() as cursor:
-            cursor.execute(LISTEN_SQL, [listening, worker_id])
+            cursor.execute(LISTEN_SQL, [listening, session.node, worker_id])
 
     with_lock_retry(default_alias(), run)
 
 
 def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
-              watched: Sequence[str] = ()) -> tuple[str, str | None]:
+              watched: Sequence[str] = (), worker_id: str | None = None
+              ) -> tuple[str, str | None]:
     """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
     (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
     with the paused ones among the ``watched`` queues as they were when it returned
@@ -95,22 +116,75 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
 
     ``sweep_check`` folds the recovery duty into the park, so an idle cluster pays no
     separate sweep: ``leader`` returns ``sweep`` at once if any message is claimed (there
-    may be a dead owner to judge), ``follower`` if the recovery lock is free (the leader
-    is gone). Both are checked when the statement starts, before it sleeps.
+    may be a dead owner to judge; on a Galera cluster: a lease ran out, or the leader's
+    own lease needs renewing), ``follower`` if the recovery lock is free (the leader is
+    gone). Both are checked when the statement starts, before it sleeps. On a cluster,
+    ``worker_id`` names the row the park holds for producers on other nodes to ring.
     """
+    session = connection_session()
+    leader_due, leader_params, follower_due, follower_params = leader.park_checks(session)
     watched = list(watched) or list(queues)
-    sql = _IDLE_WAIT_SQL.replace("{queues}", ", ".join(["%s"] * len(queues)), 1).replace(
+    sql = _IDLE_WAIT_SQL.replace("{leader_due}", leader_due).replace(
+        "{follower_due}", follower_due).replace(
+        "{queues}", ", ".join(["%s"] * len(queues)), 1).replace(
         "{queues}", ", ".join(["%s"] * len(watched)), 1)
+    params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
+              *watched, seconds]
+    connection = connection_for()
+    held = session.cluster and worker_id is not None
     try:
-        with connection_for().cursor() as cursor:
-            cursor.execute(sql, [sweep_check, sweep_check, *queues, seconds, *watched,
-                                 seconds])
-            state, paused = cursor.fetchone()
-            return str(state), str(paused)
+        with connection.cursor() as cursor:
+            if held:
+                prelude = transaction_prelude(connection)
+                if prelude is not None:
+                    cursor.execute(prelude)
+                cursor.execute(START_TRANSACTION_SQL)
+                try:
+                    cursor.execute(HOLD_OWN_ROW_SQL, [worker_id])
+                    row = cursor.fetchone()
+                    if row is not None and not row[0]:
+                        return "woken", None  # rung between two parks
+                    # (No row: nothing to ring either; it parks as it would anyway.)
+                    return _park(cursor, sql, params)
+                finally:
+                    try:
+                        cursor.execute(ROLLBACK_SQL)
+                    except DatabaseError:
+                        pass  # the connection is gone, and with it the hold
+            return _park(cursor, sql, params)
     except OperationalError as exc:
         if error_code(exc) == QUERY_INTERRUPTED:  # killed before SLEEP itself began
             return "interrupted", None
+        if held and error_code(exc) == DEADLOCK:  # rung from another node: hold aborted
+            return "woken", None
         raise
+
+
+def _park(cursor: Any, sql: str, params: list[Any]) -> tuple[str, str | None]:
+    cursor.execute(sql, params)
+    state, paused = cursor.fetchone()
+    return str(state), str(paused)
+
+
+#: The queues of these messages that are ready now (recovered, given back).
+READY_QUEUES_SQL = f"SELECT queue FROM {MESSAGE_TABLE} WHERE status = 'ready' AND id IN ({{ids}})"
+
+
+def wake_for(message_ids: Sequence[int], alias: str | None = None) -> int:
+    """Wake parked workers for messages that became ready without an enqueue (a recovery
+    gave them back): they would otherwise wait for the end of a park to see them."""
+    if not message_ids or not get_settings().WAKEUP:
+        return 0
+    alias = alias or default_alias()
+    try:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(READY_QUEUES_SQL.format(ids=", ".join(["%s"] * len(message_ids))),
+                           list(message_ids))
+            queues = [str(row[0]) for row in cursor.fetchall()]
+        return wake(queues, alias)
+    except DatabaseError as exc:  # they are ready; workers find them at their next park
+        logger.warning("Could not wake idle workers for recovered messages (%s).", exc)
+        return 0
 
 
 class _WakeState:
@@ -151,27 +225,35 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
                if now - state.quiet_since.get((alias, queue), -1.0) >= state.QUIET_SECONDS]
     if not unknown:
         return 0
-    woken: set[int] = set()
+    woken: set[str] = set()
     session = connection_session(alias)
     if not session.direct:
         return 0  # behind a proxy: a KILL QUERY could end another client's statement
-    recent = min(conf.LEASE_SECONDS, max(0.0, time.time() - session.server_start))
+    recent = conf.LEASE_SECONDS
+    if not session.cluster:  # (on a cluster, node identities tell restarts apart)
+        recent = min(recent, max(0.0, time.time() - session.server_start))
     with connection_for(alias).cursor() as cursor:
         for queue in unknown:
             key = (alias, queue)
             cursor.execute(LISTENERS_SQL, [queue, micros(recent)])
-            listeners = [int(row[0]) for row in cursor.fetchall() if row[0]]
+            listeners = [(str(row[0]), int(row[1] or 0), str(row[2] or ""))
+                         for row in cursor.fetchall() if row[1] or session.cluster]
             if not listeners:
                 state.quiet_since[key] = now
                 continue
             state.quiet_since.pop(key, None)
             random.shuffle(listeners)
             wanted = len(listeners) if everyone else new_messages[queue] + 1
-            for connection_id in listeners:
+            for worker_id, connection_id, node in listeners:
                 if wanted <= 0:
                     break
-                if connection_id in woken:  # woken for another queue: it claims from both
+                if worker_id in woken:  # woken for another queue: it claims from both
                     wanted -= 1
+                    continue
+                if node != session.node:  # parked on another node: its id means nothing here
+                    if _ring(alias, worker_id):
+                        woken.add(worker_id)
+                        wanted -= 1
                     continue
                 try:
                     cursor.execute(KILL_QUERY_SQL, [connection_id])
@@ -185,6 +267,18 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
                         "CONNECTION ADMIN privilege, run workers as the same user, or set "
                         "MYSQLQ['WAKEUP'] = False.", exc)
                     return len(woken)
-                woken.add(connection_id)
+                woken.add(worker_id)
                 wanted -= 1
     return len(woken)
+
+
+def _ring(alias: str, worker_id: str) -> bool:
+    """Wake a worker parked on another node of the cluster through its row; False if it
+    was no longer listening (another producer rang first, or it left its park)."""
+    def run() -> bool:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(RING_SQL, [worker_id])
+            return bool(cursor.rowcount)
+
+    # Rung from two nodes at once, one conflicts at commit: its retry finds it rung.
+    return with_lock_retry(alias, run)

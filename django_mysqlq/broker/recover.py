@@ -13,11 +13,10 @@ from typing import Any
 from ..conf import get_settings
 from ..models import Outcome
 from ..signals import messages_recovered
-from . import subjects
+from . import leader, park, subjects
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
-    RECOVERY_LOCK_NAME,
     connection_for,
     default_alias,
     in_transaction,
@@ -34,8 +33,6 @@ from .session import SERVER_START_SLACK, connection_session
 #: The largest value of ``losses`` (SMALLINT UNSIGNED): counting never adds past it.
 LOSSES_MAX = 65535
 
-RECOVERY_LOCK_SQL = f"SELECT GET_LOCK({RECOVERY_LOCK_NAME}, 0)"
-RECOVERY_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))"
 
 
 #: Claims under a worker's id that it no longer knows about (see ``release_strays``).
@@ -114,7 +111,8 @@ def renew_leases(pairs: Sequence[tuple[int, str]], lease_seconds: float,
     def run() -> int:
         with connection_for(alias).cursor() as cursor:
             cursor.execute(RENEW_SQL.format(pairs=table),
-                           [*params, micros(lease_seconds), session.direct, session.owner_start])
+                           [*params, micros(lease_seconds), session.stamps_owner,
+                            session.owner_start])
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)
@@ -188,53 +186,40 @@ def loss_reason(owner: int | None, owner_start: int | None, expired: bool, live:
     return None
 
 
-_LEADER_ATTRIBUTE = "_django_mysqlq_recovery_leader"
-
-
-def is_recovery_leader(alias: str | None = None) -> bool:
-    """Whether this thread's connection holds the recovery lock for good (see ``recover``)."""
-    raw = connection_for(alias).connection
-    return raw is not None and bool(getattr(raw, _LEADER_ATTRIBUTE, False))
-
-
 def recover(liveness: str | None = None, alias: str | None = None, *,
             keep_lock: bool = False) -> list[int]:
     """Give the claims of vanished workers back to the queue; return the recovered ids.
 
-    Only one sweeper runs at a time (``GET_LOCK``); others return at once. With
-    ``keep_lock`` the lock stays held by this connection, which becomes the one
-    sweeper until it disconnects (workers do this: peers then only retry the lock
-    now and then, and an idle cluster stays quiet). Each lost attempt gets a ``lost``
+    Only one sweeper runs at a time (``GET_LOCK``, or on a Galera cluster a lease row:
+    ``leader``); others return at once. With ``keep_lock`` the lock stays held by this
+    connection, which becomes the one sweeper until it disconnects (on a cluster: until
+    it stops renewing the lease with its sweeps). Workers do this: peers then only retry
+    the lock now and then, and an idle cluster stays quiet. Each lost attempt gets a ``lost``
     history row, or ``failed`` when it was the message's last attempt (a message that
     keeps killing its workers ends up dead, not in a loop).
     """
     alias = alias or default_alias()
     require_autocommit(alias, "recover()")
     session = connection_session(alias)
-    # Behind a proxy the process list and the server start are a backend's: lease only.
+    # Behind a proxy the process list and the server start are a backend's, on a cluster
+    # a node's: lease only.
     liveness = session.liveness(liveness or get_settings().LIVENESS)
     server_start = session.server_start
-    connection = connection_for(alias)
-    held = is_recovery_leader(alias)
-    with connection.cursor() as cursor:
-        if not held:
-            cursor.execute(RECOVERY_LOCK_SQL)
-            if cursor.fetchone()[0] != 1:
-                return []
-            if keep_lock:
-                setattr(connection.connection, _LEADER_ATTRIBUTE, True)
+    with connection_for(alias).cursor() as cursor:
+        lead = leader.take(alias, cursor, session, keep=keep_lock)
+        if lead is None:
+            return []
         try:
             lost = _lost_claims(cursor, liveness, server_start)
             recovered = [m for m in lost if _recover_one(alias, *m)]
         finally:
-            if not keep_lock and not held:
-                cursor.execute(RECOVERY_UNLOCK_SQL)
-                cursor.fetchone()
+            leader.end(cursor, lead)
     ids = [message_id for message_id, *_ in recovered]
     if ids:
         logger.warning("Recovered %d message(s) from vanished workers: %s", len(ids),
                        "; ".join(f"#{m} ({reason})" for m, _, reason, *_ in recovered))
         send_robust(messages_recovered, None, message_ids=ids)
+        park.wake_for(ids, alias)
     return ids
 
 

@@ -1,5 +1,6 @@
-"""Who a broker connection is: its connection id, the server's start time, and whether a
-proxy sits between (then the id is not this process's own)."""
+"""Who a broker connection is: its connection id, the server's start time, whether a
+proxy sits between (then the id is not this process's own), and whether the server is a
+node of a Galera cluster (then the id, the process list and the start are that node's)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from django.utils import timezone
 
 from ..conf import get_settings
-from . import proxy
+from . import cluster, proxy
 from .base import connection_for, logger
 
 #: Seconds of tolerance when comparing server start times. On MariaDB and MySQL ``Uptime``
@@ -28,7 +29,12 @@ SERVER_START_SLACK = 60
 #: off during a DST fall-back hour; past 2038 it is NULL on older servers).
 IDENTITY_SQL = f"SELECT CONNECTION_ID(), @@timestamp, ({proxy.SEEN_AS_SQL})"
 #: Works on MariaDB and MySQL 8 alike (MySQL 8 dropped information_schema.GLOBAL_STATUS).
-UPTIME_SQL = "SHOW GLOBAL STATUS LIKE 'Uptime'"
+#: The wsrep rows say whether the server is a Galera node (Percona XtraDB Cluster too),
+#: and which one; a server without Galera has none, or a cluster size of 0.
+UPTIME_SQL = (
+    "SHOW GLOBAL STATUS WHERE Variable_name IN "
+    "('Uptime', 'wsrep_cluster_size', 'wsrep_gcomm_uuid')"
+)
 
 _SESSION_ATTRIBUTE = "_django_mysqlq_session"
 #: ``Uptime`` is unsigned on the wire: a session clock behind the server's start wraps it.
@@ -44,15 +50,31 @@ class Session:
     #: False behind a proxy or pooler: ``connection_id`` is then a backend's, which may
     #: change under this process and may be another client's tomorrow.
     direct: bool
+    #: The node of a Galera cluster this connection is on (its ``wsrep_gcomm_uuid``, new
+    #: at each start of that node), or "" on a single server. Connection ids, the process
+    #: list and ``Uptime`` are that node's alone.
+    node: str = ""
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.node)
+
+    @property
+    def stamps_owner(self) -> bool:
+        """Whether claims may carry this connection as their owner, for peers to judge by
+        the process list: not behind a proxy, not on a cluster (peers on other nodes
+        can't see this connection, and would take a live claim for a dead one)."""
+        return self.direct and not self.cluster
 
     @property
     def owner_start(self) -> int | None:
-        """The server start to stamp on claims: none behind a proxy (lease only)."""
-        return self.server_start if self.direct else None
+        """The server start to stamp on claims: none behind a proxy or on a cluster."""
+        return self.server_start if self.stamps_owner else None
 
     def liveness(self, configured: str) -> str:
-        """How this connection may judge claims: behind a proxy, only leases tell."""
-        return configured if self.direct else "lease"
+        """How this connection may judge claims: behind a proxy or on a cluster, only
+        leases tell."""
+        return configured if self.stamps_owner else "lease"
 
 
 def connection_session(alias: str | None = None) -> Session:
@@ -76,7 +98,11 @@ def connection_session(alias: str | None = None) -> Session:
         connection_id, server_now, seen_as = cursor.fetchone()
         received = time.time()
         cursor.execute(UPTIME_SQL)
-        uptime = int(cursor.fetchone()[1])
+        status = {str(name).lower(): value for name, value in cursor.fetchall()}
+    uptime = int(status["uptime"])
+    node = cluster.node_of(status)
+    if node:
+        cluster.warn_once(node, status)
     direct = True
     if get_settings().DETECT_PROXY:
         local = proxy.local_end(raw)
@@ -84,7 +110,7 @@ def connection_session(alias: str | None = None) -> Session:
         if not direct:
             proxy.warn_once(seen_as, local)
     measured = Session(int(connection_id),
-                       server_start(server_now, uptime, (sent + received) / 2), direct)
+                       server_start(server_now, uptime, (sent + received) / 2), direct, node)
     setattr(raw, _SESSION_ATTRIBUTE, measured)
     return measured
 

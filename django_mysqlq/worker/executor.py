@@ -23,8 +23,9 @@ from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
 from ..log import one_line
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
+from ..registry import registry
 from ..signals import task_finished, task_started
-from ..tasks import AttemptScope, QueueTask, registry
+from ..tasks import AttemptScope, QueueTask
 from .attempt_log import AttemptLine
 
 logger = logging.getLogger("django_mysqlq")

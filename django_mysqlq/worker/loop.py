@@ -22,8 +22,8 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
+from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from ..tasks import import_task_modules
 from . import draining, fatal, queues, retention, schedules
 from .acker import Acker
 from .gate import SoloGate
@@ -305,7 +305,8 @@ class Worker:
             self._listening = True
             self._park = PARK_START
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
-                                          sweep_check, watched=self.options.queues)
+                                          sweep_check, watched=self.options.queues,
+                                          worker_id=self.id)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()

@@ -16,7 +16,7 @@ from .. import broker
 from ..backend.queues import declared_queues
 from ..conf import get_settings
 from ..log import one_line
-from ..tasks import import_task_modules, registry
+from ..registry import import_task_modules, registry
 from . import fatal
 
 logger = logging.getLogger("django_mysqlq")

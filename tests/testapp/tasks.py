@@ -37,6 +37,16 @@ def slow(label: str, seconds: float) -> None:
     Ledger.objects.create(label=f"{label}:end", pid=os.getpid())
 
 
+@queue_task()
+def slow_first_time(label: str, seconds: float) -> None:
+    """Sleeps on its first run only: the re-run after a crash finishes at once."""
+    first = not Ledger.objects.filter(label=f"{label}:start").exists()
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    if first:
+        time.sleep(seconds)
+    Ledger.objects.create(label=f"{label}:end", pid=os.getpid())
+
+
 @queue_task(queue="other")
 def on_other_queue(label: str) -> None:
     Ledger.objects.create(label=label, pid=os.getpid())

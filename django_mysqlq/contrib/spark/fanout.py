@@ -28,7 +28,7 @@ from ... import limits
 from ...broker import wake
 from ...conf import get_settings
 from ...exceptions import UnknownTask
-from ...tasks import import_task_modules, registry
+from ...registry import import_task_modules, registry
 from .arguments import Mapping as ArgumentMapping
 from .arguments import check_schema, converter, dedup_key, identity_text
 from .database import database

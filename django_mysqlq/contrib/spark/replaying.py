@@ -24,7 +24,7 @@ from ...broker import pipeline as statements
 from ...conf import get_settings
 from ...exceptions import UnknownTask
 from ...models import Outcome
-from ...tasks import import_task_modules, registry
+from ...registry import import_task_modules, registry
 from .database import Database, database
 from .errors import PipelineError
 from .executor import connect, setup_django
