@@ -61,8 +61,12 @@ def connect(database: bool = True, port: int | None = None) -> Iterator[Any]:
             conn.close()
 
 
-def create_database() -> None:
+def create_database(afresh: bool = False) -> None:
+    """Create the run's database; ``afresh`` drops it first, so nothing an earlier run (of
+    another version: tables, migration records) left can matter."""
     with connect(database=False) as conn:
+        if afresh:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{database_name()}`")
         conn.cursor().execute(
             f"CREATE DATABASE IF NOT EXISTS `{database_name()}` CHARACTER SET utf8mb4")
 

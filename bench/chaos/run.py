@@ -36,15 +36,15 @@ def _close_connections() -> None:
 
 def _prepare() -> None:
     admin.create_database()
-    call_command("migrate", verbosity=0, interactive=False)
-    _close_connections()
     others = admin.foreign_connections()
     if others:
         listed = ", ".join(f"{cid} ({host})" for cid, host in others[:10])
         raise admin.HarnessError(
             f"{len(others)} other connection(s) use the database {admin.database_name()}: "
             f"{listed}. Is another chaos run going? Stop it, or set MYSQLQ_CHAOS_DB.")
-    admin.empty_tables()
+    admin.create_database(afresh=True)
+    call_command("migrate", verbosity=0, interactive=False)
+    _close_connections()
 
 
 def _wait_registered(pool: WorkerPool) -> None:

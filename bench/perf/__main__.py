@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
     run: dict[str, Any] = {}
     try:
-        db.ensure_database()
+        db.ensure_database(afresh=True)
         django.setup()
         from django.core.management import call_command
 

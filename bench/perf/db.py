@@ -68,12 +68,15 @@ def wait_for_server(timeout: float = 120.0) -> None:
             time.sleep(1.0)
 
 
-def ensure_database() -> None:
+def ensure_database(afresh: bool = False) -> None:
+    """The run's database; ``afresh`` drops it first, so nothing an earlier run (of another
+    version: tables, migration records) left can matter."""
     name = settings.DATABASES["default"]["NAME"]
     conn = connect(database=False)
     try:
-        conn.cursor().execute(
-            f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+        if afresh:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
     finally:
         conn.close()
 

@@ -62,7 +62,8 @@ def _prepare_cluster() -> Any:
     name = settings.DATABASES["default"]["NAME"]
     args = {**db.connect_args(database=False), "port": PORTS[1]}
     conn = MySQLdb.connect(**args)
-    conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+    conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")  # afresh, as on the server
+    conn.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     conn.select_db(name)
     done = subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT,
                           env=worker_env(_node_env(PORTS[1])), capture_output=True,
