@@ -18,7 +18,7 @@ import pytest
 
 from bench.perf.config import WORKLOADS
 
-pytestmark = pytest.mark.worker
+pytestmark = [pytest.mark.worker, pytest.mark.harness]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The figure each workload must report, as (metric).

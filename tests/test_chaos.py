@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.worker
+pytestmark = [pytest.mark.worker, pytest.mark.harness]
 
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:

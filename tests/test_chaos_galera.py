@@ -22,7 +22,7 @@ from tests import galera_support as galera
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.worker, pytest.mark.galera]
+pytestmark = [pytest.mark.worker, pytest.mark.galera, pytest.mark.harness]
 
 
 def test_short_chaos_run_on_the_cluster_loses_nothing(tmp_path: Path) -> None:
