@@ -30,6 +30,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -123,6 +124,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topics import last_offset, publish, sequence
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -195,6 +197,7 @@ __all__ = [
     "is_refusal",
     "is_schema_error",
     "is_setup_error",
+    "last_offset",
     "listen",
     "mark_stale_workers",
     "mark_started",
@@ -203,6 +206,7 @@ __all__ = [
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "publish",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -225,6 +229,7 @@ __all__ = [
     "retry_delay",
     "run_schedule_now",
     "send_robust",
+    "sequence",
     "served_queues",
     "set_paused",
     "set_priority",
