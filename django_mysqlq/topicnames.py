@@ -18,7 +18,8 @@ STARTS = (LATEST, EARLIEST)
 #: Longest topic and group names (the group's queue name, ``group:<name>``, fits 64).
 TOPIC_NAME_MAX = 64
 GROUP_NAME_MAX = limits.QUEUE_NAME_MAX - len(GROUP_QUEUE_PREFIX)
-KEY_MAX = 255
+#: Longest key: a group's deliveries' ordered subject is ``<topic>:<key>`` (255 at most).
+KEY_MAX = 255 - TOPIC_NAME_MAX - 1
 
 
 def _name_problem(value: object, what: str, longest: int) -> str | None:
