@@ -30,6 +30,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -54,6 +56,7 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
+from .deliveries import GroupSpec, create_group, dead_deliveries, position, pump, requeue_dead
 from .enqueue import enqueue
 from .held import (
     Holder,
@@ -123,6 +126,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -146,6 +150,7 @@ __all__ = [
     "Deferral",
     "Fired",
     "GateRef",
+    "GroupSpec",
     "HistoryBucket",
     "Holder",
     "Mark",
@@ -174,7 +179,9 @@ __all__ = [
     "count_dead_before",
     "count_history_before",
     "count_workers_before",
+    "create_group",
     "database_now",
+    "dead_deliveries",
     "dead_heads",
     "defer",
     "deregister_worker",
@@ -195,14 +202,18 @@ __all__ = [
     "is_refusal",
     "is_schema_error",
     "is_setup_error",
+    "last_offset",
     "listen",
     "mark_stale_workers",
     "mark_started",
     "own_connection",
     "paused_queues",
+    "position",
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "publish",
+    "pump",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -211,6 +222,7 @@ __all__ = [
     "queue_names",
     "queue_overview",
     "queues_holding",
+    "read_after",
     "recover",
     "register_worker",
     "release",
@@ -221,10 +233,12 @@ __all__ = [
     "repair_gates",
     "replay",
     "requeue",
+    "requeue_dead",
     "requeue_heads",
     "retry_delay",
     "run_schedule_now",
     "send_robust",
+    "sequence",
     "served_queues",
     "set_paused",
     "set_priority",

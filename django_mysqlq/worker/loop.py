@@ -32,6 +32,7 @@ from .options import WorkerOptions
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
+from .topics import TopicDuty
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -122,6 +123,8 @@ class Worker:
                            idle=self._nothing_waiting) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+        #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""
@@ -144,6 +147,7 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        self._call_until_up(self.topics.start)
         logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
@@ -199,7 +203,8 @@ class Worker:
             self.wakeup.clear()
             try:
                 self._upkeep()
-                claimed = 0 if self._nothing_ready else self._claim()
+                pumped = self.topics.pump()
+                claimed = 0 if self._nothing_ready and not pumped else self._claim()
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
@@ -304,6 +309,11 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
+        if self.topics.pump(force=True):
+            # Listening first: a publish committed after this pump wakes the park.
+            broker.listen(self.id, False)
+            self._listening = False
+            return
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
                                           worker_id=self.id)
