@@ -92,6 +92,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="mean seconds between chaos actions (4)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (from the clock)")
     parser.add_argument("--no-restart", action="store_true", help="don't restart MariaDB")
+    target = parser.add_argument_group(
+        "the server", "where the run's database lives, and the server it restarts (defaults: "
+        "127.0.0.1:3306 and Debian's mariadbd); on a shared machine, a private server")
+    target.add_argument("--host", help="MariaDB host (MYSQLQ_CHAOS_HOST, 127.0.0.1)")
+    target.add_argument("--port", type=_positive(int), help="its port (MYSQLQ_CHAOS_PORT, 3306)")
+    target.add_argument("--server", metavar="PATH",
+                        help="the mariadbd binary started again after the restart's shutdown "
+                             "(MYSQLQ_CHAOS_SERVER, /usr/sbin/mariadbd)")
+    target.add_argument("--pid-file", metavar="PATH",
+                        help="that server's pid file (MYSQLQ_CHAOS_PID_FILE, "
+                             "/run/mysqld/mysqld.pid)")
+    target.add_argument("--server-args", metavar="ARGS",
+                        help="its options, as one shell string (MYSQLQ_CHAOS_SERVER_ARGS), "
+                             "e.g. '--defaults-file=/tmp/chaos/my.cnf'")
     parser.add_argument("--galera", action="store_true",
                         help="run on the 3-node Galera cluster (bench/cluster/galera.sh), "
                              "with a kill -9 of a node instead of the restart")
@@ -114,10 +128,21 @@ def _log_to(run_dir: Path) -> None:
     logging.getLogger("bench.chaos").handlers = [progress]
 
 
+def _target(args: argparse.Namespace) -> None:
+    """The server options, as the environment the settings, the restart and the workers
+    read."""
+    for option, name in (("host", "HOST"), ("port", "PORT"), ("server", "SERVER"),
+                         ("pid_file", "PID_FILE"), ("server_args", "SERVER_ARGS")):
+        value = getattr(args, option)
+        if value is not None:
+            os.environ[f"MYSQLQ_CHAOS_{name}"] = str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # Always the chaos settings: a DJANGO_SETTINGS_MODULE of some project must not leak in.
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    _target(args)
     if args.galera:
         from . import galera
 

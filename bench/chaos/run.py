@@ -15,7 +15,7 @@ from django.db import DatabaseError, connections
 
 from django_mysqlq.conf import get_settings
 
-from . import admin, analysis, facts, logs
+from . import admin, analysis, facts, logs, server
 from .config import ChaosConfig
 from .events import EventLog
 from .monkey import Monkey
@@ -34,7 +34,9 @@ def _close_connections() -> None:
             connection.close()
 
 
-def _prepare() -> None:
+def _prepare(restart: bool) -> None:
+    if restart:
+        server.check_restartable()
     admin.create_database()
     others = admin.foreign_connections()
     if others:
@@ -87,7 +89,7 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         began = mark = time.monotonic()
-        _prepare()
+        _prepare(self.config.restart)
         try:
             for _ in range(self.config.workers):
                 self.pool.start()
