@@ -172,3 +172,17 @@ def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
         return answer.get(timeout=15)
     except queue.Empty:
         return None
+
+
+def topic_backlog() -> dict[str, int]:
+    """What the topics' groups have not yet turned into deliveries: rows without an
+    offset, and per group the offsets past its position."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT COUNT(*) FROM mysqlq_topic_message WHERE msg_offset IS NULL")
+        backlog = {"unsequenced": int(cursor.fetchone()[0])}
+        cursor.execute("SELECT g.group_name, t.last_offset - g.position FROM "
+                       "mysqlq_topic_group g JOIN mysqlq_topic t ON t.name = g.topic")
+        for group, behind in cursor.fetchall():
+            backlog[f"group {group}"] = int(behind)
+        return {key: value for key, value in backlog.items() if value}

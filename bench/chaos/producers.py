@@ -38,6 +38,8 @@ class ProducerStats:
     #: Topic messages in committed transactions, and in ones rolled back on purpose.
     published: int = 0
     published_rolled_back: int = 0
+    #: Of the committed ones, those published by publish_many.
+    published_bulk: int = 0
     last_error: str = ""
 
 
@@ -50,6 +52,8 @@ class Producer(threading.Thread):
         self.stop = stop
         self.rng = random.Random(seed)
         self.stats = ProducerStats()
+        #: Messages published with publish_many in the current transaction.
+        self._bulk = 0
 
     def run(self) -> None:
         config = self.config
@@ -68,6 +72,7 @@ class Producer(threading.Thread):
         stats.transactions += 1
         tokens: list[str] = []
         published: list[str] = []
+        self._bulk = 0
         try:
             with transaction.atomic():
                 for _ in range(rng.randint(1, self.config.max_batch)):
@@ -79,6 +84,7 @@ class Producer(threading.Thread):
                     raise _Rollback
             stats.committed += 1
             stats.published += len(published)
+            stats.published_bulk += self._bulk
         except _Rollback:
             stats.rolled_back += 1
             stats.rolled_back_tokens.extend(tokens + published)
@@ -131,6 +137,7 @@ class Producer(threading.Thread):
             stream.TOPIC.publish(values[0], key=keys[0])
         else:
             stream.TOPIC.publish_many(values, keys=keys)
+            self._bulk += count
         now = time.time()
         Published.objects.bulk_create([
             Published(token=token, key=key or "", bulk=count > 1, producer=self.index, at=now)
