@@ -18,13 +18,22 @@ with a new connection.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from .events import Event
-from .lifetimes import Lifetime
-from .streamfacts import Sequenced
+
+if TYPE_CHECKING:  # (lifetimes imports the worker pool: this module stays importable alone)
+    from .lifetimes import Lifetime
+
+@dataclasses.dataclass(frozen=True)
+class Sequenced:
+    offset: int
+    #: When the sequencer stamped it (host epoch seconds): from then on a reader sees it.
+    at: float
+
 
 #: Seconds a live reader may take to read a sequenced message (it polls every 0.2 s).
 GRACE = 3.0

@@ -10,6 +10,7 @@ from collections import defaultdict
 from django_mysqlq.models import Attempt, Message
 from django_mysqlq.topicmodels import TopicDelivery, TopicGroup, TopicMessage, TopicState
 
+from .broadcast import Sequenced
 from .facts import MessageFacts, Run, Try, pid_of
 from .ledger.models import Edge, Handled, Heard, Published
 from .ledger.stream import FAILURE_RATES, TOPIC
@@ -20,13 +21,6 @@ class HandlerRun(Run):
     """One run of a group's handler: ``ok``, ``failed`` on purpose, or "" (cut short)."""
 
     outcome: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Sequenced:
-    offset: int
-    #: When the sequencer stamped it (host epoch seconds): from then on a reader sees it.
-    at: float
 
 
 @dataclasses.dataclass
