@@ -15,7 +15,7 @@ from django.db import DatabaseError, connections
 
 from django_mysqlq.conf import get_settings
 
-from . import admin, analysis, facts, logs, server, streamfacts, topics_audit
+from . import admin, analysis, broadcast, facts, logs, server, streamfacts, topics_audit
 from .config import ChaosConfig
 from .events import EventLog
 from .lifetimes import lifetimes
@@ -99,6 +99,9 @@ class Run:
             self._chaos()
             mark = self._phase("chaos", mark)
             self._drain()
+            # Broadcast readers are nobody's backlog: give them the audit's grace to read
+            # the last messages, so the final stop excuses none (broadcast.py).
+            time.sleep(broadcast.GRACE)
             mark = self._phase("drain", mark)
             logger.info("Stopping the workers (SIGTERM).")
             self.pool.stop_all()
