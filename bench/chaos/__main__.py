@@ -12,6 +12,9 @@ What it does, on its own database ``mysqlq_chaos`` (``MYSQLQ_CHAOS_DB``, ``…_H
 2. runs ``--producers`` threads that enqueue ``--rate`` messages/s in small transactions:
    plain tasks (ledger row at start, sleep 0-300 ms, ledger row at end) and ``atomic=True``
    tasks (one business row, committed with the ack), some delayed, a few rolled back;
+   and topic messages (``publish``, ``publish_many``, mostly keyed) to the topic ``chaos``,
+   whose three consumer groups (failing 5, 10 and 30 % of runs on purpose, fast retries)
+   and broadcast subscription every worker runs (``bench/chaos/ledger/stream.py``);
 3. meanwhile, at random intervals: ``kill -9`` of a worker, SIGTERM of another, ``KILL
    CONNECTION`` of all of a worker's connections (each replaced by a fresh worker), a
    message of a task that kills the worker running it (``os._exit``; it must die alone,
@@ -41,8 +44,16 @@ crashing task) or did not stop cleanly; a crashing task not dead at the end; a l
 window in which nothing else finished; or a median kill-to-reclaim time over 5 s. The
 JSON holds the evidence of each failed check (message ids, runs, history rows, the events
 around them). It exits 2
-when the harness itself could not do its job. Worker logs go to the run's directory
-under ``bench/results/``.
+when the harness itself could not do its job. The topic's audit fails it too: a committed
+message some group never handled; a rolled-back one sequenced, handled or heard; a topic
+duplicate with nothing to explain it; a keyed message out of order within a group; a
+group's position short of the topic's last offset; a broadcast message a process that
+lived through its window never heard (see docs/reliability.md for the window).
+
+The run restarts the server it uses: the machine's by default. ``--port``, ``--server``,
+``--pid-file`` and ``--server-args=…`` name a private one (bench/chaos/server.py).
+
+Worker logs go to the run's directory under ``bench/results/``.
 """
 
 from __future__ import annotations
