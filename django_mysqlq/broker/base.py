@@ -6,13 +6,14 @@ statements.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -92,8 +93,30 @@ class BrokerStats:
 stats = BrokerStats()
 
 
+_alias = threading.local()
+
+
 def default_alias() -> str:
-    return get_settings().DATABASE
+    """The alias of the statements that name none: this thread's bound alias (a worker's
+    threads serve one database each), else ``MYSQLQ['DATABASE']``."""
+    bound: str | None = getattr(_alias, "name", None)
+    return bound or get_settings().DATABASE
+
+
+def bind_alias(alias: str | None) -> None:
+    """Make ``alias`` this thread's default queue database (None: ``MYSQLQ['DATABASE']``)."""
+    _alias.name = alias
+
+
+@contextlib.contextmanager
+def on_alias(alias: str | None) -> Iterator[None]:
+    """Statements that name no alias go to ``alias`` on this thread until the block ends."""
+    previous: str | None = getattr(_alias, "name", None)
+    _alias.name = alias or previous
+    try:
+        yield
+    finally:
+        _alias.name = previous
 
 
 def connection_for(alias: str | None = None) -> BaseDatabaseWrapper:
