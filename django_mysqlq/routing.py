@@ -15,11 +15,37 @@ so ``override_settings`` and tests see the change at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
 
 from django.db import router
 
 from .conf import get_settings
+
+_bound = threading.local()
+
+
+def bound_alias() -> str | None:
+    """This thread's queue database, if one is bound (a worker's threads, an admin page)."""
+    return getattr(_bound, "name", None)
+
+
+def bind_alias(alias: str | None) -> None:
+    """Make ``alias`` this thread's queue database (None: ``MYSQLQ['DATABASE']``)."""
+    _bound.name = alias
+
+
+@contextlib.contextmanager
+def on_alias(alias: str | None) -> Iterator[None]:
+    """The queue's statements and ORM reads (with :class:`QueueRouter`) that name no alias
+    go to ``alias`` on this thread until the block ends."""
+    previous = bound_alias()
+    _bound.name = alias or previous
+    try:
+        yield
+    finally:
+        _bound.name = previous
 
 
 def _routed(queue: str) -> str | None:
@@ -87,7 +113,20 @@ def replica_aliases() -> dict[str, str]:
 class QueueRouter:
     """A router to add to ``DATABASE_ROUTERS``: the queue's tables (app ``django_mysqlq``)
     are migrated to, and only to, the aliases that hold queues; other apps are left to
-    the other routers. ``manage.py migrate --database queues_b`` then makes them there."""
+    the other routers. ``manage.py migrate --database queues_b`` then makes them there.
+    ORM queries on the queue's models go to this thread's bound alias (the admin binds
+    the database a page shows), else ``MYSQLQ['DATABASE']``."""
+
+    def db_for_read(self, model: type, **hints: object) -> str | None:
+        return self._queue_alias(model)
+
+    def db_for_write(self, model: type, **hints: object) -> str | None:
+        return self._queue_alias(model)
+
+    def _queue_alias(self, model: type) -> str | None:
+        if getattr(getattr(model, "_meta", None), "app_label", None) != "django_mysqlq":
+            return None
+        return bound_alias() or get_settings().DATABASE
 
     def allow_migrate(self, db: str, app_label: str, model_name: str | None = None,
                       **hints: object) -> bool | None:

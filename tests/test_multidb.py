@@ -201,3 +201,82 @@ def test_a_pause_holds_on_its_own_database_only(start_worker, env_b) -> None:
              message="the resumed queue to run")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+# ------------------------------------------------------------------ operators, replicas
+
+
+def test_queuestats_and_the_admin_see_both_databases(root) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    tasks.record.enqueue("on a")
+    on_b = tasks.record.using(queue=QUEUE_B).enqueue("on b")
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    found = {view["database"]: {q["name"]: q["ready"] for q in view["queues"]}
+             for view in __import__("json").loads(out.getvalue())["databases"]}
+    assert found["default"].get("default") == 1 and found[B] == {QUEUE_B: 1}
+    page = root.get("/admin/django_mysqlq/queuestate/?database=" + B).content.decode()
+    assert QUEUE_B in page and 'id="databases"' in page
+    listing = root.get(f"/admin/django_mysqlq/message/?database={B}").content.decode()
+    assert f"/admin/django_mysqlq/message/{on_b.id}/change/" in listing
+    # Cancelling from the message's page acts on its own database, never a same-id message
+    # of the other one.
+    tasks.record.enqueue_many([tasks.record.call(f"pad{i}") for i in range(on_b.id)])
+    response = root.post(f"/admin/django_mysqlq/message/{on_b.id}/act/cancel/?database={B}",
+                         {"confirmed": "yes"})
+    assert response.status_code == 302
+    assert count(B, "mysqlq_message") == 0
+    assert count(B, "mysqlq_attempt", "outcome='cancelled'") == 1
+    assert count("default", "mysqlq_message", f"id={on_b.id}") == 1  # untouched
+
+
+def test_reads_go_to_the_replica_and_claims_and_actions_never(start_worker, settings,
+                                                              ) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {B: mdb.ALIAS_R}}
+    replica = mdb.raw(mdb.ALIAS_R, database=False)
+    try:
+        replica.cursor().execute("STOP SLAVE SQL_THREAD")
+        handle = tasks.record.using(queue=QUEUE_B).enqueue("only on b")
+        # On B, not on its stopped replica: the views read the replica and say why.
+        out = StringIO()
+        call_command("queuestats", "--database", B, stdout=out)
+        text = out.getvalue()
+        assert f"read from replica {mdb.ALIAS_R}: lag unknown (replication is stopped" in text
+        assert QUEUE_B not in text  # nothing there yet
+        # A worker with the replica configured claims on B all the same.
+        worker = start_worker("--queues", QUEUE_B,
+                              env=mdb.extra_env(ON_B, read={B: mdb.ALIAS_R}))
+        wait_for(lambda: Ledger.objects.filter(label="only on b").exists(), timeout=30,
+                 message="the message to run from B")
+        assert mdb.query(mdb.ALIAS_R, "SELECT COUNT(*) FROM mysqlq_attempt") == [(0,)]
+        # (A handle reads the queue's own alias.)
+        wait_for(lambda: handle.state().status == "succeeded", timeout=10,
+                 message="the ack on B")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output()
+        # An operator action (a pause) writes B, never the replica.
+        broker.set_paused(QUEUE_B, True, broker.Operator("test"))
+        assert mdb.query(mdb.ALIAS_R, "SELECT COUNT(*) FROM mysqlq_queue") == [(0,)]
+        assert broker.paused_queues(B) == {QUEUE_B}
+    finally:
+        replica.cursor().execute("START SLAVE SQL_THREAD")
+        replica.close()
+    mdb.wait_replicated()
+    [view] = __import__("django_mysqlq.views", fromlist=["views"]).dashboards(only=B)
+    assert view.read == mdb.ALIAS_R and view.lag is not None and view.lag.seconds is not None
+    assert [q.name for q in view.dashboard.queues if q.paused] == [QUEUE_B]
+    broker.set_paused(QUEUE_B, False, broker.Operator("test"))
+
+
+def test_replica_lag_is_unknown_and_said_so_on_a_server_that_replicates_nothing() -> None:
+    from django_mysqlq.broker.replica import replica_lag
+
+    lag = replica_lag(B)
+    assert lag.seconds is None and "not a replica" in lag.problem

@@ -6,14 +6,13 @@ statements.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -21,11 +20,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
 from ..conf import get_settings
+from ..routing import bind_alias, bound_alias, on_alias
 from .isolation import transaction_prelude
 
 logger = logging.getLogger("django_mysqlq")
 
 T = TypeVar("T")
+
+__all__ = ["bind_alias", "on_alias"]  # re-exported: the worker binds its threads
 
 MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
@@ -93,30 +95,10 @@ class BrokerStats:
 stats = BrokerStats()
 
 
-_alias = threading.local()
-
-
 def default_alias() -> str:
     """The alias of the statements that name none: this thread's bound alias (a worker's
-    threads serve one database each), else ``MYSQLQ['DATABASE']``."""
-    bound: str | None = getattr(_alias, "name", None)
-    return bound or get_settings().DATABASE
-
-
-def bind_alias(alias: str | None) -> None:
-    """Make ``alias`` this thread's default queue database (None: ``MYSQLQ['DATABASE']``)."""
-    _alias.name = alias
-
-
-@contextlib.contextmanager
-def on_alias(alias: str | None) -> Iterator[None]:
-    """Statements that name no alias go to ``alias`` on this thread until the block ends."""
-    previous: str | None = getattr(_alias, "name", None)
-    _alias.name = alias or previous
-    try:
-        yield
-    finally:
-        _alias.name = previous
+    threads serve one database each; ``routing.on_alias``), else ``MYSQLQ['DATABASE']``."""
+    return bound_alias() or get_settings().DATABASE
 
 
 def connection_for(alias: str | None = None) -> BaseDatabaseWrapper:
