@@ -280,3 +280,18 @@ def test_replica_lag_is_unknown_and_said_so_on_a_server_that_replicates_nothing(
 
     lag = replica_lag(B)
     assert lag.seconds is None and "not a replica" in lag.problem
+
+
+def test_the_operator_commands_act_on_the_database_they_are_given() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    tasks.record.enqueue("stays on a")
+    tasks.record.using(queue=QUEUE_B).enqueue("cancelled on b")
+    call_command("queuecancel", "--status", "ready", "--database", B, stdout=StringIO())
+    assert count(B, "mysqlq_message") == 0
+    assert count("default", "mysqlq_message") == 1
+    with pytest.raises(CommandError, match="holds no queue"):
+        call_command("queuecancel", "--status", "ready", "--database", "nowhere")
