@@ -112,12 +112,12 @@ replicate() {  # "r" replicates "b" from the start of its binary log (GTID), onc
 }
 
 stop_one() {
-  local name=$1 file
+  local name=$1 file pid
   file="$(dir_of "$name")/mysqld.pid"
-  if [[ -s "$file" ]] && kill -0 "$(cat "$file")" 2>/dev/null; then
+  if [[ -s "$file" ]] && pid=$(cat "$file") && kill -0 "$pid" 2>/dev/null; then
     log "$name: stopping"
-    kill "$(cat "$file")"
-    while kill -0 "$(cat "$file" 2>/dev/null || echo 0)" 2>/dev/null; do sleep 0.2; done
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
   fi
 }
 
