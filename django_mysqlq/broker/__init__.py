@@ -31,6 +31,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_replay`` replay a range of a topic into one group
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -126,6 +128,18 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_ops import (
+    GroupState,
+    Lookup,
+    ResetResult,
+    ResetTarget,
+    TopicOffsetError,
+    groups,
+    lookup,
+    reset_group,
+    trace,
+)
+from .topic_replay import ReplayResult, replay_range
 from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
@@ -151,8 +165,10 @@ __all__ = [
     "Fired",
     "GateRef",
     "GroupSpec",
+    "GroupState",
     "HistoryBucket",
     "Holder",
+    "Lookup",
     "Mark",
     "NewMessage",
     "OldestTransaction",
@@ -160,9 +176,13 @@ __all__ = [
     "PurgeLag",
     "QueueOverview",
     "Repair",
+    "ReplayResult",
+    "ResetResult",
+    "ResetTarget",
     "Runner",
     "Stuck",
     "Synced",
+    "TopicOffsetError",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -193,6 +213,7 @@ __all__ = [
     "finish_by",
     "fire_due_schedules",
     "gates_of",
+    "groups",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -204,6 +225,7 @@ __all__ = [
     "is_setup_error",
     "last_offset",
     "listen",
+    "lookup",
     "mark_stale_workers",
     "mark_started",
     "own_connection",
@@ -232,9 +254,11 @@ __all__ = [
     "renew_leases",
     "repair_gates",
     "replay",
+    "replay_range",
     "requeue",
     "requeue_dead",
     "requeue_heads",
+    "reset_group",
     "retry_delay",
     "run_schedule_now",
     "send_robust",
@@ -247,6 +271,7 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "trace",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",
