@@ -267,3 +267,21 @@ def test_a_group_starts_at_the_latest_or_the_earliest_message() -> None:
 def test_subscribe_refuses_bad_arguments(kwargs: dict[str, object], problem: str) -> None:
     with pytest.raises(InvalidTaskOptions, match=problem):
         Topic("checked").subscribe(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_task_on_a_group_queue_is_a_system_check_error() -> None:
+    from django_mysqlq import queue_task
+    from django_mysqlq.checks import check_group_queues
+    from django_mysqlq.registry import registry
+
+    assert [e.id for e in check_group_queues()] == []
+
+    @queue_task(queue="group:billing", name="tests.intruder")
+    def intruder() -> None: ...
+
+    try:
+        errors = check_group_queues()
+        assert [e.id for e in errors] == ["django_mysqlq.E007"]
+        assert "tests.intruder" in errors[0].msg
+    finally:
+        registry._tasks.pop("tests.intruder", None)

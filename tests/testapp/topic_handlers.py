@@ -1,6 +1,7 @@
 """Topic subscriptions for tests/test_topics*.py. Each handled message writes a
 :class:`GateRun` row (label and seq from the payload, key ``<group>:<message key>``), from
-which the ledger proves each group handled each message, in key order."""
+which the ledger proves each group handled each message, in key order. Broadcast runs are
+written under ``<label>/broadcast``, one ``end`` row per process and message."""
 
 from __future__ import annotations
 
@@ -54,6 +55,6 @@ def broken(event: TopicEvent) -> None:
 @ledger.subscribe(broadcast=True)
 def everywhere(event: TopicEvent) -> None:
     data: dict[str, Any] = event.payload
-    GateRun.objects.create(label=data["label"], key=f"broadcast:{os.getpid()}",
+    GateRun.objects.create(label=f"{data['label']}/broadcast", key=f"broadcast:{os.getpid()}",
                            seq=data["seq"], edge="end", outcome="ok", at=time.time(),
                            pid=os.getpid(), thread=threading.current_thread().name)
