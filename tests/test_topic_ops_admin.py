@@ -125,3 +125,13 @@ def test_operating_needs_the_change_permission(orders) -> None:
     operator.force_login(user("op", "change_topicgroup"))
     operator.post(operate, {"op": "reset", "to": "earliest"})
     assert TopicGroup.objects.get(pk=row.pk).position == 0
+
+
+def test_dashboard_shows_topics_busiest_first_and_groups_lag(root, orders) -> None:
+    group("quiet", "q")
+    publish("quiet", 1)
+    page = root.get("/admin/django_mysqlq/queuestate/?refresh=0").content.decode()
+    assert 'id="topics"' in page and 'id="groups"' in page
+    assert page.index('id="topic-orders"') < page.index('id="topic-quiet"')
+    assert 'id="group-orders-billing"' in page and 'id="group-orders-audit"' in page
+    assert "?task=topic%3Aorders%3Abilling" in page

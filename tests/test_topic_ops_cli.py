@@ -187,3 +187,23 @@ def test_a_huge_lookup_range_is_bounded() -> None:
         run("lookup", "--topic", "orders", "--since", "1d", "--limit", "100000")
     found = broker.lookup("orders", offset=1, to_offset=10**12, limit=5)
     assert len(found.messages) == 5 and found.truncated
+
+
+def test_queuestats_lists_topics_by_volume_and_groups_with_lag() -> None:
+    made = group("orders", "billing")
+    group("rare", "r")
+    publish("orders", 5)
+    publish("rare", 1)
+    broker.pump(made, batch=2, window=100)
+    out = io.StringIO()
+    call_command("queuestats", stdout=out)
+    text = out.getvalue()
+    assert text.index("orders  5  5  5  5  5") < text.index("rare  1  1  1  1  1")
+    assert "billing" in text
+    out = io.StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert [t["topic"] for t in data["topics"]] == ["orders", "rare"]
+    billing = next(g for g in data["groups"] if g["group"] == "billing")
+    assert (billing["position"], billing["lag"]) == (2, 5)
+    assert data["overran"] == []

@@ -33,6 +33,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 ``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
 ``topic_replay`` replay a range of a topic into one group
+``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -139,6 +140,7 @@ from .topic_ops import (
     reset_group,
     trace,
 )
+from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
 from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
@@ -173,6 +175,7 @@ __all__ = [
     "NewMessage",
     "OldestTransaction",
     "Operator",
+    "Overran",
     "PurgeLag",
     "QueueOverview",
     "Repair",
@@ -183,6 +186,7 @@ __all__ = [
     "Stuck",
     "Synced",
     "TopicOffsetError",
+    "TopicVolume",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -228,6 +232,7 @@ __all__ = [
     "lookup",
     "mark_stale_workers",
     "mark_started",
+    "overran_deliveries",
     "own_connection",
     "paused_queues",
     "position",
@@ -271,6 +276,7 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_volumes",
     "trace",
     "transaction_left_open",
     "unchanged_since",

@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules
+from . import draining, fatal, queues, retention, schedules, topic_alerts
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -421,6 +421,7 @@ class Worker:
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
+            topic_alerts.report_overran(message, elapsed)
             if self.options.kill_on_timeout:
                 draining.abort_for_timeout(self, task, elapsed)
 
