@@ -33,6 +33,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 ``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
 ``topic_replay`` replay a range of a topic into one group
+``topic_retention`` deletes a topic's oldest messages in short batches
 ``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
@@ -142,6 +143,7 @@ from .topic_ops import (
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
+from .topic_retention import prune_topic_batch, topic_names
 from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
@@ -239,6 +241,7 @@ __all__ = [
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "prune_topic_batch",
     "publish",
     "pump",
     "purge_dead_batch",
@@ -276,6 +279,7 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_names",
     "topic_volumes",
     "trace",
     "transaction_left_open",

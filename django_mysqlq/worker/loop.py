@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules, topic_alerts
+from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -248,6 +248,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
