@@ -124,6 +124,7 @@ class Worker:
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
         self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
