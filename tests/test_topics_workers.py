@@ -60,7 +60,9 @@ def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_wor
     assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
                ) == set(GROUPS)
     total = 300
-    publish(label, total, fail_rate=0.1, sleep_ms=5)
+    # Random failures only where attempts can't run out: "broken" has 3, and 0.1 ** 3 per
+    # message over 300 messages would send one dead in about a quarter of the runs.
+    publish(label, total, fail_rate=0.1, flaky=["billing", "audit"], sleep_ms=5)
     wait_for(lambda: sum(ok_seqs(label, "billing").values()) >= 60, timeout=PATIENCE,
              message="a fifth of billing's messages")
     first.signal(signal.SIGKILL)
@@ -71,7 +73,15 @@ def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_wor
     def all_handled() -> bool:
         return all(set(ok_seqs(label, group)) == set(range(total)) for group in GROUPS)
 
-    wait_for(all_handled, timeout=PATIENCE, message="every group to handle every message")
+    try:
+        wait_for(all_handled, timeout=PATIENCE, message="every group to handle every message")
+    except BaseException:
+        for group in GROUPS:
+            missing = sorted(set(range(total)) - set(ok_seqs(label, group)))
+            print(group, "missing", missing[:20], "dead", broker.dead_deliveries("ledger", group),
+                  "left", list(Message.objects.filter(queue=f"group:{group}").values_list(
+                      "id", "status", "attempts", "gate_key")[:10]))
+        raise
     stop(second, third)
     killed = first.pid
     duplicates = 0

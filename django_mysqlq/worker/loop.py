@@ -287,9 +287,12 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        # Successes waiting for their ack count: an ack may make a gate's next message
-        # ready, and the acker then nudges this loop (a parked one would not hear it).
-        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
+        # Gated successes waiting for their ack count: that ack may make a gate's next
+        # message ready, and the acker then nudges this loop (a parked one would not hear
+        # it). Other unacked successes don't: staying awake for them turned every quiet
+        # moment into polling, and a producer's wake-up into a 20 ms wait.
+        busy = self.holdings.in_flight > 0 or (
+            self.acker is not None and self.acker.gated_unacked)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""

@@ -31,7 +31,9 @@ def _handle(group: str, event: TopicEvent) -> None:
     data: dict[str, Any] = event.payload
     _edge(event, group, "start")
     time.sleep(data.get("sleep_ms", 0) / 1000)
-    if group in data.get("always_fail", ()) or random.random() < data.get("fail_rate", 0):
+    flaky = group in data.get("flaky", (group,))  # the groups random failures hit
+    if group in data.get("always_fail", ()) or (
+            flaky and random.random() < data.get("fail_rate", 0)):
         _edge(event, group, "end", "failed")
         raise RuntimeError(f"{group} failed on #{data['seq']}")
     _edge(event, group, "end", "ok")
