@@ -125,6 +125,14 @@ class QueueSettings:
     TOPIC_WINDOW: int = 1000
     #: Seconds between two reads of a topic by a worker's broadcast thread.
     TOPIC_BROADCAST_POLL_SECONDS: float = 0.2
+    #: Topic messages published longer ago than this are deleted by the recovery leader
+    #: (in small batches, oldest offset first, moving the topic's ``first_offset``).
+    #: None: keep them forever.
+    TOPIC_RETENTION_SECONDS: float | None = 7 * 86400.0
+    #: Also keep a message until every consumer group of its topic has turned it into a
+    #: delivery (its position passed it). False: time alone decides (a group far behind
+    #: then skips what was deleted).
+    TOPIC_RETENTION_WAIT_FOR_GROUPS: bool = True
     # The Spark pipeline (``queuepipeline``, the ``spark`` extra): see docs/pipeline.md.
     #: The JDBC driver jar Spark loads (``spark.jars``): Debian's libmariadb-java by
     #: default. "" adds none (a cluster that ships its own, or ``spark.jars.packages``).
@@ -193,6 +201,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("TOPIC_PUMP_BATCH", whole(MAX_BATCH))
     check("TOPIC_WINDOW", whole(1_000_000))
     check("TOPIC_BROADCAST_POLL_SECONDS", seconds(zero=False))
+    check("TOPIC_RETENTION_SECONDS", limits.optional_seconds_problem)
     if "TOPIC_RETRY_BACKOFF" in values:
         try:
             values["TOPIC_RETRY_BACKOFF"] = retries.backoff_schedule(values["TOPIC_RETRY_BACKOFF"])
@@ -205,7 +214,8 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
         if name in values and not isinstance(values[name], str):
             problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
-    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
+    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE",
+                 "TOPIC_RETENTION_WAIT_FOR_GROUPS"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
     if "LOG_FORMAT" in values and values["LOG_FORMAT"] not in LOG_FORMATS:

@@ -31,6 +31,10 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_replay`` replay a range of a topic into one group
+``topic_retention`` deletes a topic's oldest messages in short batches
+``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -126,6 +130,20 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_ops import (
+    GroupState,
+    Lookup,
+    ResetResult,
+    ResetTarget,
+    TopicOffsetError,
+    groups,
+    lookup,
+    reset_group,
+    trace,
+)
+from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
+from .topic_replay import ReplayResult, replay_range
+from .topic_retention import prune_topic_batch, topic_names
 from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
@@ -151,18 +169,26 @@ __all__ = [
     "Fired",
     "GateRef",
     "GroupSpec",
+    "GroupState",
     "HistoryBucket",
     "Holder",
+    "Lookup",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
+    "Overran",
     "PurgeLag",
     "QueueOverview",
     "Repair",
+    "ReplayResult",
+    "ResetResult",
+    "ResetTarget",
     "Runner",
     "Stuck",
     "Synced",
+    "TopicOffsetError",
+    "TopicVolume",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -193,6 +219,7 @@ __all__ = [
     "finish_by",
     "fire_due_schedules",
     "gates_of",
+    "groups",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -204,14 +231,17 @@ __all__ = [
     "is_setup_error",
     "last_offset",
     "listen",
+    "lookup",
     "mark_stale_workers",
     "mark_started",
+    "overran_deliveries",
     "own_connection",
     "paused_queues",
     "position",
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "prune_topic_batch",
     "publish",
     "pump",
     "purge_dead_batch",
@@ -232,9 +262,11 @@ __all__ = [
     "renew_leases",
     "repair_gates",
     "replay",
+    "replay_range",
     "requeue",
     "requeue_dead",
     "requeue_heads",
+    "reset_group",
     "retry_delay",
     "run_schedule_now",
     "send_robust",
@@ -247,6 +279,9 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_names",
+    "topic_volumes",
+    "trace",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules
+from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -124,6 +124,7 @@ class Worker:
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
         self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
@@ -248,6 +249,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
@@ -424,6 +426,7 @@ class Worker:
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
+            topic_alerts.report_overran(message, elapsed)
             if self.options.kill_on_timeout:
                 draining.abort_for_timeout(self, task, elapsed)
 
