@@ -1,4 +1,5 @@
-"""System checks: settings (E001-E006, W002, W003) and the live server (W001)."""
+"""System checks: settings (E001-E006, W002, W003), group queues (E007) and the live
+server (W001)."""
 
 from __future__ import annotations
 
@@ -241,3 +242,32 @@ def check_schedules(app_configs: Sequence[AppConfig] | None = None,
                                 "every declared schedule when they start and refuse to "
                                 "start on one they can't write.", id="django_mysqlq.E006")
             for problem in recurring.problems()]
+
+
+@register()
+def check_group_queues(app_configs: Sequence[AppConfig] | None = None,
+                       **kwargs: Any) -> list[CheckMessage]:
+    """Queues named ``group:<name>`` hold consumer groups' deliveries: a task of its own
+    there would be claimed by the group's members, and counted in its lag (E007)."""
+    try:
+        load_settings()
+    except SettingsError:
+        return []
+    from .registry import import_task_modules, registry
+    from .topicnames import GROUP_QUEUE_PREFIX, TASK_PREFIX
+
+    try:
+        import_task_modules()
+    except ImproperlyConfigured:
+        return []  # E005 says why
+    errors: list[CheckMessage] = []
+    for name in registry.names():
+        task = registry.get(name)
+        if task.queue.startswith(GROUP_QUEUE_PREFIX) and not name.startswith(TASK_PREFIX):
+            errors.append(Error(
+                f"Task {name!r} uses the queue {task.queue!r}, a name kept for the "
+                "deliveries of a topic's consumer group.",
+                hint="Give the task another queue: names starting with 'group:' belong to "
+                     "Topic(...).subscribe(group=...) (docs/streams.md).",
+                id="django_mysqlq.E007"))
+    return errors

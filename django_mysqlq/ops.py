@@ -252,6 +252,11 @@ class Dashboard:
     unserved: list[broker.UnservedQueue] = dataclasses.field(default_factory=list)
     #: Recurring tasks with their last and next run.
     schedules: list[scheduling.ScheduleStatus] = dataclasses.field(default_factory=list)
+    #: Topics (busiest first), consumer groups with their lag, group handlers past their
+    #: timeout (see docs/streams.md, monitoring).
+    topics: list[broker.TopicVolume] = dataclasses.field(default_factory=list)
+    groups: list[broker.GroupState] = dataclasses.field(default_factory=list)
+    overran: list[broker.Overran] = dataclasses.field(default_factory=list)
 
     @property
     def unserved_text(self) -> str:
@@ -274,6 +279,11 @@ class Dashboard:
             "top_failing": [{"task": t, "failures": n} for t, n in self.top_failing],
             "per_minute": self.per_minute,
             "schedules": [schedule.as_json() for schedule in self.schedules],
+            "topics": [topic.as_json() for topic in self.topics],
+            "groups": [group.as_json() for group in self.groups],
+            "overran": [{"message_id": o.message_id, "task": o.task_name,
+                         "worker": o.worker_id, "seconds": o.running_seconds,
+                         "timeout": o.timeout} for o in self.overran],
         }
 
 
@@ -325,7 +335,8 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
                      purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
-                     schedules=scheduling.statuses())
+                     schedules=scheduling.statuses(), topics=broker.topic_volumes(),
+                     groups=broker.groups(), overran=broker.overran_deliveries())
 
 
 # --------------------------------------------------------------------------- subjects

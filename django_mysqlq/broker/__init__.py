@@ -30,6 +30,12 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_replay`` replay a range of a topic into one group
+``topic_retention`` deletes a topic's oldest messages in short batches
+``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
+``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -57,6 +63,7 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
+from .deliveries import GroupSpec, create_group, dead_deliveries, position, pump, requeue_dead
 from .enqueue import enqueue
 from .held import (
     Holder,
@@ -126,6 +133,21 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_ops import (
+    GroupState,
+    Lookup,
+    ResetResult,
+    ResetTarget,
+    TopicOffsetError,
+    groups,
+    lookup,
+    reset_group,
+    trace,
+)
+from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
+from .topic_replay import ReplayResult, replay_range
+from .topic_retention import prune_topic_batch, topic_names
+from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -149,18 +171,27 @@ __all__ = [
     "Deferral",
     "Fired",
     "GateRef",
+    "GroupSpec",
+    "GroupState",
     "HistoryBucket",
     "Holder",
+    "Lookup",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
+    "Overran",
     "PurgeLag",
     "QueueOverview",
     "Repair",
+    "ReplayResult",
+    "ResetResult",
+    "ResetTarget",
     "Runner",
     "Stuck",
     "Synced",
+    "TopicOffsetError",
+    "TopicVolume",
     "UnservedQueue",
     "ack",
     "ack_many",
@@ -178,7 +209,9 @@ __all__ = [
     "count_dead_before",
     "count_history_before",
     "count_workers_before",
+    "create_group",
     "database_now",
+    "dead_deliveries",
     "dead_heads",
     "default_alias",
     "defer",
@@ -191,6 +224,7 @@ __all__ = [
     "finish_by",
     "fire_due_schedules",
     "gates_of",
+    "groups",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -200,15 +234,22 @@ __all__ = [
     "is_refusal",
     "is_schema_error",
     "is_setup_error",
+    "last_offset",
     "listen",
+    "lookup",
     "mark_stale_workers",
     "mark_started",
     "on_alias",
+    "overran_deliveries",
     "own_connection",
     "paused_queues",
+    "position",
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "prune_topic_batch",
+    "publish",
+    "pump",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -217,6 +258,7 @@ __all__ = [
     "queue_names",
     "queue_overview",
     "queues_holding",
+    "read_after",
     "recover",
     "register_worker",
     "release",
@@ -226,11 +268,15 @@ __all__ = [
     "renew_leases",
     "repair_gates",
     "replay",
+    "replay_range",
     "requeue",
+    "requeue_dead",
     "requeue_heads",
+    "reset_group",
     "retry_delay",
     "run_schedule_now",
     "send_robust",
+    "sequence",
     "served_queues",
     "set_paused",
     "set_priority",
@@ -239,6 +285,9 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_names",
+    "topic_volumes",
+    "trace",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

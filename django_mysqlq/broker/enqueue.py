@@ -191,6 +191,15 @@ def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | Non
     return statuses
 
 
+def insert_rows(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None
+                ) -> list[int]:
+    """Insert in the transaction already open on ``alias`` (``statuses`` from
+    :func:`gate_statuses`, or None when no message passes a gate); return the ids."""
+    if len(messages) == 1:
+        return [_insert_one(alias, messages[0], statuses)]
+    return _insert_many(alias, messages, statuses)
+
+
 def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int], list[str]]:
     """Gates, then rows, in one transaction; the ids, and the queues to wake (one entry per
     message that holds a slot: a blocked one needs no worker yet)."""

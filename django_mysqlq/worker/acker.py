@@ -110,6 +110,14 @@ class Acker:
         """Successes not acked yet: waiting, being written, or waiting for a busy gate."""
         return len(self._pending) + len(self._writing) + len(self._busy)
 
+    @property
+    def gated_unacked(self) -> bool:
+        """Whether a success not acked yet has a gate: its ack may make that gate's next
+        message ready, so the worker should stay awake for the nudge."""
+        with self._cond:
+            return any(m.gate_key is not None for m, _, _ in
+                       [*self._writing, *self._pending, *(f for f, _ in self._busy)])
+
     def held_pairs(self) -> list[tuple[int, str]]:
         """(id, token) of successes not acked yet (being written or waiting)."""
         with self._cond:
