@@ -120,7 +120,8 @@ class Worker:
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
                            self.stats.add, nudge=self.wakeup.set,
-                           idle=self._nothing_waiting) if batch > 1 else None
+                           idle=self._nothing_waiting,
+                           alias=options.database) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
@@ -136,6 +137,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
         self._start()  # raises WorkerCannotRun if the database can't serve it

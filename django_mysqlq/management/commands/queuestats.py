@@ -9,7 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_mysqlq import ops
+from django_mysqlq import ops, views
+from django_mysqlq.conf import get_settings
 
 from .queueschedule import table as schedule_table
 from .queuetopic import groups_table
@@ -71,19 +72,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")
+        parser.add_argument("--database", default=None, metavar="ALIAS",
+                            help="Only this queue database (default: every alias that "
+                                 "holds queues, each read from its MYSQLQ['READ_DATABASE'] "
+                                 "replica if it has one).")
         parser.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
                             metavar="SECONDS",
                             help="Print again every SECONDS (default 2) until Ctrl-C.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         while True:
-            data = ops.dashboard()
+            found = views.dashboards(only=options["database"])
+            several = len(found) > 1 or found[0].lag is not None or found[0].alias != \
+                get_settings().DATABASE
             if options["json"]:
-                self.stdout.write(json.dumps(data.as_json()))
+                self.stdout.write(json.dumps(
+                    {"databases": [view.as_json() for view in found]} if len(found) > 1
+                    else found[0].as_json()))
             else:
                 if options["watch"]:
                     self.stdout.write("\x1b[2J\x1b[H", ending="")
-                self.stdout.write(_table(data))
+                self.stdout.write("\n\n".join(
+                    (f"== {view.title}\n" if several else "") + _table(view.dashboard)
+                    for view in found))
             if not options["watch"]:
                 return
             try:
