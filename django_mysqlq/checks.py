@@ -68,6 +68,40 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
     return errors
 
 
+@register()
+def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
+                          **kwargs: Any) -> list[CheckMessage]:
+    """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``) exists and is
+    MySQL or MariaDB (E010, E011)."""
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []  # E001 reports it
+    errors: list[CheckMessage] = []
+    named = [(f"MYSQLQ['QUEUES'][{queue!r}]['DATABASE']", str(entry["DATABASE"]), "E010")
+             for queue, entry in conf.QUEUES.items() if entry.get("DATABASE")]
+    for alias, read in _read_aliases(conf.READ_DATABASE, conf.DATABASE).items():
+        named.append((f"MYSQLQ['READ_DATABASE'] (for {alias!r})", read, "E011"))
+    for where, alias, code in named:
+        if alias not in settings.DATABASES:
+            errors.append(Error(
+                f"{where} is {alias!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                id=f"django_mysqlq.{code}"))
+        elif queue_vendor(alias) != "mysql" and not conf.IMMEDIATE:
+            errors.append(Error(f"{where} is {alias!r}, which is not MySQL or MariaDB.",
+                                hint=NOT_MYSQL_HINT, id=f"django_mysqlq.{code}"))
+    return errors
+
+
+def _read_aliases(read: object, default: str) -> dict[str, str]:
+    if isinstance(read, str):
+        return {default: read}
+    if isinstance(read, dict):
+        return {str(alias): str(replica) for alias, replica in read.items()}
+    return {}
+
+
 @register(Tags.database)
 def check_binlog_format(app_configs: Sequence[AppConfig] | None = None,
                         databases: Sequence[str] | None = None,

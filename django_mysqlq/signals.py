@@ -29,3 +29,7 @@ topic_published = Signal()
 #: sender: the topic's name; kwargs: ``group``, ``offsets`` (turned into deliveries of the
 #: group by a worker's pump).
 topic_pumped = Signal()
+#: sender: the topic's name; kwargs: ``group``, ``message_id`` (the delivery), ``offset``,
+#: ``seconds`` (run so far), ``timeout``. Sent once by the worker running a group's
+#: handler when it passes its ``timeout`` (besides ``task_overran``), with a log line.
+topic_handler_overran = Signal()

@@ -41,6 +41,9 @@ MYSQLQ = {
 if os.environ.get("MYSQLQ_BENCH_ACK_BATCH"):
     # The tuned burn-down cases raise the ack batch (the crash re-run bound) above 20.
     MYSQLQ["ACK_BATCH_SIZE"] = int(os.environ["MYSQLQ_BENCH_ACK_BATCH"])
+if os.environ.get("MYSQLQ_BENCH_STREAMS") == "1":
+    # Workers of the streams workload: members of its consumer groups.
+    MYSQLQ["TASK_MODULES"] = ["bench.perf.benchapp.streams"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

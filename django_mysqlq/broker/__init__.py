@@ -31,6 +31,10 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_replay`` replay a range of a topic into one group
+``topic_retention`` deletes a topic's oldest messages in short batches
+``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -43,13 +47,16 @@ from .base import (
     MESSAGE_TABLE,
     QUEUE_TABLE,
     WORKER_TABLE,
+    bind_alias,
     close_if_broken,
+    default_alias,
     ensure_usable,
     error_code,
     finish_by,
     is_refusal,
     is_schema_error,
     is_setup_error,
+    on_alias,
     send_robust,
     stats,
     was_interrupted,
@@ -126,6 +133,20 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_ops import (
+    GroupState,
+    Lookup,
+    ResetResult,
+    ResetTarget,
+    TopicOffsetError,
+    groups,
+    lookup,
+    reset_group,
+    trace,
+)
+from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
+from .topic_replay import ReplayResult, replay_range
+from .topic_retention import prune_topic_batch, topic_names
 from .topics import last_offset, publish, read_after, sequence
 from .unserved import (
     UnservedQueue,
@@ -151,23 +172,32 @@ __all__ = [
     "Fired",
     "GateRef",
     "GroupSpec",
+    "GroupState",
     "HistoryBucket",
     "Holder",
+    "Lookup",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
+    "Overran",
     "PurgeLag",
     "QueueOverview",
     "Repair",
+    "ReplayResult",
+    "ResetResult",
+    "ResetTarget",
     "Runner",
     "Stuck",
     "Synced",
+    "TopicOffsetError",
+    "TopicVolume",
     "UnservedQueue",
     "ack",
     "ack_many",
     "ack_within",
     "activity_marks",
+    "bind_alias",
     "cancel",
     "claim",
     "claim_sql",
@@ -183,6 +213,7 @@ __all__ = [
     "database_now",
     "dead_deliveries",
     "dead_heads",
+    "default_alias",
     "defer",
     "deregister_worker",
     "describe_unserved",
@@ -193,6 +224,7 @@ __all__ = [
     "finish_by",
     "fire_due_schedules",
     "gates_of",
+    "groups",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -204,14 +236,18 @@ __all__ = [
     "is_setup_error",
     "last_offset",
     "listen",
+    "lookup",
     "mark_stale_workers",
     "mark_started",
+    "on_alias",
+    "overran_deliveries",
     "own_connection",
     "paused_queues",
     "position",
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "prune_topic_batch",
     "publish",
     "pump",
     "purge_dead_batch",
@@ -232,9 +268,11 @@ __all__ = [
     "renew_leases",
     "repair_gates",
     "replay",
+    "replay_range",
     "requeue",
     "requeue_dead",
     "requeue_heads",
+    "reset_group",
     "retry_delay",
     "run_schedule_now",
     "send_robust",
@@ -247,6 +285,9 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_names",
+    "topic_volumes",
+    "trace",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

@@ -14,11 +14,11 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from ..messages import NewMessage
 from ..models import MessageStatus
+from ..routing import alias_for_queue
 from ..signals import message_enqueued
 from .base import (
     MESSAGE_TABLE,
     connection_for,
-    default_alias,
     in_transaction,
     logger,
     micros,
@@ -241,12 +241,30 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
 def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     """Insert messages in the caller's transaction (if any); return their ids in order.
 
-    Times are taken from the database clock. A message whose ``run_at`` lies in the
-    future is stored as scheduled and promoted to ready when it is due.
+    Each message goes to its queue's database (``routing.alias_for_queue``) and joins the
+    caller's transaction on that alias. Times are taken from the database clock. A
+    message whose ``run_at`` lies in the future is stored as scheduled and promoted to
+    ready when it is due.
     """
     if not messages:
         return []
-    alias = default_alias()
+    groups: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        groups.setdefault(alias_for_queue(message.queue), []).append(index)
+    if len(groups) == 1:
+        [alias] = groups
+        return _enqueue_on(alias, messages)
+    # Queues on several databases: one insert per database, each in its own transaction
+    # (there is no transaction across two servers); the ids in the given order.
+    ids: list[int] = [0] * len(messages)
+    for alias, indexes in groups.items():
+        for index, message_id in zip(indexes, _enqueue_on(alias, [messages[i] for i in indexes]),
+                                     strict=True):
+            ids[index] = message_id
+    return ids
+
+
+def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
         message_id, inserted = _insert_deduplicated(alias, messages[0])
@@ -262,13 +280,14 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
+        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues, alias),
+                              using=alias)
     return ids
 
 
-def _after_enqueue(task_name: str, ids: list[int], queues: list[str]) -> None:
+def _after_enqueue(task_name: str, ids: list[int], queues: list[str], alias: str) -> None:
     try:
-        wake(queues)
+        wake(queues, alias)
     except DatabaseError as exc:  # the messages are committed; workers will poll them
         logger.warning("Could not wake idle workers after an enqueue (%s).", exc)
     send_robust(message_enqueued, task_name, message_ids=ids)

@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..registry import import_task_modules
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules
+from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -120,10 +120,12 @@ class Worker:
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
                            self.stats.add, nudge=self.wakeup.set,
-                           idle=self._nothing_waiting) if batch > 1 else None
+                           idle=self._nothing_waiting,
+                           alias=options.database) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
         self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
@@ -135,6 +137,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
         self._start()  # raises WorkerCannotRun if the database can't serve it
@@ -248,6 +251,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
@@ -285,9 +289,12 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        # Successes waiting for their ack count: an ack may make a gate's next message
-        # ready, and the acker then nudges this loop (a parked one would not hear it).
-        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
+        # Gated successes waiting for their ack count: that ack may make a gate's next
+        # message ready, and the acker then nudges this loop (a parked one would not hear
+        # it). Other unacked successes don't: staying awake for them turned every quiet
+        # moment into polling, and a producer's wake-up into a 20 ms wait.
+        busy = self.holdings.in_flight > 0 or (
+            self.acker is not None and self.acker.gated_unacked)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""
@@ -421,6 +428,7 @@ class Worker:
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
+            topic_alerts.report_overran(message, elapsed)
             if self.options.kill_on_timeout:
                 draining.abort_for_timeout(self, task, elapsed)
 
