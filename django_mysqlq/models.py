@@ -25,6 +25,7 @@ from typing import Any
 from django.db import models
 
 from . import gating
+from .managers import BoundManager
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -152,7 +153,7 @@ class Message(models.Model):
 
     last_error = models.TextField(blank=True, default="")
 
-    objects = MessageQuerySet.as_manager()
+    objects = BoundManager.from_queryset(MessageQuerySet)()
 
     class Meta:
         db_table = "mysqlq_message"
@@ -238,7 +239,7 @@ class Attempt(models.Model):
     #: skips originals that already have one, so a re-run enqueues nothing twice).
     replayed_from = models.BigIntegerField(null=True, blank=True)
 
-    objects = AttemptQuerySet.as_manager()
+    objects = BoundManager.from_queryset(AttemptQuerySet)()
 
     class Meta:
         db_table = "mysqlq_attempt"
@@ -286,7 +287,7 @@ class Worker(models.Model):
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 
-    objects = WorkerQuerySet.as_manager()
+    objects = BoundManager.from_queryset(WorkerQuerySet)()
 
     class Meta:
         db_table = "mysqlq_worker"
@@ -306,6 +307,8 @@ class QueueState(models.Model):
     paused = models.BooleanField(default=False)
     changed_at = models.DateTimeField()
     changed_by = models.CharField(max_length=200, blank=True, default="")
+
+    objects = BoundManager["QueueState"]()
 
     class Meta:
         db_table = "mysqlq_queue"
@@ -353,6 +356,8 @@ class Gate(models.Model):
     blocked = models.IntegerField(default=0)
     #: Last change under the row's lock: the repair checks gates unchanged for a lease.
     changed_at = models.DateTimeField()
+
+    objects = BoundManager["Gate"]()
 
     class Meta:
         db_table = "mysqlq_gate"
@@ -412,6 +417,8 @@ class Schedule(models.Model):
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["Schedule"]()
+
     class Meta:
         db_table = "mysqlq_schedule"
         ordering = ["name"]
@@ -429,6 +436,8 @@ class Lease(models.Model):
     name = models.CharField(max_length=100, primary_key=True)
     holder = models.CharField(max_length=255)
     expires_at = models.DateTimeField()
+
+    objects = BoundManager["Lease"]()
 
     class Meta:
         db_table = "mysqlq_lease"
