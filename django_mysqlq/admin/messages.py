@@ -408,7 +408,8 @@ class _EntryPoint(MessageAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = dict(extra_context or {})
         context["requeue_matching_url"] = None
-        return admin.ModelAdmin.changelist_view(self, request, context)
+        return databases.within(
+            request, lambda: admin.ModelAdmin.changelist_view(self, request, context))
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
