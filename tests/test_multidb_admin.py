@@ -269,3 +269,12 @@ def test_a_user_with_view_permission_only_sees_b_but_cannot_act(client: Client) 
     response = client.post(f"{ADMIN}/message/{dead}/act/requeue/?database={B}", {})
     assert response.status_code == 403
     assert mdb.query(B, "SELECT status FROM mysqlq_message WHERE id=%s", [dead]) == [("dead",)]
+
+
+def test_a_consumer_group_queue_on_another_database_is_refused(settings: Any) -> None:
+    from django.core.checks import run_checks
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {"group:billing": {"DATABASE": B}}}
+    assert "django_mysqlq.E012" in {e.id for e in run_checks()}
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
+    assert "django_mysqlq.E012" not in {e.id for e in run_checks()}
