@@ -206,23 +206,29 @@ def cpu_delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else round(after - before, 1)
 
 
-def bench_archive(conn: Any, work: Path, rows: int) -> dict[str, Any]:
+def bench_archive(conn: Any, work: Path, rows: int, with_worker: bool = True) -> dict[str, Any]:
     from bench.perf.context import _FILL_SQL, NOOP_PAYLOAD, NOOP_TASK
     from bench.perf.workers import WorkerProcess, worker_args
 
-    log(f"archive: a worker drains {WORKER_FILL} no-op messages; its rate alone, then "
-        "beside queuepipeline archive")
-    cursor = conn.cursor()
-    for _ in range(WORKER_FILL // 100_000):
-        cursor.execute(_FILL_SQL.format(n=100_000), ["default", NOOP_TASK, NOOP_PAYLOAD])
-    env = {"MYSQLQ_BENCH_DB": os.environ["MYSQLQ_BENCH_DB"]}
-    worker = WorkerProcess(worker_args(4, 1), work, "worker", env)
+    worker = None
+    if with_worker:
+        log(f"archive: a worker drains {WORKER_FILL} no-op messages; its rate alone, then "
+            "beside queuepipeline archive")
+        cursor = conn.cursor()
+        for _ in range(WORKER_FILL // 100_000):
+            cursor.execute(_FILL_SQL.format(n=100_000), ["default", NOOP_TASK, NOOP_PAYLOAD])
+        env = {"MYSQLQ_BENCH_DB": os.environ["MYSQLQ_BENCH_DB"]}
+        worker = WorkerProcess(worker_args(4, 1), work, "worker", env)
+    else:
+        log("archive: queuepipeline archive alone (--archive-alone: no worker beside it)")
+    worker_pid = worker.pid if worker is not None else None
     try:
-        time.sleep(5.0)  # started, warmed up
+        if worker is not None:
+            time.sleep(5.0)  # started, warmed up
         server = server_pid()
-        cpu = {"server": cpu_seconds(server), "worker": cpu_seconds(worker.pid)}
-        alone, _ = worker_rate(conn, WORKER_WINDOW)
-        cpu_alone = {"server": cpu_seconds(server), "worker": cpu_seconds(worker.pid)}
+        cpu = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
+        alone = worker_rate(conn, WORKER_WINDOW)[0] if worker is not None else None
+        cpu_alone = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
         archive_log = work / "archive.log"
         env_all = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS,
                    "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -240,12 +246,13 @@ def bench_archive(conn: Any, work: Path, rows: int) -> dict[str, Any]:
 
             during, processed = worker_rate(conn, 0, until=ended)
         seconds = time.perf_counter() - started
-        cpu_during = {"server": cpu_seconds(server), "worker": cpu_seconds(worker.pid)}
+        cpu_during = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
         out = process.stdout.read().decode() if process.stdout else ""
         if process.returncode != 0:
             raise SystemExit(f"archive failed: {out}\n{archive_log.read_text()[-3000:]}")
     finally:
-        worker.kill()
+        if worker is not None:
+            worker.kill()
     job = re.search(r"in ([\d.]+)s", out)
     left = scalar(conn, "SELECT COUNT(*) FROM mysqlq_attempt WHERE worker_id = 'bench-worker'")
     import pyarrow.dataset as ds
@@ -324,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--only", default=",".join(STEPS))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--archive-alone", action="store_true",
+                        help="archive with no worker draining a queue beside it")
     args = parser.parse_args(argv)
     steps = [step for step in STEPS if step in args.only.split(",")]
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
@@ -356,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
             elif step == "readers":
                 results[step] = bench_readers(args.rows)
             elif step == "archive":
-                results[step] = bench_archive(conn, work, args.rows)
+                results[step] = bench_archive(conn, work, args.rows, not args.archive_alone)
             else:
                 results[step] = bench_enqueue(conn, work, args.rows)
             log(json.dumps({k: v for k, v in results[step].items() if k != "stdout"},
