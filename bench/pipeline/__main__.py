@@ -4,11 +4,14 @@ made in the real tables, each job beside the same work done without Spark.
     python -m bench.pipeline                 # 1M rows: about 10 minutes on 2 cores
     python -m bench.pipeline --rows 50000    # a quick look
     python -m bench.pipeline --only report,readers
+    python -m bench.pipeline --only archive --archive-alone   # no worker beside it
 
 Writes ``bench/results/pipeline-<run>.json`` and ``.md``. The database is
 ``mysqlq_pipeline_bench`` (``MYSQLQ_BENCH_DB`` and ``…_HOST/PORT/USER/PASSWORD``
 override it); its queue tables are emptied first. Each job runs as ``manage.py
 queuepipeline`` in a subprocess, so its time is end to end: Python, Django, the JVM.
+The archive step also reports the CPU seconds of the command (every process of its
+session: Python, the JVM), of the local MariaDB server and of the worker.
 """
 
 from __future__ import annotations
