@@ -12,7 +12,8 @@ to be killed in:
    staged file and its final place. From here the batch is archived: a next run rolls
    it forward.
 4. **moved**: the staged files are renamed to ``<kind>/day=…/queue=…/part-<batch>-N.parquet``.
-5. **deleted**: exactly the ids read back from those files are deleted from MySQL, a
+5. **deleted**: exactly the ids read back from those files (in step 2's read; a run
+   finishing an interrupted batch reads the final files again) are deleted from MySQL, a
    short autocommit statement per ``delete_batch`` ids; then ``<batch>.done`` is written
    and the staging removed. Deleting an id twice is a no-op, so a run killed anywhere in
    here is finished by the next one.
