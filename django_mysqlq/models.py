@@ -11,6 +11,8 @@
 * :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
   messages may hold a slot, how many do, and how many wait (``blocked``).
 * :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
+* :class:`UniqueKey` is one row per dedup key taken for a period after its message
+  succeeded (``unique_for``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -124,6 +126,9 @@ class Message(models.Model):
     timeout = models.FloatField(null=True, blank=True)
     #: At most one unfinished message per key; NULL (no key) never collides, '' would.
     dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: Seconds its dedup key stays taken after it succeeds (:class:`UniqueKey`); 0: the
+    #: key is free again once it finished (unique while queued).
+    unique_for = models.PositiveIntegerField(default=0, db_default=0)
     #: The ordered subject or concurrency key this message passes (with ``gate_mode``);
     #: NULL for a message that passes no gate. Compared exactly (binary collation).
     gate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -419,6 +424,37 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"
+
+
+def unique_key_id(dedup_key: str) -> str:
+    """The primary key of a :class:`UniqueKey`: a digest of the dedup key."""
+    return hashlib.sha256(dedup_key.encode("utf-8")).hexdigest()[:GATE_ID_LENGTH]
+
+
+class UniqueKey(models.Model):
+    """A dedup key kept taken after its message succeeded (``unique_for``): written by the
+    ack, checked by enqueues with ``unique_for``, deleted by retention once expired (see
+    ``broker.unique``). The primary key is a digest (:func:`unique_key_id`), as for gates.
+    """
+
+    id = models.CharField(max_length=GATE_ID_LENGTH, primary_key=True)
+    dedup_key = models.CharField(max_length=255)
+    #: The message that succeeded (0 on a row an enqueue made: no period runs).
+    message_id = models.BigIntegerField()
+    task_name = models.CharField(max_length=255, blank=True, default="")
+    queue = models.CharField(max_length=64, blank=True, default="")
+    succeeded_at = models.DateTimeField(null=True, blank=True)
+    #: Until when the key stays taken (UTC). In the past: free.
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "mysqlq_unique_key"
+        verbose_name = "unique key"
+        verbose_name_plural = "unique keys (taken after success)"
+        indexes = [models.Index(fields=["expires_at"], name="mysqlq_uniq_expires")]
+
+    def __str__(self) -> str:
+        return f"{self.dedup_key} (until {self.expires_at})"
 
 
 class Lease(models.Model):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import inspect
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -38,6 +40,8 @@ class EnqueueOptions:
     #: An ordered subject, or a concurrency key, for this call (see ``gating``).
     subject: str | None = None
     concurrency_key: str | None = None
+    #: Unique job for this call: 0 (unique while queued) or seconds kept after success.
+    unique_for: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,38 @@ def _validate_run_at(run_at: object) -> dt.datetime:
     _checked(limits.run_at_problem(run_at, timezone.now()))
     assert isinstance(run_at, dt.datetime)
     return run_at
+
+
+def _validate_unique_for(value: object, option: str = "unique_for") -> int:
+    _checked(limits.unique_for_problem(value, option))
+    assert isinstance(value, dt.timedelta | int)
+    return limits.unique_for_seconds(value)
+
+
+#: Prefix of the dedup key a unique task's call gets when it gives none.
+DERIVED_KEY_PREFIX = "mysqlq:unique:"
+
+
+def derived_dedup_key(task_name: str, func: Callable[..., Any], args: Sequence[Any],
+                      kwargs: Mapping[str, Any], payload_text: str,
+                      skip_first: bool = False) -> str:
+    """The dedup key of a unique task's call without one: a digest of its task and its
+    arguments as bound to the signature, defaults included, so ``f(1)``, ``f(x=1)`` and
+    ``f(1, y=<its default>)`` are the same call (the encoded payload where the function
+    has no signature to bind to)."""
+    identity = payload_text
+    try:
+        signature = inspect.signature(func)
+        if skip_first:
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        identity = json.dumps(bound.arguments, sort_keys=True, separators=(",", ":"),
+                              default=repr)
+    except (TypeError, ValueError):
+        pass  # no signature (some C callables): the payload as encoded
+    digest = hashlib.sha256(f"{task_name}\x00{identity}".encode()).hexdigest()
+    return f"{DERIVED_KEY_PREFIX}{digest}"
 
 
 def _validate_dedup_key(key: object) -> str:
@@ -135,6 +171,10 @@ class QueueTask(Generic[P, R]):
     takes_context: bool = False
     #: Its recurring schedule (``cron=...``), enqueued by the workers; None for most tasks.
     schedule: CronSchedule | None = None
+    #: Unique job: None (not unless a call gives a dedup_key), 0 (unique while queued) or
+    #: seconds its key stays taken after a success. A call without a dedup_key then gets
+    #: one made of its task and arguments (:func:`derived_dedup_key`).
+    unique_for: int | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -149,11 +189,14 @@ class QueueTask(Generic[P, R]):
         dedup_key: str | None = None,
         subject: str | None = None,
         concurrency_key: str | None = None,
+        unique_for: int | dt.timedelta | None = None,
     ) -> QueueTask[P, R]:
         """A copy of this task with per-call options for the next enqueue.
 
         ``subject``: run in this ordered subject (one at a time, in enqueue order);
-        ``concurrency_key``: count against this key of the task's ``concurrency_limit``.
+        ``concurrency_key``: count against this key of the task's ``concurrency_limit``;
+        ``unique_for``: 0 (unique while queued) or seconds the dedup key stays taken after
+        a success (the key: ``dedup_key``, else made of the task and its arguments).
         """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
@@ -173,6 +216,8 @@ class QueueTask(Generic[P, R]):
             else current.subject,
             concurrency_key=concurrency_key if subject is not None or concurrency_key
             is not None else current.concurrency_key,
+            unique_for=_validate_unique_for(unique_for) if unique_for is not None
+            else current.unique_for,
         )
         return dataclasses.replace(self, options=options)
 
@@ -184,20 +229,27 @@ class QueueTask(Generic[P, R]):
         opts = self.options
         gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
                                opts.concurrency_key)
+        encoded = payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES)
+        unique_for = self.unique_for if opts.unique_for is None else opts.unique_for
+        dedup_key = opts.dedup_key
+        if dedup_key is None and unique_for is not None:
+            dedup_key = derived_dedup_key(self.name, self.func, args, kwargs, encoded,
+                                          skip_first=self.takes_context)
         return NewMessage(
             task_name=self.name,
             queue=opts.queue or self.queue,
             priority=self.priority if opts.priority is None else opts.priority,
-            payload=payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES),
+            payload=encoded,
             run_at=opts.run_at,
             delay=opts.delay or 0.0,
             max_attempts=self.max_attempts,
             retry_backoff=self.retry_backoff,
             timeout=self.timeout,
-            dedup_key=opts.dedup_key,
+            dedup_key=dedup_key,
             gate_key=gate[0] if gate else None,
             gate_mode=gate[1] if gate else None,
             gate_limit=gate[2] if gate else None,
+            unique_for=unique_for or 0,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -234,7 +286,8 @@ class QueueTask(Generic[P, R]):
         Each item is ``task.call(*args, **kwargs)``, or a list or tuple of positional
         arguments. Every message is encoded before anything is written, so one bad
         argument writes none of them. A ``dedup_key`` set with ``.using()`` can't apply
-        to many messages.
+        to many messages; a unique task's messages (``unique_for``) each get their own
+        key and are written one by one.
         """
         from . import broker
 
@@ -334,6 +387,7 @@ def queue_task(
     catch_up: str = "skip",
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
+    unique_for: int | dt.timedelta | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -360,6 +414,7 @@ def queue_task(
     catch_up: str = "skip",
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
+    unique_for: int | dt.timedelta | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
@@ -371,7 +426,9 @@ def queue_task(
     ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
     ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
     argument's name or a function; left out: one key for the whole task) at once.
-    See docs/ordering.md.
+    See docs/ordering.md. ``unique_for`` makes a unique job: 0 keeps one message per
+    key while queued, N seconds also keeps the key taken for N seconds after a success;
+    the key is the call's ``dedup_key``, else made of the task and its arguments.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -415,6 +472,8 @@ def queue_task(
             dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
             retry_schedule=schedule,
             takes_context=takes_context,
+            unique_for=None if unique_for is None else _validate_unique_for(
+                unique_for, f"{task_name}: unique_for"),
         )
         if cron is not None:
             task = dataclasses.replace(task, schedule=_declare_schedule(

@@ -1,5 +1,5 @@
 """The operator's admin: messages (with stuck and dead entry points), history, workers,
-recurring tasks, and the queue dashboard. Importing this package registers them with
+recurring tasks, unique keys, and the queue dashboard. Importing this package registers them with
 ``admin.site``."""
 
 from .attempts import AttemptAdmin
@@ -7,7 +7,9 @@ from .blocked import BlockedMessageAdmin
 from .dashboard import QueueDashboardAdmin
 from .messages import DeadMessageAdmin, MessageAdmin, StuckMessageAdmin
 from .schedules import ScheduleAdmin
+from .unique import UniqueKeyAdmin
 from .workers import WorkerAdmin
 
 __all__ = ["AttemptAdmin", "BlockedMessageAdmin", "DeadMessageAdmin", "MessageAdmin",
-           "QueueDashboardAdmin", "ScheduleAdmin", "StuckMessageAdmin", "WorkerAdmin"]
+           "QueueDashboardAdmin", "ScheduleAdmin", "StuckMessageAdmin", "UniqueKeyAdmin",
+           "WorkerAdmin"]

@@ -30,6 +30,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``unique``     dedup keys kept taken for a period after success (``unique_for``)
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -123,6 +124,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -185,6 +187,7 @@ __all__ = [
     "fail",
     "finish_by",
     "fire_due_schedules",
+    "free_unique_keys",
     "gates_of",
     "has_pending",
     "heartbeat_worker",
@@ -206,6 +209,7 @@ __all__ = [
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
+    "purge_unique_keys_batch",
     "purge_workers_batch",
     "queue_counts",
     "queue_names",

@@ -67,7 +67,8 @@ UPDATE {MESSAGE_TABLE}{_CLAIM_SET}
 
 READ_CLAIMED_SQL = f"""
 SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
-       timeout, enqueued_at, owner_connection, losses, gate_key, gate_mode
+       timeout, enqueued_at, owner_connection, losses, gate_key, gate_mode, dedup_key,
+       unique_for
   FROM {MESSAGE_TABLE}
  WHERE claim_token = %s
  ORDER BY priority DESC, id
@@ -191,7 +192,8 @@ def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
             retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
             enqueued_at=enqueued_at, claim_token=token,
             connection_id=None if row[10] is None else int(row[10]), losses=int(row[11]),
-            gate_key=row[12], gate_mode=row[13],
+            gate_key=row[12], gate_mode=row[13], dedup_key=row[14],
+            unique_for=int(row[15] or 0),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"

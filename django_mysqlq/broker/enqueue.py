@@ -28,6 +28,7 @@ from .base import (
 from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
 from .subjects import GateRef, acquire
+from .unique import period_holder
 
 #: Rows per multi-row INSERT in enqueue_many (bytes per statement: see packets.py).
 INSERT_CHUNK = 1000
@@ -124,9 +125,17 @@ def _row_for(message: NewMessage, statuses: Statuses, index: int) -> tuple[str, 
     return _gated_row(message, statuses[index])
 
 
+def with_unique_for(sql: str, row: str) -> tuple[str, str]:
+    """An INSERT and its row template that also write ``unique_for`` (its last parameter)."""
+    return sql.replace("last_error)", "last_error, unique_for)", 1), row[:-1] + ", %s)"
+
+
 def _insert_one(alias: str, message: NewMessage, statuses: Statuses = None) -> int:
     row, params = _row_for(message, statuses, 0)
     sql = INSERT_SQL if statuses is None else GATED_INSERT_SQL
+    if message.unique_for:
+        sql, row = with_unique_for(sql, row)
+        params = [*params, message.unique_for]
     with connection_for(alias).cursor() as cursor:
         cursor.execute(sql.format(rows=row), params)
         return int(cursor.lastrowid)
@@ -204,19 +213,44 @@ def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int]
     return in_transaction(alias, body)
 
 
-def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
-    """Insert, or return the id of the pending message that already has this dedup key.
+class _PeriodRuns(Exception):
+    """The key is kept taken by a message that succeeded (``unique_for``): undo ours."""
 
-    A dead message gives its key up, so only ready, scheduled or running ones block.
+    def __init__(self, holder: int) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def _insert_keyed(alias: str, message: NewMessage) -> int:
+    """The INSERT of a message with a dedup key, then the check of a ``unique_for``
+    period (after the INSERT: see the lock order in ``unique``)."""
+    if message.gate_key is None:
+        message_id = _insert_one(alias, message)
+    else:
+        with connection_for(alias).cursor() as cursor:
+            statuses = gate_statuses(cursor, [message])
+        message_id = _insert_one(alias, message, statuses)
+    if message.unique_for > 0:
+        with connection_for(alias).cursor() as cursor:
+            holder = period_holder(cursor, message)
+        if holder is not None:
+            raise _PeriodRuns(holder)
+    return message_id
+
+
+def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
+    """Insert, or return the id of the message that already has this dedup key: a pending
+    one, or (for an enqueue with ``unique_for``) one whose success keeps it taken.
+
+    A dead message gives its key up, so only ready, scheduled, blocked or running ones
+    block, and succeeded ones during their period.
     """
     for attempt in range(3):
         try:
             with transaction.atomic(using=alias):
-                if message.gate_key is None:
-                    return _insert_one(alias, message), True
-                with connection_for(alias).cursor() as cursor:
-                    statuses = gate_statuses(cursor, [message])
-                return _insert_one(alias, message, statuses), True
+                return _insert_keyed(alias, message), True
+        except _PeriodRuns as taken:
+            return taken.holder, False
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
@@ -237,6 +271,10 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     """
     if not messages:
         return []
+    if len(messages) > 1 and any(message.dedup_key is not None for message in messages):
+        # Each key needs its own check (a unique task's calls): one by one, in the
+        # caller's transaction.
+        return [enqueue([message])[0] for message in messages]
     alias = default_alias()
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:

@@ -1,5 +1,8 @@
 """The end of an attempt: ack (delete + history), retry, dead, or release unstarted.
 
+The ack of a message with ``unique_for`` keeps its dedup key taken for that period, in
+the same transaction (``unique``); a message that goes dead frees its key at once.
+
 A message of an ordered subject or a concurrency key frees its gate's slot in the same
 transaction as its end (``subjects``), which promotes the next blocked message: it is
 ready when the ack commits.
@@ -18,7 +21,7 @@ from django.db import DatabaseError
 from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import GateMode, Outcome
-from . import subjects
+from . import subjects, unique
 from .base import (
     CHECK_FAILED,
     CLEAR_CLAIM,
@@ -217,6 +220,9 @@ class _AckAttempt:
         self.busy = [index for index, ref in gated.items() if ref not in locked]
         now = [index for index in range(len(self.messages)) if index not in set(self.busy)]
         owned = _delete_acked(cursor, [self.messages[index] for index in now], self.careful)
+        # Keys kept taken after success (``unique_for``): after the DELETEs (lock order).
+        unique.remember(cursor, [self.messages[index] for index in now
+                                 if self.messages[index].id in owned])
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
                  for message, params in zip(self.messages, self.rows, strict=True)]
@@ -300,6 +306,8 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
         gates = subjects.lock_or_create(cursor, [ref], {}) if ref is not None else {}
         cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
         owned = bool(cursor.rowcount)
+        if owned:
+            unique.remember(cursor, [message])
         cursor.execute(INSERT_ATTEMPT_SQL, params)
         if ref is not None and owned:
             # The task's own transaction may read an older snapshot (REPEATABLE READ).
