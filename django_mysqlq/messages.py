@@ -33,6 +33,11 @@ class NewMessage:
     gate_limit: int | None = None
     #: Seconds its dedup key stays taken after it succeeds (0: only while it is queued).
     unique_for: int = 0
+    #: Its rate-limit key, the microseconds between two starts of that key, and the limit
+    #: as declared ("100/m"); None for a message without a rate limit.
+    rate_key: str | None = None
+    rate_interval: int | None = None
+    rate_limit: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

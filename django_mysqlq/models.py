@@ -12,7 +12,7 @@
   messages may hold a slot, how many do, and how many wait (``blocked``).
 * :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
 * :class:`UniqueKey` is one row per dedup key taken for a period after its message
-  succeeded (``unique_for``).
+  succeeded (``unique_for``); :class:`RateLimit` one per rate-limit key (``keytables``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -27,6 +27,7 @@ from typing import Any
 from django.db import models
 
 from . import gating
+from .keytables import RateLimit, UniqueKey, rate_id, unique_key_id
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -39,6 +40,9 @@ class MessageStatus(models.TextChoices):
     #: Waiting for a slot of its gate: behind an earlier message of its ordered subject,
     #: or for a free slot of its concurrency key.
     BLOCKED = "blocked", "Blocked"
+    #: Due, waiting for its rate limit's next start (``rate_limit``): claimed one at a
+    #: time per key when the key's row allows (``broker.rates``), never 'ready'.
+    THROTTLED = "throttled", "Throttled (rate limit)"
     DEAD = "dead", "Dead"
 
 
@@ -129,6 +133,10 @@ class Message(models.Model):
     #: Seconds its dedup key stays taken after it succeeds (:class:`UniqueKey`); 0: the
     #: key is free again once it finished (unique while queued).
     unique_for = models.PositiveIntegerField(default=0, db_default=0)
+    #: Its rate-limit key (:class:`RateLimit`) and the microseconds between two starts of
+    #: that key; NULL for a message without a rate limit. Compared exactly.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_interval = models.PositiveBigIntegerField(null=True, blank=True)
     #: The ordered subject or concurrency key this message passes (with ``gate_mode``);
     #: NULL for a message that passes no gate. Compared exactly (binary collation).
     gate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -176,6 +184,8 @@ class Message(models.Model):
             # status column, so the hot path (claims of messages without a gate) never
             # rewrites an entry here.
             models.Index(fields=["gate_key", "id"], name="mysqlq_msg_gate"),
+            # A rate key's next message, in enqueue order (no status: see the gate index).
+            models.Index(fields=["rate_key", "id"], name="mysqlq_msg_rate"),
         ]
         permissions = [
             ("requeue_message", "Can requeue a message or retry a dead one"),
@@ -426,37 +436,6 @@ class Schedule(models.Model):
         return f"{self.name} ({self.cron} {self.timezone})"
 
 
-def unique_key_id(dedup_key: str) -> str:
-    """The primary key of a :class:`UniqueKey`: a digest of the dedup key."""
-    return hashlib.sha256(dedup_key.encode("utf-8")).hexdigest()[:GATE_ID_LENGTH]
-
-
-class UniqueKey(models.Model):
-    """A dedup key kept taken after its message succeeded (``unique_for``): written by the
-    ack, checked by enqueues with ``unique_for``, deleted by retention once expired (see
-    ``broker.unique``). The primary key is a digest (:func:`unique_key_id`), as for gates.
-    """
-
-    id = models.CharField(max_length=GATE_ID_LENGTH, primary_key=True)
-    dedup_key = models.CharField(max_length=255)
-    #: The message that succeeded (0 on a row an enqueue made: no period runs).
-    message_id = models.BigIntegerField()
-    task_name = models.CharField(max_length=255, blank=True, default="")
-    queue = models.CharField(max_length=64, blank=True, default="")
-    succeeded_at = models.DateTimeField(null=True, blank=True)
-    #: Until when the key stays taken (UTC). In the past: free.
-    expires_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "mysqlq_unique_key"
-        verbose_name = "unique key"
-        verbose_name_plural = "unique keys (taken after success)"
-        indexes = [models.Index(fields=["expires_at"], name="mysqlq_uniq_expires")]
-
-    def __str__(self) -> str:
-        return f"{self.dedup_key} (until {self.expires_at})"
-
-
 class Lease(models.Model):
     """A duty one process holds at a time across a cluster, where ``GET_LOCK`` is per node:
     the recovery sweep. Taken and renewed by a conditional ``UPDATE``; it lapses at
@@ -471,6 +450,9 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder} until {self.expires_at}"
+
+
+__all__ = ["RateLimit", "UniqueKey", "rate_id", "unique_key_id"]  # defined in keytables
 
 
 class StuckMessage(Message):

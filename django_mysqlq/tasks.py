@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import inspect
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from . import calls, gating, limits, payload, retries
+from . import calls, gating, limits, payload, rating, retries
 from .conf import get_settings
 from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
@@ -23,6 +21,8 @@ from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
 from .registry import qualified_name, registry
+from .uniqueness import DERIVED_KEY_PREFIX as DERIVED_KEY_PREFIX
+from .uniqueness import derived_dedup_key, validate_unique_for
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -42,6 +42,8 @@ class EnqueueOptions:
     concurrency_key: str | None = None
     #: Unique job for this call: 0 (unique while queued) or seconds kept after success.
     unique_for: int | None = None
+    #: The rate-limit key of this call, on a task with ``rate_limit`` (see ``rating``).
+    rate_limit_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,38 +84,6 @@ def _validate_run_at(run_at: object) -> dt.datetime:
     _checked(limits.run_at_problem(run_at, timezone.now()))
     assert isinstance(run_at, dt.datetime)
     return run_at
-
-
-def _validate_unique_for(value: object, option: str = "unique_for") -> int:
-    _checked(limits.unique_for_problem(value, option))
-    assert isinstance(value, dt.timedelta | int)
-    return limits.unique_for_seconds(value)
-
-
-#: Prefix of the dedup key a unique task's call gets when it gives none.
-DERIVED_KEY_PREFIX = "mysqlq:unique:"
-
-
-def derived_dedup_key(task_name: str, func: Callable[..., Any], args: Sequence[Any],
-                      kwargs: Mapping[str, Any], payload_text: str,
-                      skip_first: bool = False) -> str:
-    """The dedup key of a unique task's call without one: a digest of its task and its
-    arguments as bound to the signature, defaults included, so ``f(1)``, ``f(x=1)`` and
-    ``f(1, y=<its default>)`` are the same call (the encoded payload where the function
-    has no signature to bind to)."""
-    identity = payload_text
-    try:
-        signature = inspect.signature(func)
-        if skip_first:
-            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        identity = json.dumps(bound.arguments, sort_keys=True, separators=(",", ":"),
-                              default=repr)
-    except (TypeError, ValueError):
-        pass  # no signature (some C callables): the payload as encoded
-    digest = hashlib.sha256(f"{task_name}\x00{identity}".encode()).hexdigest()
-    return f"{DERIVED_KEY_PREFIX}{digest}"
 
 
 def _validate_dedup_key(key: object) -> str:
@@ -175,6 +145,8 @@ class QueueTask(Generic[P, R]):
     #: seconds its key stays taken after a success. A call without a dedup_key then gets
     #: one made of its task and arguments (:func:`derived_dedup_key`).
     unique_for: int | None = None
+    #: Its global rate limit (``rate_limit="100/m"``), or None.
+    rate: rating.TaskRate | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -190,13 +162,15 @@ class QueueTask(Generic[P, R]):
         subject: str | None = None,
         concurrency_key: str | None = None,
         unique_for: int | dt.timedelta | None = None,
+        rate_limit_key: str | None = None,
     ) -> QueueTask[P, R]:
         """A copy of this task with per-call options for the next enqueue.
 
         ``subject``: run in this ordered subject (one at a time, in enqueue order);
         ``concurrency_key``: count against this key of the task's ``concurrency_limit``;
         ``unique_for``: 0 (unique while queued) or seconds the dedup key stays taken after
-        a success (the key: ``dedup_key``, else made of the task and its arguments).
+        a success (the key: ``dedup_key``, else made of the task and its arguments);
+        ``rate_limit_key``: count against this key of the task's ``rate_limit``.
         """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
@@ -216,8 +190,10 @@ class QueueTask(Generic[P, R]):
             else current.subject,
             concurrency_key=concurrency_key if subject is not None or concurrency_key
             is not None else current.concurrency_key,
-            unique_for=_validate_unique_for(unique_for) if unique_for is not None
+            unique_for=validate_unique_for(unique_for) if unique_for is not None
             else current.unique_for,
+            rate_limit_key=rating.check_using(self.rate, self.name, rate_limit_key)
+            if rate_limit_key is not None else current.rate_limit_key,
         )
         return dataclasses.replace(self, options=options)
 
@@ -230,6 +206,8 @@ class QueueTask(Generic[P, R]):
         gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
                                opts.concurrency_key)
         encoded = payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES)
+        rate = rating.for_call(self.rate, self.func, self.name, args, kwargs,
+                               opts.rate_limit_key)
         unique_for = self.unique_for if opts.unique_for is None else opts.unique_for
         dedup_key = opts.dedup_key
         if dedup_key is None and unique_for is not None:
@@ -250,6 +228,9 @@ class QueueTask(Generic[P, R]):
             gate_mode=gate[1] if gate else None,
             gate_limit=gate[2] if gate else None,
             unique_for=unique_for or 0,
+            rate_key=rate[0] if rate else None,
+            rate_interval=rate[1] if rate else None,
+            rate_limit=self.rate.spec if self.rate is not None else "",
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -388,6 +369,8 @@ def queue_task(
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
     unique_for: int | dt.timedelta | None = None,
+    rate_limit: str | None = None,
+    rate_limit_key: gating.KeySource | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -415,6 +398,8 @@ def queue_task(
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
     unique_for: int | dt.timedelta | None = None,
+    rate_limit: str | None = None,
+    rate_limit_key: gating.KeySource | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
@@ -429,6 +414,9 @@ def queue_task(
     See docs/ordering.md. ``unique_for`` makes a unique job: 0 keeps one message per
     key while queued, N seconds also keeps the key taken for N seconds after a success;
     the key is the call's ``dedup_key``, else made of the task and its arguments.
+    ``rate_limit="100/m"`` (or /s, /h, /d) starts at most that many messages of one
+    ``rate_limit_key`` (like ``concurrency_key``; left out: the whole task) per window,
+    across all workers, spread evenly.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -472,9 +460,12 @@ def queue_task(
             dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
             retry_schedule=schedule,
             takes_context=takes_context,
-            unique_for=None if unique_for is None else _validate_unique_for(
+            unique_for=None if unique_for is None else validate_unique_for(
                 unique_for, f"{task_name}: unique_for"),
+            rate=rating.declare(function, task_name, rate_limit=rate_limit,
+                                rate_limit_key=rate_limit_key, takes_context=takes_context),
         )
+        rating.check_alone(task_name, task.rate, task.gate, cron)
         if cron is not None:
             task = dataclasses.replace(task, schedule=_declare_schedule(
                 task, cron, cron_tz, catch_up, cron_args, cron_kwargs))

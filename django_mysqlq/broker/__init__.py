@@ -31,6 +31,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
 ``unique``     dedup keys kept taken for a period after success (``unique_for``)
+``rates``      global rate limits: rate keys' rows, the claim of throttled messages
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -106,6 +107,7 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
+from .rates import IDLE_KEY_SECONDS, claim_throttled, purge_idle_rate_keys, repair_rate_keys
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
@@ -136,6 +138,7 @@ from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, re
 
 __all__ = [
     "ATTEMPT_TABLE",
+    "IDLE_KEY_SECONDS",
     "MESSAGE_TABLE",
     "QUEUE_TABLE",
     "READ_CLAIMED_SQL",
@@ -169,6 +172,7 @@ __all__ = [
     "claim",
     "claim_sql",
     "claim_sql_for",
+    "claim_throttled",
     "claims_held",
     "close_if_broken",
     "connection_identity",
@@ -208,6 +212,7 @@ __all__ = [
     "prune_schedules",
     "purge_dead_batch",
     "purge_history_batch",
+    "purge_idle_rate_keys",
     "purge_lag",
     "purge_unique_keys_batch",
     "purge_workers_batch",
@@ -223,6 +228,7 @@ __all__ = [
     "release_subjects",
     "renew_leases",
     "repair_gates",
+    "repair_rate_keys",
     "replay",
     "requeue",
     "requeue_heads",

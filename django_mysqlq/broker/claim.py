@@ -16,6 +16,7 @@ from ..models import CLAIM_INDEX
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
+    RUNNABLE_STATUS,
     close_if_broken,
     connection_for,
     default_alias,
@@ -76,7 +77,8 @@ SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_ba
 
 RELEASE_TOKEN_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+   SET status = {RUNNABLE_STATUS}, attempts = IF(attempts > 0, attempts - 1, 0),
+       {CLEAR_CLAIM}
  WHERE claim_token = %s AND status = 'claimed'
 """
 
@@ -173,6 +175,19 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
                 gate_key, gate_mode = row[12], row[13]
                 bury(alias, int(row[0]), token, message,
                      GateRef.of(str(row[1]), gate_mode, gate_key), gate_mode)
+    return claimed
+
+
+def read_claimed_messages(alias: str, token: str) -> list[ClaimedMessage]:
+    """The messages claimed under ``token``, read back (rows that can't be run go dead)."""
+    claimed: list[ClaimedMessage] = []
+    for row in _read_claimed(alias, token):
+        message = _message(row, token)
+        if isinstance(message, ClaimedMessage):
+            claimed.append(message)
+        else:
+            bury(alias, int(row[0]), token, message,
+                 GateRef.of(str(row[1]), row[13], row[12]), row[13])
     return claimed
 
 

@@ -24,6 +24,7 @@ from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
     QUEUE_TABLE,
+    RUNNABLE_STATUS,
     connection_for,
     default_alias,
     in_transaction,
@@ -66,7 +67,7 @@ SELECT queue, gate_key, gate_mode FROM {MESSAGE_TABLE}
 #: max_attempts is computed from the attempts before the reset.
 REQUEUE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', run_at = UTC_TIMESTAMP(6),
+   SET status = {RUNNABLE_STATUS}, run_at = UTC_TIMESTAMP(6),
        max_attempts = IF(%s, max_attempts, GREATEST(max_attempts, attempts + 1)),
        attempts = IF(%s, 0, attempts)
  WHERE id IN ({{ids}})

@@ -104,7 +104,7 @@ SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
 #: within %s microseconds: whether a burst worker still has work to wait for.
 HAS_PENDING_SQL = f"""
 SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
-   AND (status IN (%s, %s)
+   AND (status IN (%s, %s, %s)
         OR (status = %s AND run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND))
  LIMIT 1
 """
@@ -132,7 +132,8 @@ def queue_counts(queues: Sequence[str] | None = None) -> dict[str, dict[str, int
 
 
 def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
-    """Whether these queues hold ready or claimed messages, or scheduled ones due soon.
+    """Whether these queues hold ready, throttled or claimed messages, or scheduled ones
+    due soon.
 
     ``--burst`` workers stop when this turns false; retries due within
     ``scheduled_within`` seconds still count as work to wait for.
@@ -140,8 +141,8 @@ def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
     with connection_for().cursor() as cursor:
         cursor.execute(
             HAS_PENDING_SQL.format(queues=placeholders(len(queues))),
-            [*queues, MessageStatus.READY, MessageStatus.CLAIMED, MessageStatus.SCHEDULED,
-             micros(scheduled_within)],
+            [*queues, MessageStatus.READY, MessageStatus.CLAIMED, MessageStatus.THROTTLED,
+             MessageStatus.SCHEDULED, micros(scheduled_within)],
         )
         return cursor.fetchone() is not None
 

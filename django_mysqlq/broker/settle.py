@@ -28,6 +28,7 @@ from .base import (
     CONNECTION_LOST,
     MESSAGE_TABLE,
     PACKET_TOO_LARGE,
+    RUNNABLE_STATUS,
     close_if_broken,
     connection_for,
     default_alias,
@@ -104,7 +105,7 @@ SIZE_RETRIES = 4
 
 RETRY_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = IF(%s > 0, 'scheduled', 'ready'),
+   SET status = IF(%s > 0, 'scheduled', {RUNNABLE_STATUS}),
        run_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
        last_error = %s, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
@@ -123,7 +124,7 @@ UPDATE {MESSAGE_TABLE}
 
 RELEASE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+   SET status = {RUNNABLE_STATUS}, attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
 

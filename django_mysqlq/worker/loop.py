@@ -22,7 +22,7 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
-from ..registry import import_task_modules
+from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
 from . import draining, fatal, queues, retention, schedules
 from .acker import Acker
@@ -98,6 +98,7 @@ class Worker:
         self.wakeup = threading.Event()
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
+        self._rated = False  # set once the task modules are imported (run())
         self.holdings = Holdings(self.stop_request.event, self.wakeup,
                                  fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS,
                                  clock=broker.database_now)
@@ -134,6 +135,9 @@ class Worker:
         self.stop_request.install()
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
+        # Its code has rate-limited tasks: it claims throttled messages too, and its parks
+        # end when a rate key may start its next one.
+        self._rated = registry.rate_limited()
         self._start()  # raises WorkerCannotRun if the database can't serve it
         try:
             self._loop()
@@ -244,6 +248,7 @@ class Worker:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
+            broker.repair_rate_keys()  # rate keys' rows deleted by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
@@ -306,7 +311,7 @@ class Worker:
             self._park = PARK_START
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
-                                          worker_id=self.id)
+                                          worker_id=self.id, rates=self._rated)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
@@ -342,6 +347,9 @@ class Worker:
         if wanted <= 0 or not self._active:
             return 0
         messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+        if self._rated and len(messages) < wanted:
+            messages += broker.claim_throttled(self._active, wanted - len(messages), self.id,
+                                               self.settings.LEASE_SECONDS)
         if messages:
             self.holdings.add(messages)
             self._claimed_total += len(messages)

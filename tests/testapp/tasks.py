@@ -373,5 +373,5 @@ def fails_verbosely(size: int) -> None:
     raise ValueError("first line\nsecond line " + "x" * size)
 
 
-# Ordered, limited and unique tasks: workers register them.
-from . import gated, unique_tasks  # noqa: E402, F401
+# Ordered, limited, unique and rate-limited tasks: workers register them.
+from . import gated, rated_tasks, unique_tasks  # noqa: E402, F401
