@@ -247,3 +247,27 @@ def test_a_tampered_interval_or_status_is_survived():
     third = per_minute.enqueue(3, "tamper").id
     Message.objects.filter(pk=third).update(status="ready")   # by hand: a plain claim
     assert claim_plain() == [third]                  # takes it (documented)
+
+
+def test_a_message_lost_before_is_left_to_an_idle_worker():
+    lost = per_minute.enqueue(1, "solo").id
+    fresh = per_minute.enqueue(2, "solo").id
+    Message.objects.filter(pk=lost).update(losses=1)
+    # A busy worker would hold it until its other tasks end (it runs alone): it takes the
+    # next one instead, whose start follows its claim.
+    assert [m.id for m in broker.claim_throttled(["default"], 5, "w", 30, idle=False)] \
+        == [fresh]
+    open_key()
+    assert [m.id for m in broker.claim_throttled(["default"], 5, "w", 30, idle=True)] \
+        == [lost]
+
+
+def test_the_admin_lists_rate_keys_with_their_throttled_messages(root):
+    for seq in range(3):
+        per_account.enqueue("acct-9", seq, "admin")
+    page = root.get("/admin/django_mysqlq/ratelimit/")
+    assert page.status_code == 200
+    assert b"acct-9" in page.content and b"10/s" in page.content
+    assert b'?q=acct-9">3</a>' in page.content
+    found = root.get("/admin/django_mysqlq/message/", {"q": "acct-9"})
+    assert found.status_code == 200 and found.content.count(b"throttled") >= 3

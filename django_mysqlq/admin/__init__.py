@@ -1,15 +1,16 @@
 """The operator's admin: messages (with stuck and dead entry points), history, workers,
-recurring tasks, unique keys, and the queue dashboard. Importing this package registers them with
-``admin.site``."""
+recurring tasks, unique keys, rate-limit keys, and the queue dashboard. Importing this
+package registers them with ``admin.site``."""
 
 from .attempts import AttemptAdmin
 from .blocked import BlockedMessageAdmin
 from .dashboard import QueueDashboardAdmin
 from .messages import DeadMessageAdmin, MessageAdmin, StuckMessageAdmin
+from .rates import RateLimitAdmin
 from .schedules import ScheduleAdmin
 from .unique import UniqueKeyAdmin
 from .workers import WorkerAdmin
 
 __all__ = ["AttemptAdmin", "BlockedMessageAdmin", "DeadMessageAdmin", "MessageAdmin",
-           "QueueDashboardAdmin", "ScheduleAdmin", "StuckMessageAdmin", "UniqueKeyAdmin",
-           "WorkerAdmin"]
+           "QueueDashboardAdmin", "RateLimitAdmin", "ScheduleAdmin", "StuckMessageAdmin",
+           "UniqueKeyAdmin", "WorkerAdmin"]

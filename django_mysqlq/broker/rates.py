@@ -58,10 +58,14 @@ LOCK_KEY_SQL = f"""
 SELECT 1 FROM {RATE_TABLE} WHERE id = %s AND next_at <= UTC_TIMESTAMP(6)
    FOR UPDATE SKIP LOCKED
 """
-#: The key's oldest throttled message (enqueue order within a key).
+#: The key's oldest throttled message (enqueue order within a key). One lost with a worker
+#: before runs alone in its process (``worker.gate``), so it would start only once the
+#: process's other tasks end, long after its claim took the key's start: only a worker
+#: with nothing running takes it (the last parameter), so a start follows its claim.
 NEXT_THROTTLED_SQL = f"""
 SELECT id, rate_interval FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_rate)
  WHERE rate_key = %s AND queue = %s AND status = '{MessageStatus.THROTTLED}'
+   AND (losses = 0 OR %s)
  ORDER BY id
  LIMIT 1
    FOR UPDATE SKIP LOCKED
@@ -131,9 +135,10 @@ def ensure_keys(cursor: Any, messages: Sequence[NewMessage]) -> None:
 
 
 def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
-                    alias: str | None = None) -> list[ClaimedMessage]:
+                    alias: str | None = None, *, idle: bool = True) -> list[ClaimedMessage]:
     """Claim up to ``limit`` throttled messages whose keys' next start has come, one per
-    key and per transaction; return them like :func:`claim.claim` does."""
+    key and per transaction; return them like :func:`claim.claim` does. A worker that
+    runs something (not ``idle``) leaves messages lost before to an idle one."""
     alias = alias or default_alias()
     require_autocommit(alias, "claim_throttled()")
     if not queues or limit <= 0:
@@ -156,7 +161,7 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
             cursor.execute(LOCK_KEY_SQL, [key_id])
             if cursor.fetchone() is None:
                 return 0  # another worker holds it, or its time moved on
-            cursor.execute(NEXT_THROTTLED_SQL, [rate_key, queue])
+            cursor.execute(NEXT_THROTTLED_SQL, [rate_key, queue, idle])
             row = cursor.fetchone()
             if row is None:
                 return 0

@@ -349,7 +349,8 @@ class Worker:
         messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
         if self._rated and len(messages) < wanted:
             messages += broker.claim_throttled(self._active, wanted - len(messages), self.id,
-                                               self.settings.LEASE_SECONDS)
+                                               self.settings.LEASE_SECONDS,
+                                               idle=in_flight == 0 and not messages)
         if messages:
             self.holdings.add(messages)
             self._claimed_total += len(messages)
