@@ -271,3 +271,13 @@ def test_the_admin_lists_rate_keys_with_their_throttled_messages(root):
     assert b'?q=acct-9">3</a>' in page.content
     found = root.get("/admin/django_mysqlq/message/", {"q": "acct-9"})
     assert found.status_code == 200 and found.content.count(b"throttled") >= 3
+
+
+def test_the_test_drain_runs_rate_limited_messages_at_their_pace():
+    from django_mysqlq.testing import drain
+
+    for seq in range(3):
+        per_account.enqueue("drained", seq, "drain")
+    started = time.monotonic()
+    assert drain(wait_seconds=2).succeeded == 3
+    assert time.monotonic() - started >= 0.19  # 10/s: three starts span 0.2 s

@@ -70,8 +70,8 @@ def search(term: str) -> tuple[Q, bool]:
     A number is a message id (or a numeric dedup key); other text is a dedup key if a
     message has it. Either, when no message has it, is an ordered subject or concurrency
     key if one has that (``ordered_by="order_id"`` makes keys like "42"), then a rate-limit
-    key; other text is then a task's full name. Each is one index lookup: a substring search would read every
-    row of a million-message table.
+    key; other text is then a task's full name. Each is one index lookup: a substring
+    search would read every row of a million-message table.
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
