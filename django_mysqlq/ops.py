@@ -217,6 +217,8 @@ class QueueStats:
     claimed: int = 0
     dead: int = 0
     blocked: int = 0
+    #: Due, waiting for their rate limit's next start.
+    throttled: int = 0
     oldest_ready_seconds: float | None = None
     paused: bool = False
     #: It has ready messages and no live worker serves it: they wait for nobody.
@@ -296,6 +298,7 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
         row.claimed = view.counts.get(MessageStatus.CLAIMED, 0)
         row.dead = view.counts.get(MessageStatus.DEAD, 0)
         row.blocked = view.counts.get(MessageStatus.BLOCKED, 0)
+        row.throttled = view.counts.get(MessageStatus.THROTTLED, 0)
         row.capped = view.capped
         if view.oldest_ready_at is not None:
             row.oldest_ready_seconds = max(0.0, (now - view.oldest_ready_at).total_seconds())
