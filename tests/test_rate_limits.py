@@ -244,6 +244,12 @@ def test_a_tampered_interval_or_status_is_survived():
     Message.objects.filter(pk=first).update(rate_interval=None)  # a NULL spacing: none
     assert claim_rated() == [first]
     assert claim_rated() == [second]                 # the key was not held back
+    huge = per_minute.enqueue(9, "tamper").id
+    Message.objects.filter(pk=huge).update(rate_interval=2**63 - 1)  # no overflow error
+    open_key()
+    assert claim_rated() == [huge]
+    row = RateLimit.objects.get(pk=rate_id("default", KEY))
+    assert (row.next_at - timezone.now()).total_seconds() == pytest.approx(7 * 86400, abs=5)
     third = per_minute.enqueue(3, "tamper").id
     Message.objects.filter(pk=third).update(status="ready")   # by hand: a plain claim
     assert claim_plain() == [third]                  # takes it (documented)
@@ -281,3 +287,19 @@ def test_the_test_drain_runs_rate_limited_messages_at_their_pace():
     started = time.monotonic()
     assert drain(wait_seconds=2).succeeded == 3
     assert time.monotonic() - started >= 0.19  # 10/s: three starts span 0.2 s
+
+
+def test_enqueue_many_makes_every_key_and_throttles_every_message():
+    handles = per_account.enqueue_many([("m1", 1, "many"), ("m2", 1, "many"),
+                                        ("m1", 2, "many")])
+    assert {statuses()[h.id] for h in handles} == {"throttled"}
+    assert set(RateLimit.objects.values_list("rate_key", flat=True)) == {"m1", "m2"}
+    assert sorted(claim_rated(10)) == sorted([handles[0].id, handles[1].id])
+
+
+def test_a_unique_rate_limited_call_is_one_throttled_message():
+    first = per_minute.using(unique_for=0).enqueue(1, "both")
+    again = per_minute.using(unique_for=0).enqueue(1, "both")
+    assert again.id == first.id
+    assert statuses() == {first.id: "throttled"}
+    assert claim_rated() == [first.id]

@@ -104,12 +104,14 @@ def test_100_a_minute_holds_across_2_processes_x_4_threads_with_a_kill_9(start_w
           f"started {plain_done:.2f}s after the first rate-limited start")
 
 
-def test_each_key_has_its_own_limit_and_keys_run_side_by_side(start_worker):
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_each_key_has_its_own_limit_and_keys_run_side_by_side(start_worker, isolation):
     label = "per-account"
     for seq in range(20):
         for account in ("a", "b"):
             rated_tasks.per_account.enqueue(account, seq, label)
-    worker, peer = start_worker(*WORKER), start_worker(*WORKER)
+    env = {"MYSQLQ_TEST_ISOLATION": isolation}
+    worker, peer = start_worker(*WORKER, env=env), start_worker(*WORKER, env=env)
     wait_for(lambda: not Message.objects.filter(rate_key__isnull=False).exists(),
              timeout=60, message="both keys to drain")
     for process in (worker, peer):

@@ -46,6 +46,9 @@ INSERT IGNORE INTO {RATE_TABLE} (id, queue, rate_key, rate_limit, next_at, chang
 VALUES {{rows}}
 """
 _ENSURE_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+#: The longest spacing a key's row takes (a week: the longest window of one start).
+INTERVAL_MAX_MICROS = 7 * 86400 * 1_000_000
+
 #: Keys of these queues whose next start may be now.
 DUE_KEYS_SQL = f"""
 SELECT id, queue, rate_key FROM {RATE_TABLE} FORCE INDEX (mysqlq_rate_due)
@@ -168,7 +171,8 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
             cursor.execute(CLAIM_THROTTLED_SQL, [*stamp, int(row[0])])
             if not cursor.rowcount:
                 return 0
-            cursor.execute(ADVANCE_SQL, [int(row[1] or 0), key_id])
+            # (A spacing changed by hand can't push next_at past the column's range.)
+            cursor.execute(ADVANCE_SQL, [min(int(row[1] or 0), INTERVAL_MAX_MICROS), key_id])
             return 1
 
         taken += in_transaction(alias, body)
