@@ -84,6 +84,9 @@ class Sizes:
     ordered_one_subject: int = 10_000
     ordered_limited_keys: int = 100
     ordered_limited_per_key: int = 100
+    #: Rate-limited drain: keys x messages per key of ``rated_noop`` (100/s per key).
+    ordered_rated_keys: int = 4
+    ordered_rated_per_key: int = 1_000
     ordered_shape: Shape = (8, 2)
     ordered_batch: int = 100
 
@@ -105,6 +108,7 @@ SMOKE = Sizes(
     purge_wait_seconds=0.0, cluster_size=1_000,
     ordered_subjects=200, ordered_per_subject=5, ordered_one_subject=300,
     ordered_limited_keys=20, ordered_limited_per_key=20, ordered_shape=(4, 2),
+    ordered_rated_keys=2, ordered_rated_per_key=100,
 )
 
 

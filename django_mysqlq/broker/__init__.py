@@ -107,7 +107,13 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
-from .rates import IDLE_KEY_SECONDS, claim_throttled, purge_idle_rate_keys, repair_rate_keys
+from .rates import (
+    IDLE_KEY_SECONDS,
+    claim_throttled,
+    purge_idle_rate_keys,
+    repair_rate_keys,
+    seconds_to_next_start,
+)
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
@@ -234,6 +240,7 @@ __all__ = [
     "requeue_heads",
     "retry_delay",
     "run_schedule_now",
+    "seconds_to_next_start",
     "send_robust",
     "served_queues",
     "set_paused",

@@ -56,6 +56,16 @@ SELECT id, queue, rate_key FROM {RATE_TABLE} FORCE INDEX (mysqlq_rate_due)
  ORDER BY next_at
  LIMIT %s
 """
+#: Seconds until the soonest next start of a key of these queues that has throttled
+#: messages (NULL: none waits), for a busy worker's pause between claims.
+NEXT_START_SQL = f"""
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(r.next_at)) / 1000000
+  FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
+ WHERE r.queue IN ({{queues}})
+   AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} AS m FORCE INDEX (mysqlq_msg_rate)
+                WHERE m.rate_key = r.rate_key AND m.queue = r.queue
+                  AND m.status = '{MessageStatus.THROTTLED}')
+"""
 #: The key's row, if its next start may be now and no other worker holds it.
 LOCK_KEY_SQL = f"""
 SELECT 1 FROM {RATE_TABLE} WHERE id = %s AND next_at <= UTC_TIMESTAMP(6)
@@ -182,6 +192,18 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
 #: Seconds a key without messages keeps its row (its next start past): retention then
 #: deletes it. Long, so that a producer that read the row just before is not left without.
 IDLE_KEY_SECONDS = 3600
+
+
+def seconds_to_next_start(queues: Sequence[str]) -> float | None:
+    """Seconds until a key of these queues may start its next throttled message (0 or
+    less: now), or None when no message is throttled: a worker running tasks pauses
+    between claims until then rather than by its growing poll interval."""
+    if not queues:
+        return None
+    with connection_for(default_alias()).cursor() as cursor:
+        cursor.execute(NEXT_START_SQL.format(queues=placeholders(len(queues))), list(queues))
+        row = cursor.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def purge_idle_rate_keys(before: Any, limit: int) -> int:

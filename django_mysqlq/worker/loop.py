@@ -301,8 +301,14 @@ class Worker:
                            - now)
         if not parking:
             until_upkeep = min(until_upkeep, max(0.0, due.paused_check - now))
-            # Tasks finishing set the event; otherwise poll with a growing pause.
-            self.wakeup.wait(min(self._poll, until_upkeep))
+            # Tasks finishing set the event; otherwise poll with a growing pause, or until
+            # a rate-limited key may start its next message.
+            pause = min(self._poll, until_upkeep)
+            if self._rated and self._active:
+                soonest = broker.seconds_to_next_start(self._active)
+                if soonest is not None:
+                    pause = min(pause, max(0.0, soonest))
+            self.wakeup.wait(pause)
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
             return
         if not self._listening:
@@ -330,8 +336,9 @@ class Worker:
         else:
             # Slept through: nothing was ready or due when the park began, and a producer
             # or the due time would have cut it short. Parks watch the schedule, so the
-            # periodic promotion can wait too.
-            self._nothing_ready = True
+            # periodic promotion can wait too. A park that ends at a rate-limited key's
+            # next start also reads 'slept': a worker with such tasks claims right away.
+            self._nothing_ready = not self._rated
             due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
     def _claim(self) -> int:
