@@ -303,3 +303,13 @@ def test_a_unique_rate_limited_call_is_one_throttled_message():
     assert again.id == first.id
     assert statuses() == {first.id: "throttled"}
     assert claim_rated() == [first.id]
+
+
+def test_a_settings_schedule_of_a_rate_limited_task_is_E006(settings):
+    from django_mysqlq.checks import check_schedules
+
+    settings.MYSQLQ = {"SCHEDULES": {"geo": {"task": per_minute.name, "cron": "0 3 * * *",
+                                             "args": [1, "x"]}}}
+    [error] = check_schedules()
+    assert error.id == "django_mysqlq.E006"
+    assert "has rate_limit='100/m'" in error.msg and "would not wait" in error.msg
