@@ -13,16 +13,20 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker, limits, scheduling
+from . import broker, limits, payload, rating, scheduling
 from .broker import Operator
 from .conf import get_settings
-from .exceptions import UnknownTask
+from .exceptions import QueueError, UnknownTask
 from .models import CANCELLABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
 from .registry import registry
+
+if TYPE_CHECKING:
+    from .tasks import QueueTask
 
 #: Messages per broker call when an operation walks a filter.
 BATCH = 500
@@ -49,13 +53,28 @@ def replay(attempt_id: int, who: Operator) -> int:
 
     A task this process doesn't know gets the settings' defaults.
     """
-    task_name = Attempt.objects.using(get_settings().DATABASE).filter(pk=attempt_id) \
-        .values_list("task_name", flat=True).first()
+    found = Attempt.objects.using(get_settings().DATABASE).filter(pk=attempt_id) \
+        .values_list("task_name", "payload").first()
+    task_name, text = found if found is not None else ("", "")
     try:
         task = registry.get(task_name or "")
     except UnknownTask:
         return broker.replay(attempt_id, who)
-    return broker.replay(attempt_id, who, (task.max_attempts, task.retry_backoff, task.timeout))
+    return broker.replay(attempt_id, who, (task.max_attempts, task.retry_backoff, task.timeout),
+                         _rate_of_copy(task, text))
+
+
+def _rate_of_copy(task: QueueTask[Any, Any], text: str) -> broker.RateOfCopy | None:
+    """A replayed copy's rate key, from the task's declaration and the stored arguments
+    (None when the task has no rate limit, or the arguments can't give a key)."""
+    if task.rate is None or not text:
+        return None
+    try:
+        args, kwargs = payload.decode(text)
+        found = rating.for_call(task.rate, task.func, task.name, args, kwargs, None)
+    except (QueueError, ValueError, TypeError):
+        return None
+    return None if found is None else (found[0], found[1], task.rate.spec)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -313,3 +313,17 @@ def test_a_settings_schedule_of_a_rate_limited_task_is_E006(settings):
     [error] = check_schedules()
     assert error.id == "django_mysqlq.E006"
     assert "has rate_limit='100/m'" in error.msg and "would not wait" in error.msg
+
+
+def test_a_replayed_copy_waits_for_the_limit_too():
+    from django_mysqlq import ops
+    from django_mysqlq.models import Attempt
+
+    per_account.enqueue("replayed", 1, "replay")
+    [claimed] = broker.claim_throttled(["default"], 1, "w", lease_seconds=30)
+    broker.ack_many([(claimed, RUNNER, AttemptResult(started_at=timezone.now()))])
+    attempt = Attempt.objects.get(message_id=claimed.id, outcome="succeeded")
+    copy = ops.replay(attempt.pk, Operator(name="test"))
+    row = Message.objects.get(pk=copy)
+    assert (row.status, row.rate_key, row.rate_interval) == ("throttled", "replayed", 100_000)
+    assert claim_plain() == []

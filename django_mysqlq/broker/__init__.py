@@ -72,6 +72,7 @@ from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
+    RateOfCopy,
     Stuck,
     cancel,
     paused_queues,
@@ -165,6 +166,7 @@ __all__ = [
     "Operator",
     "PurgeLag",
     "QueueOverview",
+    "RateOfCopy",
     "Repair",
     "Runner",
     "Stuck",
