@@ -372,8 +372,9 @@ class Worker:
             return True
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
-            return not self._active or not broker.has_pending(self._active,
-                                                              self.options.burst_wait)
+            # Throttled messages count only for a worker that can claim them.
+            return not self._active or not broker.has_pending(
+                self._active, self.options.burst_wait, throttled=self._rated)
         return False
 
     def held_tokens(self) -> list[str]:
