@@ -374,3 +374,30 @@ def test_a_worker_runs_a_unique_key_once_per_period(start_worker):
         assert time.monotonic() < deadline + PERIOD, worker.output()
         time.sleep(0.05)
     assert GateRun.objects.filter(label="worker", edge="start").count() == 2
+
+
+def test_a_unique_message_killed_with_its_worker_keeps_its_key_and_runs_again(start_worker):
+    import signal
+
+    from tests.conftest import wait_for
+
+    first = unique_step.using(dedup_key="killed").enqueue("k", 1, "killed", sleep_ms=30_000)
+    worker = start_worker("--concurrency", "2")
+    wait_for(lambda: Message.objects.filter(pk=first.id, started_at__isnull=False).exists(),
+             timeout=30, message="the unique message to start")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait(timeout=10) == -signal.SIGKILL
+    # While its worker is dead and before recovery, the key is still held.
+    assert unique_step.using(dedup_key="killed").enqueue("k", 2, "killed").id == first.id
+    Message.objects.filter(pk=first.id).update(
+        payload='{"args":["k",1,"killed"],"kwargs":{}}')  # no 30 s sleep again
+    peer = start_worker("--concurrency", "2")
+    wait_for(lambda: Attempt.objects.filter(message_id=first.id, outcome="succeeded")
+             .exists(), timeout=60, message="the recovered message to succeed")
+    assert Attempt.objects.filter(message_id=first.id, outcome="lost").count() == 1
+    # Succeeded: its period runs, the key stays taken, nothing runs twice more.
+    assert unique_step.using(dedup_key="killed").enqueue("k", 3, "killed").id == first.id
+    assert taken() == ["killed"]
+    assert GateRun.objects.filter(label="killed", edge="start").count() == 2
+    peer.signal(signal.SIGTERM)
+    peer.wait(timeout=30)
