@@ -108,7 +108,7 @@ class ImmediateRecord:
 class ImmediateHandle(MessageHandle):
     """A handle whose state lives in this process: no database is read."""
 
-    record: ImmediateRecord = dataclasses.field(compare=False, repr=False)
+    record: ImmediateRecord = dataclasses.field(compare=False, repr=False, kw_only=True)
 
     def state(self) -> MessageState:
         return self.record.state()
@@ -164,7 +164,7 @@ def enqueue(task: QueueTask[Any, Any], messages: Sequence[NewMessage], *,
         record = ImmediateRecord(id=ids[index] if ids is not None else new_id(),
                                  task_name=message.task_name, queue=message.queue,
                                  enqueued_at=now, run_at=message.run_at)
-        handle = ImmediateHandle(record.id, message.task_name, record)
+        handle = ImmediateHandle(record.id, message.task_name, record=record)
         if key is not None:
             pending[key] = handle
         handles.append(handle)

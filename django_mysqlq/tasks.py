@@ -21,6 +21,7 @@ from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
 from .registry import qualified_name, registry
+from .routing import alias_for_queue
 from .uniqueness import DERIVED_KEY_PREFIX as DERIVED_KEY_PREFIX
 from .uniqueness import derived_dedup_key, validate_unique_for
 
@@ -250,7 +251,7 @@ class QueueTask(Generic[P, R]):
             [handle] = immediate.enqueue(self, [message])
             return handle
         [message_id] = broker.enqueue([message])
-        return MessageHandle(message_id, self.name)
+        return MessageHandle(message_id, self.name, alias_for_queue(message.queue))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         return await sync_to_async(self.enqueue)(*args, **kwargs)
@@ -296,7 +297,8 @@ class QueueTask(Generic[P, R]):
 
             return list(immediate.enqueue(self, messages))
         ids = broker.enqueue(messages)
-        return [MessageHandle(message_id, self.name) for message_id in ids]
+        return [MessageHandle(message_id, self.name, alias_for_queue(message.queue))
+                for message_id, message in zip(ids, messages, strict=True)]
 
     async def aenqueue_many(
         self, calls: Iterable[TaskCall | Sequence[Any]]

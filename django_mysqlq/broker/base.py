@@ -20,11 +20,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
 from ..conf import get_settings
+from ..routing import bind_alias, bound_alias, on_alias
 from .isolation import transaction_prelude
 
 logger = logging.getLogger("django_mysqlq")
 
 T = TypeVar("T")
+
+__all__ = ["bind_alias", "on_alias"]  # re-exported: the worker binds its threads
 
 MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
@@ -98,7 +101,9 @@ stats = BrokerStats()
 
 
 def default_alias() -> str:
-    return get_settings().DATABASE
+    """The alias of the statements that name none: this thread's bound alias (a worker's
+    threads serve one database each; ``routing.on_alias``), else ``MYSQLQ['DATABASE']``."""
+    return bound_alias() or get_settings().DATABASE
 
 
 def connection_for(alias: str | None = None) -> BaseDatabaseWrapper:

@@ -14,11 +14,11 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from ..messages import NewMessage
 from ..models import MessageStatus
+from ..routing import alias_for_queue
 from ..signals import message_enqueued
 from .base import (
     MESSAGE_TABLE,
     connection_for,
-    default_alias,
     in_transaction,
     logger,
     micros,
@@ -227,6 +227,15 @@ def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | Non
     return statuses
 
 
+def insert_rows(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None
+                ) -> list[int]:
+    """Insert in the transaction already open on ``alias`` (``statuses`` from
+    :func:`gate_statuses`, or None when no message passes a gate); return the ids."""
+    if len(messages) == 1:
+        return [_insert_one(alias, messages[0], statuses)]
+    return _insert_many(alias, messages, statuses)
+
+
 def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int], list[str]]:
     """Gates, then rows, in one transaction; the ids, and the queues to wake (one entry per
     message that holds a slot: a blocked one needs no worker yet)."""
@@ -303,8 +312,10 @@ def _insert_rated(alias: str, cursor: Any, messages: Sequence[NewMessage]) -> li
 def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     """Insert messages in the caller's transaction (if any); return their ids in order.
 
-    Times are taken from the database clock. A message whose ``run_at`` lies in the
-    future is stored as scheduled and promoted to ready when it is due.
+    Each message goes to its queue's database (``routing.alias_for_queue``) and joins the
+    caller's transaction on that alias. Times are taken from the database clock. A
+    message whose ``run_at`` lies in the future is stored as scheduled and promoted to
+    ready when it is due.
     """
     if not messages:
         return []
@@ -312,7 +323,23 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
         # Each key needs its own check (a unique task's calls): one by one, in the
         # caller's transaction.
         return [enqueue([message])[0] for message in messages]
-    alias = default_alias()
+    groups: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        groups.setdefault(alias_for_queue(message.queue), []).append(index)
+    if len(groups) == 1:
+        [alias] = groups
+        return _enqueue_on(alias, messages)
+    # Queues on several databases: one insert per database, each in its own transaction
+    # (there is no transaction across two servers); the ids in the given order.
+    ids: list[int] = [0] * len(messages)
+    for alias, indexes in groups.items():
+        for index, message_id in zip(indexes, _enqueue_on(alias, [messages[i] for i in indexes]),
+                                     strict=True):
+            ids[index] = message_id
+    return ids
+
+
+def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
         message_id, inserted = _insert_deduplicated(alias, messages[0])
@@ -331,13 +358,14 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
+        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues, alias),
+                              using=alias)
     return ids
 
 
-def _after_enqueue(task_name: str, ids: list[int], queues: list[str]) -> None:
+def _after_enqueue(task_name: str, ids: list[int], queues: list[str], alias: str) -> None:
     try:
-        wake(queues)
+        wake(queues, alias)
     except DatabaseError as exc:  # the messages are committed; workers will poll them
         logger.warning("Could not wake idle workers after an enqueue (%s).", exc)
     send_robust(message_enqueued, task_name, message_ids=ids)

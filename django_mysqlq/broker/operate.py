@@ -19,6 +19,7 @@ from django.db import DatabaseError, transaction
 from ..conf import get_settings
 from ..messages import NewMessage
 from ..models import CANCELLABLE_STATUSES, OPERABLE_STATUSES, Outcome
+from ..routing import alias_for_queue
 from . import subjects
 from .base import (
     ATTEMPT_TABLE,
@@ -380,20 +381,21 @@ def set_paused(queue: str, paused: bool, operator: Operator) -> None:
     """Pause or resume a queue.
 
     Busy workers re-read the paused set about every second; parked ones re-read it before
-    their next claim, and are woken here so that happens now.
+    their next claim, and are woken here so that happens now. On the queue's own database.
     """
-    with connection_for().cursor() as cursor:
+    alias = alias_for_queue(queue)
+    with connection_for(alias).cursor() as cursor:
         cursor.execute(SET_PAUSED_SQL, [queue, paused, operator.name[:200]])
 
     def wake_parked() -> None:
         try:
-            wake([queue], everyone=True)  # every parked worker must re-read the paused set
+            wake([queue], alias, everyone=True)  # every parked worker must re-read the paused set
         except DatabaseError as exc:
             logger.warning("Could not wake idle workers after %s %s (%s).",
                            "pausing" if paused else "resuming", queue, exc)
 
     # After the commit: a worker woken earlier would read the old state and park again.
-    transaction.on_commit(wake_parked, using=default_alias())
+    transaction.on_commit(wake_parked, using=alias)
 
 
 def paused_queues(alias: str | None = None) -> set[str]:

@@ -24,7 +24,7 @@ from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules
+from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -32,6 +32,7 @@ from .options import WorkerOptions
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
+from .topics import TopicDuty
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -120,9 +121,13 @@ class Worker:
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
                            self.stats.add, nudge=self.wakeup.set,
-                           idle=self._nothing_waiting) if batch > 1 else None
+                           idle=self._nothing_waiting,
+                           alias=options.database) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+        #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
+        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""
@@ -133,6 +138,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
         # Its code has rate-limited tasks: it claims throttled messages too, and its parks
@@ -148,6 +154,7 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        self._call_until_up(self.topics.start)
         logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
@@ -203,7 +210,8 @@ class Worker:
             self.wakeup.clear()
             try:
                 self._upkeep()
-                claimed = 0 if self._nothing_ready else self._claim()
+                pumped = self.topics.pump()
+                claimed = 0 if self._nothing_ready and not pumped else self._claim()
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
@@ -247,6 +255,7 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
             broker.repair_rate_keys()  # rate keys' rows deleted by hand
             due.stale_check = now + conf.LEASE_SECONDS
@@ -285,9 +294,12 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        # Successes waiting for their ack count: an ack may make a gate's next message
-        # ready, and the acker then nudges this loop (a parked one would not hear it).
-        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
+        # Gated successes waiting for their ack count: that ack may make a gate's next
+        # message ready, and the acker then nudges this loop (a parked one would not hear
+        # it). Other unacked successes don't: staying awake for them turned every quiet
+        # moment into polling, and a producer's wake-up into a 20 ms wait.
+        busy = self.holdings.in_flight > 0 or (
+            self.acker is not None and self.acker.gated_unacked)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""
@@ -315,6 +327,11 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
+        if self.topics.pump(force=True):
+            # Listening first: a publish committed after this pump wakes the park.
+            broker.listen(self.id, False)
+            self._listening = False
+            return
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
                                           worker_id=self.id, rates=self._rated)
@@ -428,6 +445,7 @@ class Worker:
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
+            topic_alerts.report_overran(message, elapsed)
             if self.options.kill_on_timeout:
                 draining.abort_for_timeout(self, task, elapsed)
 

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False  # DDL on MySQL commits anyway
 
     dependencies = [
-        ('django_mysqlq', '0012_cluster_lease_and_worker_node'),
+        ('django_mysqlq', '0013_topics'),
     ]
 
     operations = [

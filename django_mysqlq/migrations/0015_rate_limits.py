@@ -37,7 +37,7 @@ class Migration(migrations.Migration):
     atomic = False  # DDL on MySQL commits anyway
 
     dependencies = [
-        ('django_mysqlq', '0013_unique_keys'),
+        ('django_mysqlq', '0014_unique_keys'),
     ]
 
     operations = [
