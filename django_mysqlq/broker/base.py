@@ -69,6 +69,11 @@ SHORTEST_BOUND = 1.0
 #: share it (used by ``recover`` and by the parked workers' check in ``park``).
 RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
 
+#: The status of a message that may run now: 'ready', or 'throttled' for one with a rate
+#: limit, which only a rate-limited claim takes (``rates``). Every statement that makes a
+#: message runnable again (promotion, retry, release, recovery, requeue) sets this.
+RUNNABLE_STATUS = "IF(rate_key IS NULL, 'ready', 'throttled')"
+
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (
     "claim_token = NULL, owner_connection = NULL, owner_server_start = NULL, "
