@@ -27,6 +27,7 @@ from .exceptions import (
 )
 from .handles import MessageHandle, MessageResult, MessageState
 from .tasks import QueueTask, queue_task
+from .topics import Topic, TopicEvent
 
 __all__ = [
     "ArgumentEncodingError",
@@ -43,6 +44,8 @@ __all__ = [
     "TaskArgumentError",
     "TaskContext",
     "TaskTimeout",
+    "Topic",
+    "TopicEvent",
     "TransactionLeftOpen",
     "UnknownTask",
     "WaitTimeout",

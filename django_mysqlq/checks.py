@@ -1,4 +1,5 @@
-"""System checks: settings (E001-E006, W002, W003) and the live server (W001)."""
+"""System checks: settings (E001-E006, W002, W003), group queues (E007) and the live
+server (W001)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,40 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
             hint="django-mysqlq keeps every time in UTC on the database clock; set USE_TZ = True.",
             id="django_mysqlq.E004"))
     return errors
+
+
+@register()
+def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
+                          **kwargs: Any) -> list[CheckMessage]:
+    """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``) exists and is
+    MySQL or MariaDB (E010, E011)."""
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []  # E001 reports it
+    errors: list[CheckMessage] = []
+    named = [(f"MYSQLQ['QUEUES'][{queue!r}]['DATABASE']", str(entry["DATABASE"]), "E010")
+             for queue, entry in conf.QUEUES.items() if entry.get("DATABASE")]
+    for alias, read in _read_aliases(conf.READ_DATABASE, conf.DATABASE).items():
+        named.append((f"MYSQLQ['READ_DATABASE'] (for {alias!r})", read, "E011"))
+    for where, alias, code in named:
+        if alias not in settings.DATABASES:
+            errors.append(Error(
+                f"{where} is {alias!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                id=f"django_mysqlq.{code}"))
+        elif queue_vendor(alias) != "mysql" and not conf.IMMEDIATE:
+            errors.append(Error(f"{where} is {alias!r}, which is not MySQL or MariaDB.",
+                                hint=NOT_MYSQL_HINT, id=f"django_mysqlq.{code}"))
+    return errors
+
+
+def _read_aliases(read: object, default: str) -> dict[str, str]:
+    if isinstance(read, str):
+        return {default: read}
+    if isinstance(read, dict):
+        return {str(alias): str(replica) for alias, replica in read.items()}
+    return {}
 
 
 @register(Tags.database)
@@ -207,3 +242,32 @@ def check_schedules(app_configs: Sequence[AppConfig] | None = None,
                                 "every declared schedule when they start and refuse to "
                                 "start on one they can't write.", id="django_mysqlq.E006")
             for problem in recurring.problems()]
+
+
+@register()
+def check_group_queues(app_configs: Sequence[AppConfig] | None = None,
+                       **kwargs: Any) -> list[CheckMessage]:
+    """Queues named ``group:<name>`` hold consumer groups' deliveries: a task of its own
+    there would be claimed by the group's members, and counted in its lag (E007)."""
+    try:
+        load_settings()
+    except SettingsError:
+        return []
+    from .registry import import_task_modules, registry
+    from .topicnames import GROUP_QUEUE_PREFIX, TASK_PREFIX
+
+    try:
+        import_task_modules()
+    except ImproperlyConfigured:
+        return []  # E005 says why
+    errors: list[CheckMessage] = []
+    for name in registry.names():
+        task = registry.get(name)
+        if task.queue.startswith(GROUP_QUEUE_PREFIX) and not name.startswith(TASK_PREFIX):
+            errors.append(Error(
+                f"Task {name!r} uses the queue {task.queue!r}, a name kept for the "
+                "deliveries of a topic's consumer group.",
+                hint="Give the task another queue: names starting with 'group:' belong to "
+                     "Topic(...).subscribe(group=...) (docs/streams.md).",
+                id="django_mysqlq.E007"))
+    return errors

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import cron, limits, payload
+from . import cron, limits, payload, retries
 
 LivenessMode = Literal["connection", "lease"]
 LogFormat = Literal["text", "json"]
@@ -32,8 +32,18 @@ MAX_PAYLOAD_BYTES = 2**30
 class QueueSettings:
     """All knobs of the queue, with their defaults."""
 
-    #: Database alias that holds the queue tables (enqueue joins its transactions).
+    #: Database alias that holds the queue tables (enqueue joins its transactions): the
+    #: alias of every queue that ``QUEUES`` or a router does not place elsewhere.
     DATABASE: str = "default"
+    #: Per-queue settings: ``{"emails": {"DATABASE": "queues_b"}}`` puts a queue's messages,
+    #: history and workers on another alias (docs/scaling.md). Wins over a router's
+    #: ``db_for_queue``.
+    QUEUES: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Alias the read-only views (admin lists, dashboard, ``queuestats``, the pipeline's
+    #: reads) use: a replica of the queue database ``DATABASE``; or a dict, queue alias ->
+    #: its replica's alias. None: each alias is read where it lives. Never used by a
+    #: claim, an ack or an operator action.
+    READ_DATABASE: str | Mapping[str, str] | None = None
     #: ``connection``: a claim is lost when its owner's connection id is gone from the
     #: process list, or the server restarted, or the lease ran out. ``lease``: only the
     #: lease counts (for ProxySQL / RDS Proxy, where connection ids are not the client's).
@@ -111,6 +121,28 @@ class QueueSettings:
     #: A schedule's occurrence enqueued at most this many seconds late is on time; one
     #: older was missed (no worker ran) and follows the schedule's ``catch_up`` policy.
     SCHEDULE_GRACE_SECONDS: float = 60.0
+    # Topics (``Topic("orders")``): see docs/streams.md.
+    #: Attempts of a consumer group's delivery before it goes to the group's dead letter:
+    #: the first and 16 retries, as in the EMS article.
+    TOPIC_MAX_ATTEMPTS: int = 17
+    #: Seconds before the n-th retry of a delivery, the last one repeating: 10 s to 2 h.
+    TOPIC_RETRY_BACKOFF: tuple[float, ...] = (
+        10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+    #: Topic messages one pump step turns into deliveries of one group.
+    TOPIC_PUMP_BATCH: int = 500
+    #: Ready deliveries a group may have waiting before its pump pauses (keeps the
+    #: queue table small however far behind a group is: the rest wait in the topic).
+    TOPIC_WINDOW: int = 1000
+    #: Seconds between two reads of a topic by a worker's broadcast thread.
+    TOPIC_BROADCAST_POLL_SECONDS: float = 0.2
+    #: Topic messages published longer ago than this are deleted by the recovery leader
+    #: (in small batches, oldest offset first, moving the topic's ``first_offset``).
+    #: None: keep them forever.
+    TOPIC_RETENTION_SECONDS: float | None = 7 * 86400.0
+    #: Also keep a message until every consumer group of its topic has turned it into a
+    #: delivery (its position passed it). False: time alone decides (a group far behind
+    #: then skips what was deleted).
+    TOPIC_RETENTION_WAIT_FOR_GROUPS: bool = True
     # The Spark pipeline (``queuepipeline``, the ``spark`` extra): see docs/pipeline.md.
     #: The JDBC driver jar Spark loads (``spark.jars``): Debian's libmariadb-java by
     #: default. "" adds none (a cluster that ships its own, or ``spark.jars.packages``).
@@ -175,13 +207,25 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("UNKNOWN_TASK_RETRIES", lambda value, option: limits.whole_problem(
         value, option, 0, 1000))
 
+    check("TOPIC_MAX_ATTEMPTS", limits.max_attempts_problem)
+    check("TOPIC_PUMP_BATCH", whole(MAX_BATCH))
+    check("TOPIC_WINDOW", whole(1_000_000))
+    check("TOPIC_BROADCAST_POLL_SECONDS", seconds(zero=False))
+    check("TOPIC_RETENTION_SECONDS", limits.optional_seconds_problem)
+    if "TOPIC_RETRY_BACKOFF" in values:
+        try:
+            values["TOPIC_RETRY_BACKOFF"] = retries.backoff_schedule(values["TOPIC_RETRY_BACKOFF"])
+        except ValueError as exc:
+            problems.append(f"MYSQLQ['TOPIC_RETRY_BACKOFF']: {exc}")
+
     check("SPARK_MAX_CONNECTIONS", whole(1000))
     check("SPARK_PARTITION_ROWS", lambda value, option: limits.whole_problem(
         value, option, 1000, 100_000_000))
     for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
         if name in values and not isinstance(values[name], str):
             problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
-    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE"):
+    for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE",
+                 "TOPIC_RETENTION_WAIT_FOR_GROUPS"):
         if name in values and not isinstance(values[name], bool):
             problems.append(f"MYSQLQ[{name!r}] must be True or False, not {values[name]!r}.")
     if "LOG_FORMAT" in values and values["LOG_FORMAT"] not in LOG_FORMATS:
@@ -196,6 +240,20 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(database, str) or not database or len(database) > 1000:
         problems.append("MYSQLQ['DATABASE'] must be a non-empty string of at most 1000 "
                         f"characters, not {database!r}.")
+    if "QUEUES" in values:
+        queues = _queues(values["QUEUES"], problems)
+        if queues is not None:
+            values["QUEUES"] = queues
+    read = values.get("READ_DATABASE")
+    if read is not None and not (
+            (isinstance(read, str) and 0 < len(read) <= 1000)
+            or (isinstance(read, Mapping) and all(
+                isinstance(key, str) and key and isinstance(value, str) and value
+                for key, value in read.items()))):
+        problems.append("MYSQLQ['READ_DATABASE'] must be None, a database alias, or a dict "
+                        f"of queue alias -> replica alias, not {read!r}.")
+    elif isinstance(read, Mapping):
+        values["READ_DATABASE"] = dict(read)
     if "TASK_MODULES" in values:
         modules = values["TASK_MODULES"]
         if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
@@ -217,6 +275,42 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"MYSQLQ['LEASE_SECONDS'] ({lease}), or live workers lose their claims."
         )
     return values, problems
+
+
+#: Keys of one ``MYSQLQ['QUEUES']`` entry.
+QUEUE_KEYS = ("DATABASE",)
+
+
+def _queues(raw: object, problems: list[str]) -> dict[str, dict[str, Any]] | None:
+    """``MYSQLQ['QUEUES']`` checked entry by entry (whether each alias exists is the system
+    check's business, E010)."""
+    if not isinstance(raw, Mapping):
+        problems.append("MYSQLQ['QUEUES'] must be a dict of queue name -> {'DATABASE': "
+                        f"alias}}, not {type(raw).__name__}.")
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        where = f"MYSQLQ['QUEUES'][{name!r}]"
+        problem = limits.queue_problem(name, "A queue name in MYSQLQ['QUEUES']")
+        if problem is not None:
+            problems.append(problem)
+            continue
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} must be a dict such as {{'DATABASE': 'queues_b'}}, not "
+                            f"{entry!r}.")
+            continue
+        unknown = sorted(str(key) for key in entry if key not in QUEUE_KEYS)
+        if unknown:
+            problems.append(f"{where}: unknown key(s) {', '.join(unknown)} (keys: "
+                            f"{', '.join(QUEUE_KEYS)}).")
+            continue
+        database = entry.get("DATABASE")
+        if database is not None and (not isinstance(database, str) or not database
+                                     or len(database) > 1000):
+            problems.append(f"{where}['DATABASE'] must be a database alias, not {database!r}.")
+            continue
+        found[name] = dict(entry)
+    return found
 
 
 SCHEDULE_KEYS = ("task", "cron", "tz", "catch_up", "args", "kwargs")

@@ -11,6 +11,8 @@
 * :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
   messages may hold a slot, how many do, and how many wait (``blocked``).
 * :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
+* :class:`UniqueKey` is one row per dedup key taken for a period after its message
+  succeeded (``unique_for``); :class:`RateLimit` one per rate-limit key (``keytables``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -25,6 +27,7 @@ from typing import Any
 from django.db import models
 
 from . import gating
+from .keytables import RateLimit, UniqueKey, rate_id, unique_key_id
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -37,6 +40,9 @@ class MessageStatus(models.TextChoices):
     #: Waiting for a slot of its gate: behind an earlier message of its ordered subject,
     #: or for a free slot of its concurrency key.
     BLOCKED = "blocked", "Blocked"
+    #: Due, waiting for its rate limit's next start (``rate_limit``): claimed one at a
+    #: time per key when the key's row allows (``broker.rates``), never 'ready'.
+    THROTTLED = "throttled", "Throttled (rate limit)"
     DEAD = "dead", "Dead"
 
 
@@ -124,6 +130,13 @@ class Message(models.Model):
     timeout = models.FloatField(null=True, blank=True)
     #: At most one unfinished message per key; NULL (no key) never collides, '' would.
     dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: Seconds its dedup key stays taken after it succeeds (:class:`UniqueKey`); 0: the
+    #: key is free again once it finished (unique while queued).
+    unique_for = models.PositiveIntegerField(default=0, db_default=0)
+    #: Its rate-limit key (:class:`RateLimit`) and the microseconds between two starts of
+    #: that key; NULL for a message without a rate limit. Compared exactly.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_interval = models.PositiveBigIntegerField(null=True, blank=True)
     #: The ordered subject or concurrency key this message passes (with ``gate_mode``);
     #: NULL for a message that passes no gate. Compared exactly (binary collation).
     gate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -171,6 +184,8 @@ class Message(models.Model):
             # status column, so the hot path (claims of messages without a gate) never
             # rewrites an entry here.
             models.Index(fields=["gate_key", "id"], name="mysqlq_msg_gate"),
+            # A rate key's next message, in enqueue order (no status: see the gate index).
+            models.Index(fields=["rate_key", "id"], name="mysqlq_msg_rate"),
         ]
         permissions = [
             ("requeue_message", "Can requeue a message or retry a dead one"),
@@ -437,6 +452,9 @@ class Lease(models.Model):
         return f"{self.name} held by {self.holder} until {self.expires_at}"
 
 
+__all__ = ["RateLimit", "UniqueKey", "rate_id", "unique_key_id"]  # defined in keytables
+
+
 class StuckMessage(Message):
     """Admin entry point: claimed messages whose owner is gone, lease-expired or overrunning."""
 
@@ -462,3 +480,20 @@ class BlockedMessage(Message):
         proxy = True
         verbose_name = "blocked message"
         verbose_name_plural = "blocked messages"
+
+
+
+# Topics: their tables are in topicmodels.py (this module would pass 500 lines).
+from .topicmodels import (  # noqa: E402
+    TopicDelivery,
+    TopicGroup,
+    TopicMessage,
+    TopicStart,
+    TopicState,
+)
+
+__all__ = [
+    "Attempt", "BlockedMessage", "DeadMessage", "Gate", "Lease", "Message", "QueueState",
+    "Schedule", "StuckMessage", "TopicDelivery", "TopicGroup", "TopicMessage", "TopicStart",
+    "TopicState", "Worker",
+]

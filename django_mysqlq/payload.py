@@ -98,3 +98,28 @@ def decode(text: str) -> tuple[list[Any], dict[str, Any]]:
             'payload must be a JSON object {"args": [...], "kwargs": {...}}'
         )
     return list(data.get("args", [])), dict(data.get("kwargs", {}))
+
+
+def encode_published(topic: str, value: Any, max_bytes: int) -> str:
+    """The JSON text of a topic message's payload, or the error a task argument would get
+    (worded for the topic); nothing is written when it raises."""
+    label = f"The payload of a message to topic {topic!r}"
+    key = _non_string_key(value) if isinstance(value, _CONTAINERS) else None
+    if key is not None:
+        raise ArgumentEncodingError(
+            f"{label} can't be encoded as JSON: the dict key {key!r} isn't a string, and JSON "
+            "would turn it into one, so handlers would get a different value. Use str keys.")
+    try:
+        text = _ENCODER.encode(value)
+    except _ENCODING_ERRORS as exc:
+        raise ArgumentEncodingError(
+            f"{label} can't be encoded as JSON ({exc}). Payloads must be JSON values (str, "
+            "int, float, bool, None, list, dict with str keys): publish a primary key or a "
+            "plain dict instead of the object.") from exc
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"{label} encodes to {size} bytes, over MYSQLQ['MAX_PAYLOAD_BYTES'] "
+            f"({max_bytes}). Store large data in a table or file and publish its key, or "
+            "raise the setting.")
+    return text

@@ -23,3 +23,13 @@ messages_recovered = Signal()
 worker_started = Signal()
 #: sender: the worker; kwargs: none.
 worker_stopped = Signal()
+#: sender: the topic's name; kwargs: ``count`` (messages published by the transaction's
+#: ``publish()``/``publish_many()`` call, sent after it commits, by the publisher).
+topic_published = Signal()
+#: sender: the topic's name; kwargs: ``group``, ``offsets`` (turned into deliveries of the
+#: group by a worker's pump).
+topic_pumped = Signal()
+#: sender: the topic's name; kwargs: ``group``, ``message_id`` (the delivery), ``offset``,
+#: ``seconds`` (run so far), ``timeout``. Sent once by the worker running a group's
+#: handler when it passes its ``timeout`` (besides ``task_overran``), with a log line.
+topic_handler_overran = Signal()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY_METRICS = {
     "raw": "rows/s", "enqueue": "msgs/s", "burndown": "tasks/s", "latency": "p50",
     "idle": "queries/s per worker", "backlog": "tasks/s", "contention": "rows/s",
-    "ordered": "tasks/s",
+    "ordered": "tasks/s", "streams": "msgs/s",
 }
 
 

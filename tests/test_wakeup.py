@@ -13,6 +13,7 @@ from django_mysqlq.broker import park
 from django_mysqlq.models import Attempt, Worker
 from tests.conftest import wait_for
 from tests.testapp import tasks
+from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -62,3 +63,22 @@ def test_wake_skips_dead_listeners_and_reports_woken_ones():
     Worker.objects.filter(pk="ghost").update(listening=True, connection_id=2**31)
     assert broker.wake(["default"]) == 0  # unknown thread id: ignored
     assert not park._wake_state.disabled
+
+
+def test_a_worker_parks_while_a_plain_success_waits_for_its_ack(start_worker):
+    """An ack waiting in the acker's batch doesn't keep the worker awake polling (only a
+    gated one does, for the gate's next message): the next producer's wake-up reaches it."""
+    worker = start_worker("--batch", "10",
+                          env={**SLOW_UPKEEP, "MYSQLQ_TEST_ACK_DELAY": "8"})
+    wait_for(lambda: parked(worker), 15, message="the worker to park")
+    handle = tasks.record.enqueue("first")
+    wait_for(lambda: Ledger.objects.filter(label="first").exists(), 10,
+             message="the first message to run")
+    # Its ack waits up to 8 s for company; meanwhile the worker is parked again.
+    wait_for(lambda: parked(worker), 5, message="the worker to park with an ack pending")
+    assert not Attempt.objects.filter(message_id=handle.id).exists()
+    second = tasks.record.enqueue("second")
+    wait_for(lambda: Ledger.objects.filter(label="second").exists(), 5,
+             message="the woken worker to run the second message")
+    wait_for(lambda: Attempt.objects.filter(message_id__in=[handle.id, second.id]).count() == 2,
+             15, message="both acks")

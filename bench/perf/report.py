@@ -21,6 +21,7 @@ _TITLES = {
     "cluster": "Burn-down on the single server and on the 3-node Galera cluster, same run "
                "(queue filled on node 1, one worker process on each of nodes 2 and 3)",
     "ordered": "Ordered subjects and concurrency limits: burn-downs with and without gates",
+    "streams": "Topics: publish, consumer groups draining, pickup latency, lag under load",
 }
 _SERVER_KEYS = ("innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "log_bin",
                 "binlog_format", "sync_binlog", "transaction_isolation",

@@ -33,10 +33,17 @@ MYSQLQ = {
     "SUMMARY_SECONDS": 0,
     # "0": idle workers poll instead of parking for wake-ups (the harness compares both).
     "WAKEUP": os.environ.get("MYSQLQ_BENCH_WAKEUP", "1") == "1",
+    # "0" behind the idle workload's counting relay: a 1:1 TCP relay keeps each client's
+    # own connection id (so KILL QUERY wake-ups are sound), but the server sees the
+    # relay's address, which the proxy check would take for a pooler (and poll).
+    "DETECT_PROXY": os.environ.get("MYSQLQ_BENCH_DETECT_PROXY", "1") == "1",
 }
 if os.environ.get("MYSQLQ_BENCH_ACK_BATCH"):
     # The tuned burn-down cases raise the ack batch (the crash re-run bound) above 20.
     MYSQLQ["ACK_BATCH_SIZE"] = int(os.environ["MYSQLQ_BENCH_ACK_BATCH"])
+if os.environ.get("MYSQLQ_BENCH_STREAMS") == "1":
+    # Workers of the streams workload: members of its consumer groups.
+    MYSQLQ["TASK_MODULES"] = ["bench.perf.benchapp.streams"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

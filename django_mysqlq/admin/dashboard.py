@@ -14,10 +14,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .. import broker, ops
+from .. import broker, routing, views
 from ..models import QueueState
 from ..tasks import QUEUE_NAME_MAX
-from . import actions
+from . import actions, databases
 from .listing import COUNT_CAP
 from .readonly import ReadOnlyAdminMixin
 
@@ -61,8 +61,16 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        data = ops.dashboard(count_cap=COUNT_CAP)
+        alias = databases.selected(request)
+        [view] = views.dashboards(count_cap=COUNT_CAP, only=alias)
+        data = view.dashboard
+        aliases = routing.queue_aliases()
         context = {
+            "database": alias if len(aliases) > 1 or view.lag is not None else "",
+            "databases": aliases if len(aliases) > 1 else (),
+            "read_from": view.read,
+            "replica_lag": view.lag,
+            "db_query": f"database={alias}&" if alias != aliases[0] else "",
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
             "opts": self.opts,

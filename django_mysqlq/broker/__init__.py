@@ -30,6 +30,14 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``unique``     dedup keys kept taken for a period after success (``unique_for``)
+``rates``      global rate limits: rate keys' rows, the claim of throttled messages
+``topics``     topics: publish, and the sequencer that gives committed rows their offsets
+``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_replay`` replay a range of a topic into one group
+``topic_retention`` deletes a topic's oldest messages in short batches
+``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
+``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -41,19 +49,23 @@ from .base import (
     MESSAGE_TABLE,
     QUEUE_TABLE,
     WORKER_TABLE,
+    bind_alias,
     close_if_broken,
+    default_alias,
     ensure_usable,
     error_code,
     finish_by,
     is_refusal,
     is_schema_error,
     is_setup_error,
+    on_alias,
     send_robust,
     stats,
     was_interrupted,
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
+from .deliveries import GroupSpec, create_group, dead_deliveries, position, pump, requeue_dead
 from .enqueue import enqueue
 from .held import (
     Holder,
@@ -70,6 +82,7 @@ from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
+    RateOfCopy,
     Stuck,
     cancel,
     paused_queues,
@@ -105,6 +118,13 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
+from .rates import (
+    IDLE_KEY_SECONDS,
+    claim_throttled,
+    purge_idle_rate_keys,
+    repair_rate_keys,
+    seconds_to_next_start,
+)
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
@@ -123,6 +143,22 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_ops import (
+    GroupState,
+    Lookup,
+    ResetResult,
+    ResetTarget,
+    TopicOffsetError,
+    groups,
+    lookup,
+    reset_group,
+    trace,
+)
+from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
+from .topic_replay import ReplayResult, replay_range
+from .topic_retention import prune_topic_batch, topic_names
+from .topics import last_offset, publish, read_after, sequence
+from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -134,6 +170,7 @@ from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, re
 
 __all__ = [
     "ATTEMPT_TABLE",
+    "IDLE_KEY_SECONDS",
     "MESSAGE_TABLE",
     "QUEUE_TABLE",
     "READ_CLAIMED_SQL",
@@ -146,27 +183,39 @@ __all__ = [
     "Deferral",
     "Fired",
     "GateRef",
+    "GroupSpec",
+    "GroupState",
     "HistoryBucket",
     "Holder",
+    "Lookup",
     "Mark",
     "NewMessage",
     "OldestTransaction",
     "Operator",
+    "Overran",
     "PurgeLag",
     "QueueOverview",
+    "RateOfCopy",
     "Repair",
+    "ReplayResult",
+    "ResetResult",
+    "ResetTarget",
     "Runner",
     "Stuck",
     "Synced",
+    "TopicOffsetError",
+    "TopicVolume",
     "UnservedQueue",
     "ack",
     "ack_many",
     "ack_within",
     "activity_marks",
+    "bind_alias",
     "cancel",
     "claim",
     "claim_sql",
     "claim_sql_for",
+    "claim_throttled",
     "claims_held",
     "close_if_broken",
     "connection_identity",
@@ -174,8 +223,11 @@ __all__ = [
     "count_dead_before",
     "count_history_before",
     "count_workers_before",
+    "create_group",
     "database_now",
+    "dead_deliveries",
     "dead_heads",
+    "default_alias",
     "defer",
     "deregister_worker",
     "describe_unserved",
@@ -185,7 +237,9 @@ __all__ = [
     "fail",
     "finish_by",
     "fire_due_schedules",
+    "free_unique_keys",
     "gates_of",
+    "groups",
     "has_pending",
     "heartbeat_worker",
     "history_window",
@@ -195,22 +249,33 @@ __all__ = [
     "is_refusal",
     "is_schema_error",
     "is_setup_error",
+    "last_offset",
     "listen",
+    "lookup",
     "mark_stale_workers",
     "mark_started",
+    "on_alias",
+    "overran_deliveries",
     "own_connection",
     "paused_queues",
+    "position",
     "promote_due",
     "promote_limited",
     "prune_schedules",
+    "prune_topic_batch",
+    "publish",
+    "pump",
     "purge_dead_batch",
     "purge_history_batch",
+    "purge_idle_rate_keys",
     "purge_lag",
+    "purge_unique_keys_batch",
     "purge_workers_batch",
     "queue_counts",
     "queue_names",
     "queue_overview",
     "queues_holding",
+    "read_after",
     "recover",
     "register_worker",
     "release",
@@ -219,12 +284,18 @@ __all__ = [
     "release_subjects",
     "renew_leases",
     "repair_gates",
+    "repair_rate_keys",
     "replay",
+    "replay_range",
     "requeue",
+    "requeue_dead",
     "requeue_heads",
+    "reset_group",
     "retry_delay",
     "run_schedule_now",
+    "seconds_to_next_start",
     "send_robust",
+    "sequence",
     "served_queues",
     "set_paused",
     "set_priority",
@@ -233,6 +304,9 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_names",
+    "topic_volumes",
+    "trace",
     "transaction_left_open",
     "unchanged_since",
     "unserved_from",

@@ -65,8 +65,10 @@ class Acker:
     def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
                  report: Callable[..., None] = _no_report,
                  nudge: Callable[[], None] = lambda: None,
-                 idle: Callable[[], bool] = lambda: True) -> None:
+                 idle: Callable[[], bool] = lambda: True, alias: str | None = None) -> None:
         self.batch_size = batch_size
+        #: The worker's database: the acker thread's statements go there.
+        self.alias = alias
         self.delay = delay
         self._give_up = give_up
         #: Called as ``report(succeeded=n, unacked=m)`` after each batch.
@@ -107,6 +109,14 @@ class Acker:
     def unacked(self) -> int:
         """Successes not acked yet: waiting, being written, or waiting for a busy gate."""
         return len(self._pending) + len(self._writing) + len(self._busy)
+
+    @property
+    def gated_unacked(self) -> bool:
+        """Whether a success not acked yet has a gate: its ack may make that gate's next
+        message ready, so the worker should stay awake for the nudge."""
+        with self._cond:
+            return any(m.gate_key is not None for m, _, _ in
+                       [*self._writing, *self._pending, *(f for f, _ in self._busy)])
 
     def held_pairs(self) -> list[tuple[int, str]]:
         """(id, token) of successes not acked yet (being written or waiting)."""
@@ -256,6 +266,7 @@ class Acker:
             line.write(outcome, detail=detail)
 
     def _run(self) -> None:
+        broker.bind_alias(self.alias)
         broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:

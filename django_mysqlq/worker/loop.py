@@ -22,9 +22,9 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
-from ..registry import import_task_modules
+from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules
+from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
 from .gate import SoloGate
 from .holdings import Holdings
@@ -32,6 +32,7 @@ from .options import WorkerOptions
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
+from .topics import TopicDuty
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -98,6 +99,7 @@ class Worker:
         self.wakeup = threading.Event()
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
+        self._rated = False  # set once the task modules are imported (run())
         self.holdings = Holdings(self.stop_request.event, self.wakeup,
                                  fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS,
                                  clock=broker.database_now)
@@ -119,9 +121,13 @@ class Worker:
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
                            self.stats.add, nudge=self.wakeup.set,
-                           idle=self._nothing_waiting) if batch > 1 else None
+                           idle=self._nothing_waiting,
+                           alias=options.database) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
+        #: The consumer groups it serves (pumped before claims) and its broadcast reader.
+        import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
+        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""
@@ -132,8 +138,12 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
+        # Its code has rate-limited tasks: it claims throttled messages too, and its parks
+        # end when a rate key may start its next one.
+        self._rated = registry.rate_limited()
         self._start()  # raises WorkerCannotRun if the database can't serve it
         try:
             self._loop()
@@ -144,6 +154,7 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
+        self._call_until_up(self.topics.start)
         logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
                     self.id, ",".join(self.options.queues), self.options.concurrency,
                     self.options.claim_batch, self.settings.LIVENESS,
@@ -199,7 +210,8 @@ class Worker:
             self.wakeup.clear()
             try:
                 self._upkeep()
-                claimed = 0 if self._nothing_ready else self._claim()
+                pumped = self.topics.pump()
+                claimed = 0 if self._nothing_ready and not pumped else self._claim()
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
@@ -243,7 +255,9 @@ class Worker:
         if broker.is_recovery_leader() and now >= due.stale_check:
             broker.mark_stale_workers()
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
+            topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
+            broker.repair_rate_keys()  # rate keys' rows deleted by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
@@ -280,9 +294,12 @@ class Worker:
     def _idle(self) -> None:
         """Nothing claimed: wait for a task slot, a wake-up, due work or the next upkeep."""
         conf, due = self.settings, self._due
-        # Successes waiting for their ack count: an ack may make a gate's next message
-        # ready, and the acker then nudges this loop (a parked one would not hear it).
-        busy = self.holdings.in_flight > 0 or (self.acker is not None and self.acker.unacked > 0)
+        # Gated successes waiting for their ack count: that ack may make a gate's next
+        # message ready, and the acker then nudges this loop (a parked one would not hear
+        # it). Other unacked successes don't: staying awake for them turned every quiet
+        # moment into polling, and a producer's wake-up into a 20 ms wait.
+        busy = self.holdings.in_flight > 0 or (
+            self.acker is not None and self.acker.gated_unacked)
         now = time.monotonic()
         parking = not busy and bool(self._active) and broker.wakeups_possible()
         sweep_check = ""
@@ -296,17 +313,28 @@ class Worker:
                            - now)
         if not parking:
             until_upkeep = min(until_upkeep, max(0.0, due.paused_check - now))
-            # Tasks finishing set the event; otherwise poll with a growing pause.
-            self.wakeup.wait(min(self._poll, until_upkeep))
+            # Tasks finishing set the event; otherwise poll with a growing pause, or until
+            # a rate-limited key may start its next message.
+            pause = min(self._poll, until_upkeep)
+            if self._rated and self._active:
+                soonest = broker.seconds_to_next_start(self._active)
+                if soonest is not None:
+                    pause = min(pause, max(0.0, soonest))
+            self.wakeup.wait(pause)
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
             return
         if not self._listening:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
+        if self.topics.pump(force=True):
+            # Listening first: a publish committed after this pump wakes the park.
+            broker.listen(self.id, False)
+            self._listening = False
+            return
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
-                                          worker_id=self.id)
+                                          worker_id=self.id, rates=self._rated)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
@@ -325,8 +353,9 @@ class Worker:
         else:
             # Slept through: nothing was ready or due when the park began, and a producer
             # or the due time would have cut it short. Parks watch the schedule, so the
-            # periodic promotion can wait too.
-            self._nothing_ready = True
+            # periodic promotion can wait too. A park that ends at a rate-limited key's
+            # next start also reads 'slept': a worker with such tasks claims right away.
+            self._nothing_ready = not self._rated
             due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
     def _claim(self) -> int:
@@ -342,6 +371,10 @@ class Worker:
         if wanted <= 0 or not self._active:
             return 0
         messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+        if self._rated and len(messages) < wanted:
+            messages += broker.claim_throttled(self._active, wanted - len(messages), self.id,
+                                               self.settings.LEASE_SECONDS,
+                                               idle=in_flight == 0 and not messages)
         if messages:
             self.holdings.add(messages)
             self._claimed_total += len(messages)
@@ -356,8 +389,9 @@ class Worker:
             return True
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
-            return not self._active or not broker.has_pending(self._active,
-                                                              self.options.burst_wait)
+            # Throttled messages count only for a worker that can claim them.
+            return not self._active or not broker.has_pending(
+                self._active, self.options.burst_wait, throttled=self._rated)
         return False
 
     def held_tokens(self) -> list[str]:
@@ -411,6 +445,7 @@ class Worker:
                            message.task_name, message.id, elapsed, message.timeout)
             broker.send_robust(task_overran, self, message_id=message.id,
                                attempt=message.attempt, seconds=elapsed)
+            topic_alerts.report_overran(message, elapsed)
             if self.options.kill_on_timeout:
                 draining.abort_for_timeout(self, task, elapsed)
 

@@ -66,7 +66,7 @@ def measure(ctx: Context, proxy: CountingProxy, processes: int, mode: str,
     watch = ctx.watch()
     others = _others_rate(ctx, sizes.idle_baseline_seconds)
     env = {**mode_env(mode), "MYSQLQ_BENCH_HOST": "127.0.0.1",
-           "MYSQLQ_BENCH_PORT": str(proxy.port)}
+           "MYSQLQ_BENCH_PORT": str(proxy.port), "MYSQLQ_BENCH_DETECT_PROXY": "0"}
     worker = WorkerProcess(worker_args(sizes.idle_threads, processes), ctx.log_dir,
                            f"idle-{mode}-{processes}-r{repeat}", env=env)
     ctx.wait_registered(worker, processes)
@@ -87,6 +87,11 @@ def measure(ctx: Context, proxy: CountingProxy, processes: int, mode: str,
                          "can't read; connect without TLS to measure idle load.")
     sent = after - before
     statements = statements_after - statements_before
+    if mode == "wakeup" and not any(shape.startswith("SELECT CASE") for shape in statements):
+        # Polling workers cost ~6 statements/s each: a figure for the wrong mode.
+        raise BenchError(f"idle: the {mode} workers never parked (no park statement at the "
+                         f"relay; seen: {dict(statements.most_common(6))}); was the relay "
+                         "taken for a proxy?")
     own = _own(own_before, own_after)
     server_rate = (questions_after - questions_before - own) / elapsed
     per_worker = (server_rate - others) / processes

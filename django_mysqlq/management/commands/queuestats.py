@@ -9,12 +9,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_mysqlq import ops
+from django_mysqlq import ops, views
+from django_mysqlq.conf import get_settings
 
 from .queueschedule import table as schedule_table
+from .queuetopic import groups_table
 
-COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "dead", "oldest", "1m", "5m",
-           "60m", "fail%")
+COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "throttled", "dead", "oldest",
+           "1m", "5m", "60m", "fail%")
 
 
 def _table(data: ops.Dashboard) -> str:
@@ -24,7 +26,8 @@ def _table(data: ops.Dashboard) -> str:
         rate = "-" if q.failure_rate is None else f"{100 * q.failure_rate:.0f}"
         marks = (" (paused)" if q.paused else "") + (" (no worker)" if q.unserved else "")
         rows.append((q.name + marks, str(q.ready),
-                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.dead), oldest,
+                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.throttled),
+                     str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -41,30 +44,58 @@ def _table(data: ops.Dashboard) -> str:
                                                             for t, n in data.top_failing[:5]))
     if data.schedules:
         lines.extend(["", schedule_table(data.schedules)])
+    lines.extend(_topic_lines(data))
     return "\n".join(lines)
+
+
+def _topic_lines(data: ops.Dashboard) -> list[str]:
+    lines: list[str] = []
+    if data.topics:
+        lines.extend(["", "topic  last-offset  kept  1m  5m  60m  msg/s (busiest first)"])
+        lines.extend(f"{t.name}  {t.last_offset}  {t.kept}  {t.published.get(1, 0)}  "
+                     f"{t.published.get(5, 0)}  {t.published.get(60, 0)}  "
+                     f"{t.rate_per_second:.1f}" for t in data.topics)
+    if data.groups:
+        lines.extend(["", groups_table(data.groups)])
+    for o in data.overran:
+        lines.append(f"WARNING: topic handler {o.task_name} #{o.message_id} has run "
+                     f"{o.running_seconds:.0f}s, past its timeout of {o.timeout:.0f}s "
+                     f"({o.worker_id or '-'}).")
+    return lines
 
 
 class Command(BaseCommand):
     help = ("Per-queue counts (blocked: waiting behind their ordered subject's head or for a "
             "slot of their concurrency key), oldest ready age, throughput and failure rate; "
             "workers alive; the server's purge lag; recurring tasks with their last and next "
-            "run.")
+            "run; topics (publish volume, busiest first) and consumer groups (position, lag, "
+            "oldest unhandled, dead), topic handlers past their timeout.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")
+        parser.add_argument("--database", default=None, metavar="ALIAS",
+                            help="Only this queue database (default: every alias that "
+                                 "holds queues, each read from its MYSQLQ['READ_DATABASE'] "
+                                 "replica if it has one).")
         parser.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
                             metavar="SECONDS",
                             help="Print again every SECONDS (default 2) until Ctrl-C.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         while True:
-            data = ops.dashboard()
+            found = views.dashboards(only=options["database"])
+            several = len(found) > 1 or found[0].lag is not None or found[0].alias != \
+                get_settings().DATABASE
             if options["json"]:
-                self.stdout.write(json.dumps(data.as_json()))
+                self.stdout.write(json.dumps(
+                    {"databases": [view.as_json() for view in found]} if len(found) > 1
+                    else found[0].as_json()))
             else:
                 if options["watch"]:
                     self.stdout.write("\x1b[2J\x1b[H", ending="")
-                self.stdout.write(_table(data))
+                self.stdout.write("\n\n".join(
+                    (f"== {view.title}\n" if several else "") + _table(view.dashboard)
+                    for view in found))
             if not options["watch"]:
                 return
             try:

@@ -13,7 +13,9 @@ from django.db import DatabaseError
 
 from django_mysqlq.conf import LOG_FORMATS, get_settings
 from django_mysqlq.exceptions import WorkerCannotRun
-from django_mysqlq.worker import Worker, WorkerOptions, fatal, logsetup
+from django_mysqlq.topicnames import group_queue
+from django_mysqlq.worker import WorkerOptions, fatal, logsetup
+from django_mysqlq.worker.databases import Workers
 from django_mysqlq.worker.draining import EXIT_DEAD
 from django_mysqlq.worker.supervisor import Supervisor
 
@@ -42,6 +44,10 @@ class Command(BaseCommand):
         parser.add_argument("--queues", type=_queue_list, default=None,
                             help="Comma-separated queues, claimed in this order (default, "
                                  "or '*': every queue a known task uses, by name).")
+        parser.add_argument("--groups", type=_queue_list, default=None,
+                            help="Comma-separated consumer groups to be a member of (their "
+                                 "queues group:<name> are served after --queues; without "
+                                 "--queues, only these groups).")
         parser.add_argument("--concurrency", type=_positive_int, default=1,
                             help="Threads running tasks in this process (default 1).")
         parser.add_argument("--batch", type=_positive_int, default=None,
@@ -92,8 +98,11 @@ class Command(BaseCommand):
 
     def _run(self, options: dict[str, Any]) -> None:
         try:
+            queues = options["queues"]
+            if options["groups"]:
+                queues = [*(queues or []), *(group_queue(group) for group in options["groups"])]
             worker_options = WorkerOptions.build(
-                options["queues"], concurrency=options["concurrency"], batch=options["batch"],
+                queues, concurrency=options["concurrency"], batch=options["batch"],
                 burst=options["burst"], max_tasks=options["max_tasks"],
                 burst_wait=options["burst_wait"], max_memory_mb=options["max_memory"],
                 exit_zero=options["exit_zero"],
@@ -107,11 +116,15 @@ class Command(BaseCommand):
             if status:
                 sys.exit(status)
             return
-        worker = Worker(worker_options)
-        status = worker.run()
+        workers = Workers(worker_options)
+        status = workers.run()
         if options["json_summary"]:
-            self.stdout.write(json.dumps(worker.stats.as_dict()))
+            found = [worker.stats.as_dict() for worker in workers.workers]
+            self.stdout.write(json.dumps(found[0] if len(found) == 1 else {
+                worker.options.database: stats
+                for worker, stats in zip(workers.workers, found, strict=True)}))
         else:
-            self.stdout.write(f"Summary: {worker.stats.summary()}")
+            for line in workers.stats_lines:
+                self.stdout.write(f"Summary: {line}")
         if status:
             sys.exit(status)

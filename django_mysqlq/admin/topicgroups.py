@@ -1,0 +1,196 @@
+"""Consumer groups in the admin: position, lag (messages, oldest unhandled), dead letter
+(a link to the dead messages of the group's task, requeueable there), and the operator
+actions: reset to an offset, a time, the earliest or latest message; replay a range.
+
+Both actions need the ``change_topicgroup`` permission, a POST, and are recorded on the
+group's row (``changed_at``, ``changed_by``) and logged by the broker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from .. import broker, topicops
+from ..models import TopicGroup
+from ..topicnames import delivery_task_name
+from . import actions
+from .readonly import ReadOnlyAdminMixin
+from .topics import TopicFilter, can_view
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[TopicGroup]
+else:  # ModelAdmin is generic for the type checker only
+    _Base = admin.ModelAdmin
+
+#: Reset and replay need this (a default permission of the model: no migration).
+CHANGE_GROUP = "change_topicgroup"
+
+#: The lag of the groups on the page being rendered (one read per page).
+_states_now: contextvars.ContextVar[dict[tuple[str, str], broker.GroupState]] = \
+    contextvars.ContextVar("mysqlq_group_states_now")
+
+
+def _bulk_reset(edge: str) -> Any:
+    def run(modeladmin: TopicGroupAdmin, request: HttpRequest,
+            queryset: QuerySet[Any]) -> None:
+        for row in queryset[:100]:
+            modeladmin.reset(request, row, broker.ResetTarget(edge=edge))
+
+    run.__name__ = f"reset_{edge}"
+    return admin.action(description=f"Reset to the {edge} message (selected groups)",
+                        permissions=["reset"])(run)
+
+
+@admin.register(TopicGroup)
+class TopicGroupAdmin(ReadOnlyAdminMixin, _Base):
+    list_display = ("topic", "group_name", "position", "last_offset", "lag", "oldest",
+                    "dead_letter", "pumped_at", "changed")
+    list_filter = (TopicFilter,)
+    ordering = ("topic", "group_name")
+    actions = [_bulk_reset("earliest"), _bulk_reset("latest")]
+    change_form_template = "admin/django_mysqlq/topicgroup/change_form.html"
+    fields = ("topic", "group_name", "queue", "start", "position", "created_at",
+              "pumped_at", "changed_at", "changed_by")
+    readonly_fields = fields
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view(request)
+
+    def has_reset_permission(self, request: HttpRequest) -> bool:
+        return actions.allowed(request, CHANGE_GROUP)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        topics = {row.topic for row in changelist.result_list}
+        states: dict[tuple[str, str], broker.GroupState] = {}
+        for topic in topics:
+            states.update({(s.topic, s.group): s for s in broker.groups(topic)})
+        _states_now.set(states)
+        return changelist
+
+    def _state(self, obj: TopicGroup) -> broker.GroupState | None:
+        return _states_now.get({}).get((obj.topic, obj.group_name))
+
+    @admin.display(description="last offset")
+    def last_offset(self, obj: TopicGroup) -> str:
+        state = self._state(obj)
+        return "-" if state is None else str(state.last_offset)
+
+    @admin.display(description="lag (messages)")
+    def lag(self, obj: TopicGroup) -> str:
+        state = self._state(obj)
+        return "-" if state is None else f"{state.lag:,}"
+
+    @admin.display(description="oldest unhandled")
+    def oldest(self, obj: TopicGroup) -> str:
+        state = self._state(obj)
+        if state is None or state.oldest_age_seconds is None:
+            return "-"
+        return f"#{state.oldest_unhandled}, {state.oldest_age_seconds:.0f}s"
+
+    @admin.display(description="dead letter")
+    def dead_letter(self, obj: TopicGroup) -> str:
+        state = self._state(obj)
+        count = 0 if state is None else state.dead
+        url = reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
+            {"task": delivery_task_name(obj.topic, obj.group_name)})
+        return format_html('<a class="dead-letter" href="{}">{}</a>', url, count)
+
+    @admin.display(description="changed by an operator")
+    def changed(self, obj: TopicGroup) -> str:
+        if obj.changed_at is None:
+            return "-"
+        return f"{obj.changed_at:%Y-%m-%d %H:%M:%S} by {obj.changed_by}"
+
+    # ------------------------------------------------------------- pages
+
+    def get_urls(self) -> list[URLPattern]:
+        return actions.outside_request_transaction([
+            path("<path:object_id>/operate/", self.admin_site.admin_view(self.operate),
+                 name="django_mysqlq_topicgroup_operate"),
+            *super().get_urls(),
+        ])
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        row = self._row(object_id)
+        found = broker.groups(row.topic, row.group_name)
+        state = found[0] if found else None
+        context.update(
+            state=state,
+            can_operate=actions.allowed(request, CHANGE_GROUP),
+            operate_url=reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
+            dead_url=reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
+                {"task": delivery_task_name(row.topic, row.group_name)}),
+            messages_url=reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
+            + urlencode({"topic": row.topic}),
+        )
+        return super().change_view(request, object_id, form_url, context)
+
+    def _row(self, object_id: str) -> TopicGroup:
+        row = TopicGroup.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        if row is None:
+            raise Http404("No such consumer group.")
+        return row
+
+    def operate(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST op=reset (to=offset|time|earliest|latest, value) or op=replay (first, last)."""
+        if not (self.has_view_permission(request) and actions.allowed(request, CHANGE_GROUP)):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        row = self._row(object_id)
+        back = reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk])
+        post = request.POST
+        try:
+            if post.get("op") == "replay":
+                done = topicops.replay(row.topic, row.group_name, int(post.get("first", "")),
+                                       int(post.get("last", "")), actions.who(request))
+                self.message_user(request, f"Replayed offsets {done.first}..{done.last} into "
+                                  f"group {done.group}: {done.replayed} new deliveries.",
+                                  messages.SUCCESS)
+            else:
+                self.reset(request, row, _target(post.get("to", ""), post.get("value", "")))
+        except (ValueError, LookupError) as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        return HttpResponseRedirect(back)
+
+    def reset(self, request: HttpRequest, row: TopicGroup, target: broker.ResetTarget) -> None:
+        try:
+            done = topicops.reset(row.topic, row.group_name, target, actions.who(request))
+        except (ValueError, LookupError) as exc:
+            self.message_user(request, f"{row.topic} / {row.group_name}: {exc}", messages.ERROR)
+            return
+        self.message_user(request, f"Group {done.group} of {done.topic} reset to "
+                          f"{target.describe()}: position {done.old_position} -> "
+                          f"{done.new_position}; {done.cancelled} waiting deliveries "
+                          "cancelled.", messages.SUCCESS)
+
+
+def _target(kind: str, value: str) -> broker.ResetTarget:
+    if kind in ("earliest", "latest"):
+        return broker.ResetTarget(edge=kind)
+    if kind == "offset":
+        try:
+            return broker.ResetTarget(to_offset=int(value))
+        except ValueError:
+            raise ValueError(f"Give the offset as a whole number, not {value!r}.") from None
+    if kind == "time":
+        return broker.ResetTarget(to_time=topicops.parse_time(value))
+    raise ValueError("Reset to an offset, a time, the earliest or the latest message.")

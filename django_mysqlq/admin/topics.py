@@ -1,0 +1,120 @@
+"""Topics in the admin: the topics list (volume, last publish) and the topic messages
+list with its lookups (topic + offset, key or publish time) and a message's trace: which
+groups handled it, when, on which worker, with which outcome (replays marked)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from .. import broker, topicops
+from ..models import TopicMessage, TopicState
+from .filters import MAX_CHOICES
+from .listing import CappedPaginator, given
+from .readonly import ReadOnlyAdminMixin
+
+if TYPE_CHECKING:
+    _TopicBase = admin.ModelAdmin[TopicState]
+    _MessageBase = admin.ModelAdmin[TopicMessage]
+else:  # ModelAdmin is generic for the type checker only
+    _TopicBase = _MessageBase = admin.ModelAdmin
+
+
+def can_view(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_mysqlq.view_message")
+
+
+@admin.register(TopicState)
+class TopicStateAdmin(ReadOnlyAdminMixin, _TopicBase):
+    list_display = ("name", "last_offset", "first_offset", "kept", "sequenced_at",
+                    "created_at", "links")
+    ordering = ("name",)
+    search_fields = ("=name",)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view(request)
+
+    @admin.display(description="messages kept")
+    def kept(self, obj: TopicState) -> int:
+        return max(0, obj.last_offset - obj.first_offset + 1)
+
+    @admin.display(description="")
+    def links(self, obj: TopicState) -> str:
+        query = urlencode({"topic": obj.name})
+        return format_html('<a href="{}?{}">groups</a> · <a href="{}?{}">messages</a>',
+                           reverse("admin:django_mysqlq_topicgroup_changelist"), query,
+                           reverse("admin:django_mysqlq_topicmessage_changelist"), query)
+
+
+class TopicFilter(admin.SimpleListFilter):
+    title = "topic"
+    parameter_name = "topic"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = TopicState.objects.order_by("name").values_list("name", flat=True)
+        return [(name, name) for name in names[:MAX_CHOICES]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(topic=self.value()) if self.value() else queryset
+
+
+@admin.register(TopicMessage)
+class TopicMessageAdmin(ReadOnlyAdminMixin, _MessageBase):
+    """Look messages up: ``?topic=orders`` and ``offset=N``, ``key=K`` or
+    ``published_at__gte=…&published_at__lt=…`` (each one index range, read a page at a
+    time with a capped count)."""
+
+    list_display = ("id", "topic", "offset", "key", "published_at", "payload_start")
+    list_filter = (TopicFilter,)
+    sortable_by = ()
+    list_per_page = 50
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = CappedPaginator
+    change_list_template = "admin/django_mysqlq/topicmessage/change_list.html"
+    change_form_template = "admin/django_mysqlq/topicmessage/change_form.html"
+    fields = ("id", "topic", "offset", "key", "published_at", "sequenced_at", "payload_text")
+    readonly_fields = fields
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view(request)
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        if given(request.GET, "topic"):
+            if given(request.GET, "key"):
+                return ("-offset",)  # mysqlq_tmsg_key (topic, key, offset), newest first
+            if given(request.GET, "published_at__gte", "published_at__lt"):
+                return ("published_at", "id")  # mysqlq_tmsg_published
+            return ("-offset",)  # mysqlq_tmsg_offset
+        return ("-id",)
+
+    @admin.display(description="payload")
+    def payload_start(self, obj: TopicMessage) -> str:
+        return obj.payload[:100] + ("\u2026" if len(obj.payload) > 100 else "")
+
+    @admin.display(description="payload")
+    def payload_text(self, obj: TopicMessage) -> str:
+        try:
+            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            text = obj.payload
+        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        message = TopicMessage.objects.filter(pk=object_id).first() \
+            if object_id.isdigit() else None
+        deliveries: list[dict[str, Any]] = []
+        if message is not None and message.offset is not None:
+            found = broker.trace(message.topic, [message.offset]).get(message.offset, [])
+            deliveries = [{"d": d, "replay": topicops.is_replay(found, d)} for d in found]
+        context["deliveries"] = deliveries
+        return super().change_view(request, object_id, form_url, context)

@@ -1,0 +1,454 @@
+"""Operators and topics: a group's position and lag, reset, and looking messages up.
+
+A **reset** moves a group's position under the group's row lock (the pump takes that
+lock with ``SKIP LOCKED``, so it simply skips a round) and records who and when. The
+group's *waiting* deliveries (ready, scheduled, blocked) are collected in that
+transaction and cancelled after it (history keeps them, note :data:`RESET_NOTE`), so
+that after a reset each offset past the new position becomes exactly one new delivery:
+a reset backwards does not run the waiting ones twice, a reset forwards skips them. A
+delivery already running finishes; dead ones stay in the dead letter.
+
+A **lookup** reads at most :data:`LOOKUP_MAX` messages along an index (offset, key or
+publish time); its **trace** reads the messages' deliveries (``mysqlq_topic_delivery``
+by offset), their current rows in the queue and their attempts (``mysqlq_attempt`` by
+``message_id``): which groups handled it, when, on which worker, with which outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from ..topicnames import delivery_task_name
+from .base import (
+    ATTEMPT_TABLE,
+    MESSAGE_TABLE,
+    connection_for,
+    default_alias,
+    in_transaction,
+    logger,
+    naive_utc,
+    placeholders,
+)
+from .operate import Operator, cancel
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+
+GROUP_TABLE = "mysqlq_topic_group"
+DELIVERY_TABLE = "mysqlq_topic_delivery"
+#: Messages one lookup returns at most (a wider range says "more").
+LOOKUP_MAX = 1000
+#: The history note of the waiting deliveries a reset cancels.
+RESET_NOTE = "topic group reset"
+#: Statuses of a delivery not handled yet (lag); ``WAITING`` are the ones a reset cancels.
+UNFINISHED = ("ready", "scheduled", "claimed", "blocked")
+WAITING = ("ready", "scheduled", "blocked")
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+
+class TopicOffsetError(ValueError):
+    """An operator asked for an offset the topic does not have (or no longer keeps)."""
+
+
+# ------------------------------------------------------------------ statements
+
+GROUPS_SQL = f"""
+SELECT g.topic, g.group_name, g.queue, g.start, g.position, g.created_at, g.pumped_at,
+       g.changed_at, g.changed_by, COALESCE(t.last_offset, 0), COALESCE(t.first_offset, 1)
+  FROM {GROUP_TABLE} g LEFT JOIN {TOPIC_TABLE} t ON t.name = g.topic
+ {{where}}
+ ORDER BY g.topic, g.group_name
+"""
+#: Deliveries of some groups' tasks by status, along mysqlq_msg_task.
+DELIVERY_COUNTS_SQL = f"""
+SELECT task_name, status, COUNT(*) FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
+ WHERE task_name IN ({{names}}) GROUP BY task_name, status
+"""
+#: The lowest offset among a group's unfinished deliveries.
+OLDEST_UNFINISHED_SQL = f"""
+SELECT MIN(d.msg_offset) FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
+  JOIN {DELIVERY_TABLE} d ON d.message_id = m.id
+ WHERE m.task_name = %s AND m.status IN ('ready', 'scheduled', 'claimed', 'blocked')
+"""
+PUBLISHED_AT_SQL = (f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} "
+                    "WHERE topic = %s AND msg_offset = %s")
+TOPIC_BOUNDS_SQL = f"SELECT first_offset, last_offset FROM {TOPIC_TABLE} WHERE name = %s"
+LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
+                  " FOR UPDATE")
+#: The first message published at or after a time (along mysqlq_tmsg_published).
+OFFSET_AT_TIME_SQL = f"""
+SELECT msg_offset FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
+ WHERE topic = %s AND published_at >= %s AND msg_offset IS NOT NULL
+ ORDER BY published_at, id LIMIT 1
+"""
+WAITING_DELIVERIES_SQL = f"""
+SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
+ WHERE task_name = %s AND status IN ('ready', 'scheduled', 'blocked')
+"""
+MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, changed_at = UTC_TIMESTAMP(6), "
+                  "changed_by = %s WHERE id = %s")
+
+_MESSAGE_COLUMNS = "id, topic, msg_offset, msg_key, payload, published_at, sequenced_at"
+BY_OFFSET_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                 f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s AND msg_offset <= %s "
+                 "ORDER BY msg_offset LIMIT %s")
+BY_KEY_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+              "(mysqlq_tmsg_key) WHERE topic = %s AND msg_key = %s AND msg_offset IS NOT NULL "
+              "ORDER BY msg_offset DESC LIMIT %s")
+BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+               "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
+               "AND published_at < %s AND msg_offset IS NOT NULL "
+               "ORDER BY published_at, id LIMIT %s")
+TRACE_DELIVERIES_SQL = f"""
+SELECT message_id, group_name, msg_offset, created_at FROM {DELIVERY_TABLE}
+ WHERE topic = %s AND msg_offset IN ({{offsets}}) ORDER BY msg_offset, group_name, message_id
+"""
+TRACE_CURRENT_SQL = f"""
+SELECT id, status, attempts, max_attempts, worker_id, claimed_at, run_at
+  FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})
+"""
+TRACE_ATTEMPTS_SQL = f"""
+SELECT message_id, id, attempt, outcome, started_at, finished_at, worker_id, host, pid,
+       error_class, error_message, actor
+  FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_message)
+ WHERE message_id IN ({{ids}}) ORDER BY message_id, id
+"""
+
+
+# ------------------------------------------------------------------ groups, lag
+
+
+@dataclasses.dataclass
+class GroupState:
+    """A consumer group: where it is, and how far behind."""
+
+    topic: str
+    group: str
+    queue: str
+    start: str
+    position: int
+    created_at: dt.datetime
+    pumped_at: dt.datetime | None
+    changed_at: dt.datetime | None
+    changed_by: str
+    last_offset: int
+    first_offset: int
+    #: Deliveries by status (ready, scheduled, claimed, blocked, dead).
+    deliveries: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Offset of the oldest message this group has not handled yet, and its age.
+    oldest_unhandled: int | None = None
+    oldest_age_seconds: float | None = None
+
+    @property
+    def task_name(self) -> str:
+        return delivery_task_name(self.topic, self.group)
+
+    @property
+    def not_pumped(self) -> int:
+        """Messages after the position: not yet turned into deliveries."""
+        return max(0, self.last_offset - self.position)
+
+    @property
+    def lag(self) -> int:
+        """Messages not handled yet: after the position, plus unfinished deliveries."""
+        return self.not_pumped + sum(self.deliveries.get(s, 0) for s in UNFINISHED)
+
+    @property
+    def dead(self) -> int:
+        return self.deliveries.get("dead", 0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic, "group": self.group, "queue": self.queue,
+            "position": self.position, "last_offset": self.last_offset,
+            "first_offset": self.first_offset, "lag": self.lag, "dead": self.dead,
+            "not_pumped": self.not_pumped, "deliveries": dict(self.deliveries),
+            "oldest_unhandled": self.oldest_unhandled,
+            "oldest_age_seconds": self.oldest_age_seconds,
+            "changed_at": self.changed_at.isoformat() if self.changed_at else None,
+            "changed_by": self.changed_by,
+        }
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.UTC)
+
+
+def groups(topic: str | None = None, group: str | None = None, *,
+           lag: bool = True, alias: str | None = None) -> list[GroupState]:
+    """Every consumer group (of ``topic``; named ``group``), with its lag unless not
+    ``lag``: a few indexed statements per group."""
+    clauses, params = [], []
+    if topic is not None:
+        clauses.append("g.topic = %s")
+        params.append(topic)
+    if group is not None:
+        clauses.append("g.group_name = %s")
+        params.append(group)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(GROUPS_SQL.format(where=where), params)
+        found = [GroupState(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]),
+                            _aware(r[5]) or r[5], _aware(r[6]), _aware(r[7]), str(r[8]),
+                            int(r[9]), int(r[10])) for r in cursor.fetchall()]
+        if not lag or not found:
+            return found
+        by_task = {state.task_name: state for state in found}
+        cursor.execute(DELIVERY_COUNTS_SQL.format(names=placeholders(len(by_task))),
+                       list(by_task))
+        for task_name, status, count in cursor.fetchall():
+            by_task[str(task_name)].deliveries[str(status)] = int(count)
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        now = _aware(cursor.fetchone()[0])
+        assert now is not None
+        for state in found:
+            oldest: int | None = None
+            if any(state.deliveries.get(s, 0) for s in UNFINISHED):
+                cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
+                row = cursor.fetchone()
+                oldest = None if row is None or row[0] is None else int(row[0])
+            if state.not_pumped and (oldest is None or state.position + 1 < oldest):
+                oldest = state.position + 1
+            state.oldest_unhandled = oldest
+            if oldest is not None:
+                cursor.execute(PUBLISHED_AT_SQL, [state.topic, oldest])
+                row = cursor.fetchone()
+                published = _aware(row[0]) if row is not None else None
+                if published is not None:
+                    state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
+    return found
+
+
+# ------------------------------------------------------------------ reset
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetTarget:
+    """Where to move a group: ``to_offset`` (the next offset it gets), ``to_time`` (the
+    first message published at or after it), or ``earliest`` / ``latest``."""
+
+    to_offset: int | None = None
+    to_time: dt.datetime | None = None
+    edge: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [self.to_offset is not None, self.to_time is not None, self.edge is not None]
+        if sum(given) != 1:
+            raise ValueError("Give exactly one of: an offset, a time, earliest or latest.")
+        if self.edge is not None and self.edge not in (EARLIEST, LATEST):
+            raise ValueError(f"Reset to 'earliest' or 'latest', not {self.edge!r}.")
+        if self.to_time is not None and self.to_time.tzinfo is None:
+            raise ValueError("A reset time needs a time zone (UTC if none is meant).")
+
+    def describe(self) -> str:
+        if self.to_offset is not None:
+            return f"offset {self.to_offset}"
+        if self.to_time is not None:
+            return f"time {self.to_time.isoformat()}"
+        return str(self.edge)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetResult:
+    topic: str
+    group: str
+    old_position: int
+    new_position: int
+    #: Waiting deliveries cancelled (their offsets come again from the new position).
+    cancelled: int
+
+
+def _new_position(cursor: Any, topic: str, target: ResetTarget) -> int:
+    cursor.execute(TOPIC_BOUNDS_SQL, [topic])
+    row = cursor.fetchone()
+    first, last = (1, 0) if row is None else (int(row[0]), int(row[1]))
+    if target.edge == EARLIEST:
+        return first - 1
+    if target.edge == LATEST:
+        return last
+    if target.to_time is not None:
+        cursor.execute(OFFSET_AT_TIME_SQL, [topic, naive_utc(target.to_time)])
+        found = cursor.fetchone()
+        if found is None:
+            return last  # nothing published since: the group gets what comes next
+        return max(int(found[0]), first) - 1
+    offset = int(target.to_offset or 0)
+    if offset < first:
+        raise TopicOffsetError(
+            f"Topic {topic!r} no longer keeps offset {offset}: retention deleted the "
+            f"messages before offset {first} (the earliest kept). Reset to --earliest, or "
+            f"to an offset from {first} to {last + 1}.")
+    if offset > last + 1:
+        raise TopicOffsetError(
+            f"Topic {topic!r} has no offset {offset} yet: its last offset is {last}. Reset "
+            f"to an offset from {first} to {last + 1} ({last + 1}: only new messages), or "
+            "to --latest.")
+    return offset - 1
+
+
+def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
+                alias: str | None = None) -> ResetResult:
+    """Move the group's position so that the next message it gets is ``target``'s; cancel
+    its waiting deliveries (see the module's note). Raises :class:`LookupError` for an
+    unknown group, :class:`TopicOffsetError` for an offset the topic doesn't keep."""
+    alias = alias or default_alias()
+    task_name = delivery_task_name(topic, group)
+
+    def body(cursor: Any) -> tuple[int, int, list[int]]:
+        cursor.execute(LOCK_GROUP_SQL, [topic, group])
+        row = cursor.fetchone()
+        if row is None:
+            raise LookupError(
+                f"Topic {topic!r} has no consumer group {group!r} (a group is created by "
+                "the first worker that runs its handler).")
+        group_id, old = int(row[0]), int(row[1])
+        new = _new_position(cursor, topic, target)
+        cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
+        waiting = [int(found[0]) for found in cursor.fetchall()]
+        cursor.execute(MOVE_GROUP_SQL, [new, operator.name[:200], group_id])
+        return old, new, waiting
+
+    old, new, waiting = in_transaction(alias, body)
+    cancelled = cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING) if waiting else []
+    logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
+                   "%d waiting deliveries cancelled.", group, topic, target.describe(),
+                   operator.name, old, new, len(cancelled))
+    return ResetResult(topic, group, old, new, len(cancelled))
+
+
+# ------------------------------------------------------------------ lookup and trace
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicMessageRow:
+    id: int
+    topic: str
+    offset: int | None
+    key: str | None
+    payload: str
+    published_at: dt.datetime
+    sequenced_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    messages: list[TopicMessageRow]
+    #: More messages matched than ``limit``: narrow the range.
+    truncated: bool
+
+
+def _rows(cursor: Any) -> list[TopicMessageRow]:
+    return [TopicMessageRow(int(r[0]), str(r[1]), None if r[2] is None else int(r[2]), r[3],
+                            str(r[4]), _aware(r[5]) or r[5], _aware(r[6]))
+            for r in cursor.fetchall()]
+
+
+def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = None,
+           key: str | None = None, since: dt.datetime | None = None,
+           until: dt.datetime | None = None, limit: int = 100,
+           alias: str | None = None) -> Lookup:
+    """Messages of ``topic`` by offset (or an offset range to ``to_offset``), by key
+    (newest first), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX),
+    each one index range read."""
+    if not 1 <= limit <= LOOKUP_MAX:
+        raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages, not {limit}.")
+    ways = [offset is not None, key is not None, since is not None or until is not None]
+    if sum(ways) != 1:
+        raise ValueError("Look messages up by an offset, a key, or a time range (one).")
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        if offset is not None:
+            end = offset if to_offset is None else to_offset
+            cursor.execute(BY_OFFSET_SQL, [topic, offset, end, limit + 1])
+        elif key is not None:
+            cursor.execute(BY_KEY_SQL, [topic, key, limit + 1])
+        else:
+            low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+            high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+            cursor.execute(BY_TIME_SQL, [topic, naive_utc(low), naive_utc(high), limit + 1])
+        found = _rows(cursor)
+    return Lookup(found[:limit], len(found) > limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRow:
+    id: int
+    attempt: int
+    outcome: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    worker_id: str
+    host: str
+    pid: int | None
+    error: str
+    actor: str
+
+
+@dataclasses.dataclass
+class DeliveryTrace:
+    """One delivery of a message to a group: its queue message and attempts."""
+
+    message_id: int
+    group: str
+    offset: int
+    created_at: dt.datetime
+    #: Its row in the queue now (None: finished and gone, see the attempts).
+    status: str | None = None
+    worker_id: str = ""
+    attempts: list[AttemptRow] = dataclasses.field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """``succeeded`` / ``cancelled`` …, or the status while it is in the queue."""
+        if self.status is not None:
+            return self.status
+        return self.attempts[-1].outcome if self.attempts else "unknown"
+
+    @property
+    def handled_by(self) -> str:
+        """The worker of the last attempt (or the one running it)."""
+        if self.status == "claimed":
+            return self.worker_id
+        for row in reversed(self.attempts):
+            if row.worker_id:
+                return row.worker_id
+        return ""
+
+    @property
+    def handled_at(self) -> dt.datetime | None:
+        return self.attempts[-1].finished_at if self.attempts else None
+
+
+def trace(topic: str, offsets: Sequence[int],
+          alias: str | None = None) -> dict[int, list[DeliveryTrace]]:
+    """The deliveries of these offsets of ``topic`` to every group (replays too), each
+    with its current status and attempts, by offset."""
+    result: dict[int, list[DeliveryTrace]] = {int(o): [] for o in offsets}
+    if not result:
+        return result
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TRACE_DELIVERIES_SQL.format(offsets=placeholders(len(result))),
+                       [topic, *result])
+        deliveries = {int(r[0]): DeliveryTrace(int(r[0]), str(r[1]), int(r[2]),
+                                               _aware(r[3]) or r[3])
+                      for r in cursor.fetchall()}
+        if deliveries:
+            ids = list(deliveries)
+            cursor.execute(TRACE_CURRENT_SQL.format(ids=placeholders(len(ids))), ids)
+            for r in cursor.fetchall():
+                delivery = deliveries[int(r[0])]
+                delivery.status, delivery.worker_id = str(r[1]), str(r[4] or "")
+            cursor.execute(TRACE_ATTEMPTS_SQL.format(ids=placeholders(len(ids))), ids)
+            for r in cursor.fetchall():
+                error = f"{r[9]}: {r[10]}" if r[9] else str(r[10] or "")
+                deliveries[int(r[0])].attempts.append(AttemptRow(
+                    int(r[1]), int(r[2]), str(r[3]), _aware(r[4]), _aware(r[5]) or r[5],
+                    str(r[6] or ""), str(r[7] or ""), None if r[8] is None else int(r[8]),
+                    error, str(r[11] or "")))
+    for delivery in deliveries.values():
+        result[delivery.offset].append(delivery)
+    return result

@@ -1,0 +1,96 @@
+"""Read-only statements for monitoring topics: publish volume per topic, and the group
+handlers running past their timeout. (Groups' positions and lag: :mod:`.topic_ops`.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from ..topicnames import GROUP_QUEUE_PREFIX
+from .base import MESSAGE_TABLE, connection_for, default_alias
+from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+
+#: Windows of the publish-rate columns, in minutes.
+WINDOWS = (1, 5, 60)
+
+TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at "
+              f"FROM {TOPIC_TABLE} ORDER BY name")
+#: Messages of a topic published since a time, along mysqlq_tmsg_published.
+PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                       "(mysqlq_tmsg_published) WHERE topic = %s "
+                       "AND published_at >= UTC_TIMESTAMP(6) - INTERVAL %s MINUTE")
+#: Claimed deliveries (queues ``group:…``, along the claim index) past their timeout.
+OVERRAN_SQL = f"""
+SELECT id, queue, task_name, worker_id, claimed_at, timeout,
+       TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) / 1e6
+  FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_claim)
+ WHERE queue LIKE %s AND status = 'claimed' AND timeout IS NOT NULL
+   AND TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) > timeout * 1e6
+ ORDER BY id LIMIT %s
+"""
+
+
+@dataclasses.dataclass
+class TopicVolume:
+    name: str
+    last_offset: int
+    first_offset: int
+    last_publish: dt.datetime | None
+    #: Messages published in the last 1, 5 and 60 minutes.
+    published: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def kept(self) -> int:
+        return max(0, self.last_offset - self.first_offset + 1)
+
+    @property
+    def rate_per_second(self) -> float:
+        """Publish rate over the last minute."""
+        return self.published.get(1, 0) / 60.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"topic": self.name, "last_offset": self.last_offset,
+                "first_offset": self.first_offset, "kept": self.kept,
+                "last_publish": self.last_publish.isoformat() if self.last_publish else None,
+                "published": {f"{m}m": self.published.get(m, 0) for m in WINDOWS},
+                "rate_per_second": self.rate_per_second}
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    return value.replace(tzinfo=dt.UTC) if value is not None and value.tzinfo is None \
+        else value
+
+
+def topic_volumes(alias: str | None = None) -> list[TopicVolume]:
+    """Every topic with its publish volume, the busiest (last hour) first."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TOPICS_SQL)
+        found = [TopicVolume(str(r[0]), int(r[1]), int(r[2]), _aware(r[3]))
+                 for r in cursor.fetchall()]
+        for topic in found:
+            for minutes in WINDOWS:
+                cursor.execute(PUBLISHED_SINCE_SQL, [topic.name, minutes])
+                topic.published[minutes] = int(cursor.fetchone()[0])
+    return sorted(found, key=lambda t: (-t.published[60], t.name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Overran:
+    """A group's delivery whose handler runs past its timeout."""
+
+    message_id: int
+    queue: str
+    task_name: str
+    worker_id: str
+    claimed_at: dt.datetime
+    timeout: float
+    running_seconds: float
+
+
+def overran_deliveries(limit: int = 100, alias: str | None = None) -> list[Overran]:
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(OVERRAN_SQL, [f"{GROUP_QUEUE_PREFIX}%", limit])
+        return [Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
+                        _aware(r[4]) or r[4], float(r[5]), float(r[6]))
+                for r in cursor.fetchall()]

@@ -1,0 +1,125 @@
+"""Replay a range of a topic into one consumer group.
+
+Each offset of the range becomes a **new** delivery of that group only (a queue message
+built as the pump builds one, with its ``mysqlq_topic_delivery`` link), so the trace of
+the offset lists the original delivery and the replay side by side. The group's
+position does not move: replay re-delivers what the group already had; messages after
+its position come from the pump as usual. A replayed message with a key passes the
+same ordered subject as the group's other deliveries of that key: the replays of one
+key run in offset order, after the deliveries of that key already waiting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.db import DatabaseError
+
+from ..models import MessageStatus
+from .base import connection_for, default_alias, in_transaction, logger
+from .deliveries import LINK_SQL, GroupSpec
+from .deliveries import _delivery as delivery_of
+from .enqueue import gate_statuses, insert_rows
+from .operate import Operator
+from .park import wake
+from .topic_ops import GROUP_TABLE, TOPIC_BOUNDS_SQL, TopicOffsetError
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
+
+#: Offsets one replay takes at most (split a wider range into several replays).
+REPLAY_MAX = 100_000
+#: Deliveries per transaction.
+REPLAY_CHUNK = 500
+
+_LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
+RANGE_SQL = (f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
+             f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s "
+             "AND msg_offset <= %s ORDER BY msg_offset LIMIT %s")
+GROUP_POSITION_SQL = (f"SELECT id, position FROM {GROUP_TABLE} "
+                      "WHERE topic = %s AND group_name = %s")
+RECORD_SQL = (f"UPDATE {GROUP_TABLE} SET changed_at = UTC_TIMESTAMP(6), changed_by = %s "
+              "WHERE id = %s")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    topic: str
+    group: str
+    first: int
+    last: int
+    #: Deliveries made (one per offset of the range).
+    replayed: int
+
+
+def _check(cursor: Any, spec: GroupSpec, first: int, last: int) -> int:
+    """Validate the range against the topic and group; return the group's row id."""
+    if first > last:
+        raise TopicOffsetError(f"The range {first}..{last} is empty: give --from-offset at "
+                               "most --to-offset.")
+    if last - first + 1 > REPLAY_MAX:
+        raise TopicOffsetError(f"A replay takes at most {REPLAY_MAX:,} offsets, not "
+                               f"{last - first + 1:,}: split the range.")
+    cursor.execute(GROUP_POSITION_SQL, [spec.topic, spec.group])
+    row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"Topic {spec.topic!r} has no consumer group {spec.group!r}.")
+    group_id, position = int(row[0]), int(row[1])
+    cursor.execute(TOPIC_BOUNDS_SQL, [spec.topic])
+    bounds = cursor.fetchone()
+    kept = 1 if bounds is None else int(bounds[0])
+    if first < kept:
+        raise TopicOffsetError(
+            f"Topic {spec.topic!r} no longer keeps offset {first}: retention deleted the "
+            f"messages before offset {kept}. Replay from {kept}.")
+    if last > position:
+        raise TopicOffsetError(
+            f"Group {spec.group!r} is at offset {position} of topic {spec.topic!r}: offsets "
+            f"after it have not been delivered yet (they come anyway), so a replay ends at "
+            f"{position} at most.")
+    return group_id
+
+
+def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
+                 alias: str | None = None) -> ReplayResult:
+    """New deliveries of offsets ``first``..``last`` of ``spec.topic`` for ``spec.group``
+    only, in transactions of :data:`REPLAY_CHUNK`; raises :class:`TopicOffsetError` for
+    an empty range, one past the group's position or one retention deleted."""
+    alias = alias or default_alias()
+    with connection_for(alias).cursor() as cursor:
+        group_id = _check(cursor, spec, first, last)
+    done = 0
+    queues: list[str] = []
+    start = first
+
+    def body(cursor: Any) -> tuple[int, int, list[str]]:
+        cursor.execute(RANGE_SQL, [spec.topic, start, last, REPLAY_CHUNK])
+        rows = cursor.fetchall()
+        if not rows:
+            return 0, last, []
+        messages = [delivery_of(spec, found) for found in rows]
+        statuses = gate_statuses(cursor, messages)
+        ids = insert_rows(alias, messages, statuses)
+        params: list[Any] = []
+        for message_id, found in zip(ids, rows, strict=True):
+            params.extend((message_id, spec.topic, spec.group, int(found[0])))
+        cursor.execute(LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
+        cursor.execute(RECORD_SQL, [operator.name[:200], group_id])
+        ready = [m.queue for m, status in zip(messages, statuses, strict=True)
+                 if status != MessageStatus.BLOCKED]
+        return len(rows), int(rows[-1][0]), ready
+
+    while start <= last:
+        count, reached, ready = in_transaction(alias, body)
+        done += count
+        queues.extend(ready)
+        if count < REPLAY_CHUNK:
+            break
+        start = reached + 1
+    if queues:
+        try:
+            wake(queues, alias)
+        except DatabaseError as exc:  # committed; members find them at their next round
+            logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
+    logger.warning("Replayed offsets %d..%d of topic %r into group %r for %s: %d "
+                   "deliveries.", first, last, spec.topic, spec.group, operator.name, done)
+    return ReplayResult(spec.topic, spec.group, first, last, done)

@@ -1,0 +1,132 @@
+"""``manage.py queuetopic``: consumer groups' positions and lag; reset, replay, lookup."""
+
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_mysqlq import broker, ops, topicops
+
+GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.0f}s"
+
+
+def groups_table(states: list[broker.GroupState]) -> str:
+    rows: list[tuple[str, ...]] = [GROUP_COLUMNS]
+    for g in states:
+        changed = f"{g.changed_at:%Y-%m-%d %H:%M} {g.changed_by}" if g.changed_at else "-"
+        rows.append((g.topic, g.group, str(g.position), str(g.last_offset), str(g.lag),
+                     _age(g.oldest_age_seconds), str(g.dead), changed))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(GROUP_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)
+
+
+class Command(BaseCommand):
+    help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
+            "letter), 'reset' a group's position, 'replay' a range into one group, "
+            "'lookup' messages by offset, key or time with their trace.")
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("groups", help="Every group: position, lag, dead letter.")
+        listing.add_argument("--topic", default=None)
+        listing.add_argument("--json", action="store_true")
+        reset = sub.add_parser("reset", help="Move a group's position (its waiting "
+                               "deliveries are cancelled; the next offset it gets is the "
+                               "target).")
+        reset.add_argument("group")
+        reset.add_argument("--topic", required=True)
+        where = reset.add_mutually_exclusive_group(required=True)
+        where.add_argument("--to-offset", type=int, help="The next offset the group gets.")
+        where.add_argument("--to-time", help="The first message published at or after this "
+                           "ISO time (UTC unless it has an offset).")
+        where.add_argument("--earliest", action="store_true", help="The earliest kept message.")
+        where.add_argument("--latest", action="store_true", help="Only messages from now on.")
+        replay = sub.add_parser("replay", help="New deliveries of a range for one group.")
+        replay.add_argument("--topic", required=True)
+        replay.add_argument("--group", required=True)
+        replay.add_argument("--from-offset", type=int, required=True)
+        replay.add_argument("--to-offset", type=int, required=True)
+        lookup = sub.add_parser("lookup", help="Messages by offset, key or time, traced.")
+        lookup.add_argument("--topic", required=True)
+        lookup.add_argument("--offset", type=int, default=None)
+        lookup.add_argument("--key", default=None)
+        lookup.add_argument("--since", default=None, help="ISO time or a duration ago (2h).")
+        lookup.add_argument("--until", default=None, help="ISO time or a duration ago.")
+        lookup.add_argument("--limit", type=int, default=100,
+                            help=f"At most this many (up to {broker.topic_ops.LOOKUP_MAX}).")
+        lookup.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        try:
+            getattr(self, f"do_{action}")(options)
+        except (ValueError, LookupError) as exc:
+            raise CommandError(str(exc)) from None
+
+    def do_groups(self, options: dict[str, Any]) -> None:
+        states = broker.groups(options["topic"])
+        if options["json"]:
+            self.stdout.write(json.dumps([g.as_json() for g in states]))
+        elif not states:
+            self.stdout.write("No consumer groups yet (a worker creates its groups).")
+        else:
+            self.stdout.write(groups_table(states))
+
+    def do_reset(self, options: dict[str, Any]) -> None:
+        target = broker.ResetTarget(
+            to_offset=options["to_offset"],
+            to_time=topicops.parse_time(options["to_time"]) if options["to_time"] else None,
+            edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
+        done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator())
+        self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "
+                          f"{done.old_position} -> {done.new_position} (next offset "
+                          f"{done.new_position + 1}); {done.cancelled} waiting "
+                          "deliveries cancelled.")
+
+    def do_replay(self, options: dict[str, Any]) -> None:
+        done = topicops.replay(options["topic"], options["group"], options["from_offset"],
+                               options["to_offset"], ops.cli_operator())
+        self.stdout.write(f"Replayed offsets {done.first}..{done.last} of topic "
+                          f"{done.topic!r} into group {done.group!r}: {done.replayed} new "
+                          "deliveries.")
+
+    def do_lookup(self, options: dict[str, Any]) -> None:
+        since = ops.parse_since(options["since"]) if options["since"] else None
+        until = ops.parse_since(options["until"]) if options["until"] else None
+        topic = options["topic"]
+        found = broker.lookup(topic, offset=options["offset"], key=options["key"],
+                              since=since, until=until, limit=options["limit"])
+        traces = broker.trace(topic, [m.offset for m in found.messages if m.offset is not None])
+        if options["json"]:
+            self.stdout.write(json.dumps({"truncated": found.truncated, "messages": [
+                {"offset": m.offset, "key": m.key, "payload": m.payload,
+                 "published_at": m.published_at.isoformat(),
+                 "deliveries": [{"group": d.group, "message_id": d.message_id,
+                                 "outcome": d.outcome, "worker": d.handled_by,
+                                 "handled_at": d.handled_at.isoformat() if d.handled_at
+                                 else None, "attempts": len(d.attempts),
+                                 "replay": topicops.is_replay(traces[m.offset or 0], d)}
+                                for d in traces.get(m.offset or 0, [])]}
+                for m in found.messages]}))
+            return
+        if not found.messages:
+            self.stdout.write("No message matches.")
+        for m in found.messages:
+            self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published "
+                              f"{m.published_at:%Y-%m-%d %H:%M:%S} payload={m.payload[:200]}")
+            for d in traces.get(m.offset or 0, []):
+                mark = " (replay)" if topicops.is_replay(traces[m.offset or 0], d) else ""
+                when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
+                self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
+                                  f" by {d.handled_by or '-'} ({len(d.attempts)} attempts)")
+        if found.truncated:
+            self.stdout.write(f"More messages match: only the first {options['limit']} are "
+                              "shown. Narrow the range or raise --limit.")

@@ -1,0 +1,61 @@
+"""Operator operations on topics, shared by ``manage.py queuetopic`` and the admin.
+
+Reset and replay change a group (through the broker, recorded on the group's row as
+``changed_at``/``changed_by`` and logged); lookups and traces are reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from . import broker
+from .broker import Operator
+from .conf import get_settings
+from .topicnames import delivery_task_name, group_queue
+from .topics import subscriptions
+
+
+def group_spec(topic: str, group: str) -> broker.GroupSpec:
+    """How replayed deliveries are made: the subscription's options when this process
+    declares it, else the settings' defaults (attempts, first backoff, no timeout)."""
+    for subscription in subscriptions.groups():
+        if (subscription.topic, subscription.group) == (topic, group) and subscription.task:
+            task = subscription.task
+            return broker.GroupSpec(
+                topic=topic, group=group, queue=task.queue, task_name=task.name,
+                on_dead=subscription.on_dead, max_attempts=task.max_attempts,
+                retry_backoff=task.retry_backoff, timeout=task.timeout,
+                start=subscription.start)
+    conf = get_settings()
+    return broker.GroupSpec(
+        topic=topic, group=group, queue=group_queue(group),
+        task_name=delivery_task_name(topic, group), on_dead="skip",
+        max_attempts=conf.TOPIC_MAX_ATTEMPTS, retry_backoff=float(conf.TOPIC_RETRY_BACKOFF[0]),
+        timeout=None)
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO date/time (UTC when it has no offset)."""
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"expected an ISO date/time like 2026-11-23T08:00 (UTC unless it "
+                         f"has an offset), not {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def reset(topic: str, group: str, target: broker.ResetTarget,
+          who: Operator) -> broker.ResetResult:
+    return broker.reset_group(topic, group, target, who)
+
+
+def replay(topic: str, group: str, first: int, last: int,
+           who: Operator) -> broker.ReplayResult:
+    return broker.replay_range(group_spec(topic, group), first, last, who)
+
+
+def is_replay(deliveries: list[broker.topic_ops.DeliveryTrace],
+              delivery: broker.topic_ops.DeliveryTrace) -> bool:
+    """Whether an earlier delivery of the same offset went to the same group."""
+    return any(other.group == delivery.group and other.message_id < delivery.message_id
+               for other in deliveries)

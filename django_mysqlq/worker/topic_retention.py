@@ -1,0 +1,36 @@
+"""Topic retention, run by the recovery leader beside the queue's (see retention.py):
+``MYSQLQ['TOPIC_RETENTION_SECONDS']`` (None keeps messages forever) and
+``TOPIC_RETENTION_WAIT_FOR_GROUPS``. A few short batches per topic per call."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from .. import broker
+from ..conf import get_settings
+from .retention import BATCH, BATCHES_PER_CALL
+
+logger = logging.getLogger("django_mysqlq")
+
+
+def prune() -> dict[str, int]:
+    """Delete what topic retention allows; return the messages deleted per topic."""
+    conf = get_settings()
+    if conf.TOPIC_RETENTION_SECONDS is None:
+        return {}
+    before = broker.database_now() - dt.timedelta(seconds=conf.TOPIC_RETENTION_SECONDS)
+    done: dict[str, int] = {}
+    for topic in broker.topic_names():
+        deleted = 0
+        for _ in range(BATCHES_PER_CALL):
+            count = broker.prune_topic_batch(
+                topic, before, BATCH, wait_for_groups=conf.TOPIC_RETENTION_WAIT_FOR_GROUPS)
+            deleted += count
+            if count < BATCH:
+                break
+        if deleted:
+            done[topic] = deleted
+            logger.info("Retention: deleted %d message(s) of topic %r published before %s "
+                        "UTC.", deleted, topic, f"{before:%Y-%m-%d %H:%M}")
+    return done

@@ -1,0 +1,159 @@
+"""A worker's topic duties: the groups it is a member of, and its broadcast reader.
+
+Members of a group are the workers whose queues include ``group:<group>`` (``--groups``,
+or every known queue by default). The control loop calls :meth:`TopicDuty.pump` before
+it claims: the topics get their offsets (``broker.sequence``), then each group's next
+messages become deliveries in its queue (``broker.pump``), which the claim then takes
+like any message. Broadcast subscriptions run in a thread of every worker process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from asgiref.sync import async_to_sync
+from django.db import DatabaseError
+
+from .. import broker, payload
+from ..conf import QueueSettings
+from ..exceptions import PayloadDecodeError
+from ..log import one_line
+from ..topics import Subscription, TopicEvent, subscriptions
+
+logger = logging.getLogger("django_mysqlq")
+
+#: Shortest pause between two pumps of a busy worker (a parked one pumps before parking).
+PUMP_SECONDS = 0.02
+#: Messages a broadcast reader takes per read.
+BROADCAST_BATCH = 500
+
+
+def _spec(subscription: Subscription) -> broker.GroupSpec:
+    task = subscription.task
+    assert task is not None and subscription.group is not None
+    return broker.GroupSpec(
+        topic=subscription.topic, group=subscription.group, queue=task.queue,
+        task_name=task.name, on_dead=subscription.on_dead, max_attempts=task.max_attempts,
+        retry_backoff=task.retry_backoff, timeout=task.timeout, start=subscription.start)
+
+
+class TopicDuty:
+    """Pumps the groups this worker serves; runs its broadcast reader."""
+
+    def __init__(self, queues: Sequence[str], stop: threading.Event,
+                 settings: QueueSettings) -> None:
+        served = [s for s in subscriptions.groups() if s.queue in set(queues)]
+        self.specs = [_spec(s) for s in served]
+        self.topics = sorted({spec.topic for spec in self.specs})
+        self.settings = settings
+        self.stop = stop
+        self._last_pump = 0.0
+        self.reader: BroadcastReader | None = None
+        listeners = subscriptions.broadcast()
+        if listeners:
+            self.reader = BroadcastReader(listeners, stop, settings.TOPIC_BROADCAST_POLL_SECONDS)
+
+    def start(self) -> None:
+        """Create this worker's groups (where they have no row) and start the broadcast
+        reader at the latest offset of its topics."""
+        for topic in self.topics:
+            broker.sequence(topic)
+        for spec in self.specs:
+            broker.create_group(spec)
+        if self.reader is not None and not self.reader.is_alive():
+            self.reader.begin()
+            self.reader.start()
+
+    def pump(self, force: bool = False) -> int:
+        """Sequence the topics and pump each group; return the deliveries made."""
+        if not self.specs:
+            return 0
+        now = time.monotonic()
+        if not force and now - self._last_pump < PUMP_SECONDS:
+            return 0
+        self._last_pump = now
+        for topic in self.topics:
+            broker.sequence(topic)
+        conf = self.settings
+        return sum(broker.pump(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW)
+                   for spec in self.specs)
+
+
+class BroadcastReader(threading.Thread):
+    """Reads its topics after an in-memory position and calls the broadcast handlers.
+
+    The position starts at each topic's last offset when the process starts and lives
+    only here: nothing is acked or retried, a failing handler is logged.
+    """
+
+    def __init__(self, listeners: Sequence[Subscription], stop: threading.Event,
+                 poll: float) -> None:
+        super().__init__(name="mysqlq-broadcast", daemon=True)
+        self.listeners: dict[str, list[Subscription]] = {}
+        for listener in listeners:
+            self.listeners.setdefault(listener.topic, []).append(listener)
+        self.stop_event = stop
+        self.poll = poll
+        self.positions: dict[str, int] = {}
+
+    def begin(self) -> None:
+        """Take the starting positions (on the caller's connection, before the worker
+        counts as started)."""
+        for topic in self.listeners:
+            broker.sequence(topic)
+            self.positions[topic] = broker.last_offset(topic)
+
+    def run(self) -> None:
+        broker.own_connection()
+        while not self.stop_event.is_set():
+            try:
+                read = self.read_once()
+            except DatabaseError as exc:
+                logger.warning("Broadcast reader: database error (%s); retrying.",
+                               one_line(str(exc)))
+                broker.close_if_broken()
+                read = 0
+            if not read:
+                self.stop_event.wait(self.poll)
+
+    def read_once(self) -> int:
+        read = 0
+        for topic, listeners in self.listeners.items():
+            broker.sequence(topic)
+            rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH)
+            for offset, key, text, published_at in rows:
+                self._handle(topic, listeners, offset, key, text, published_at)
+                self.positions[topic] = offset
+            read += len(rows)
+        return read
+
+    def _handle(self, topic: str, listeners: Sequence[Subscription], offset: int,
+                key: str | None, text: str, published_at: dt.datetime) -> None:
+        try:
+            args, _ = payload.decode(f'{{"args":[{text}]}}')
+        except PayloadDecodeError as exc:
+            logger.error("Broadcast message %s@%d has a payload that isn't JSON (%s): "
+                         "skipped.", topic, offset, exc)
+            return
+        if published_at.tzinfo is None:
+            published_at = published_at.replace(tzinfo=dt.UTC)
+        event = TopicEvent(topic=topic, offset=offset, key=key, payload=args[0],
+                           published_at=published_at)
+        for listener in listeners:
+            try:
+                handler = listener.handler
+                if inspect.iscoroutinefunction(handler):
+                    async_to_sync(handler)(event)
+                else:
+                    handler(event)
+            except Exception:  # no retry for broadcast: log and go on
+                logger.exception("Broadcast handler %s failed on %s@%d.",
+                                 getattr(listener.handler, "__qualname__", listener.handler),
+                                 topic, offset)
+
+

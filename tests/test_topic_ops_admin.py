@@ -1,0 +1,137 @@
+"""Topics in the admin: the topics, groups and topic messages lists, the trace, reset and
+replay from a group's page (permission, POST, recorded), the group dead letter."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.test import Client
+from django.urls import reverse
+
+from django_mysqlq.models import Message, MessageStatus, TopicDelivery, TopicGroup
+from tests.operator_support import user
+from tests.topic_ops_support import group, handle, publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOPICS = "/admin/django_mysqlq/topicstate/"
+GROUPS = "/admin/django_mysqlq/topicgroup/"
+MESSAGES = "/admin/django_mysqlq/topicmessage/"
+
+
+@pytest.fixture
+def orders():
+    from django_mysqlq import broker
+
+    billing = group("orders", "billing")
+    group("orders", "audit", start="latest")
+    publish("orders", 4, key="alice")
+    publish("orders", 2, start=4)
+    broker.pump(billing, batch=100, window=100)
+    handle(billing, 2)  # alice's first, then offset 5 (keyless)
+    handle(billing, 1, fail=True)  # one more: dead
+    return billing
+
+
+def test_topics_list_shows_volume_and_links(root, orders) -> None:
+    page = root.get(TOPICS).content.decode()
+    assert "orders" in page and f"{GROUPS}?topic=orders" in page
+    response = root.get(TOPICS)
+    [row] = response.context["cl"].result_list
+    assert (row.last_offset, row.first_offset) == (6, 1)
+
+
+def test_groups_list_shows_position_lag_and_a_dead_letter_link(root, orders) -> None:
+    response = root.get(GROUPS + "?topic=orders")
+    assert response.status_code == 200
+    page = response.content.decode()
+    # billing: position 6, 3 deliveries waiting; audit: 6 behind
+    assert ">3<" in page and ">6<" in page
+    dead = reverse("admin:django_mysqlq_deadmessage_changelist") + \
+        "?task=topic%3Aorders%3Abilling"
+    assert dead in page
+    listed = root.get(dead)
+    assert [m.id for m in listed.context["cl"].result_list] == list(
+        Message.objects.filter(status=MessageStatus.DEAD).values_list("id", flat=True))
+
+
+def test_topic_messages_lookup_and_trace(root, orders) -> None:
+    def offsets(query: str) -> list[int]:
+        response = root.get(MESSAGES + query)
+        assert response.status_code == 200
+        return [m.offset for m in response.context["cl"].result_list]
+
+    assert offsets("?topic=orders") == [6, 5, 4, 3, 2, 1]
+    assert offsets("?topic=orders&offset=3") == [3]
+    assert offsets("?topic=orders&key=alice") == [4, 3, 2, 1]
+    since = "published_at__gte=2000-01-01+00:00:00%2B00:00"
+    assert offsets(f"?topic=orders&{since}") == [1, 2, 3, 4, 5, 6]
+    assert offsets(f"?topic=orders&{since.replace('gte', 'lt')}") == []
+    message_id = TopicDelivery.objects.get(group_name="billing", offset=1).message_id
+    from django_mysqlq.models import TopicMessage
+    row = TopicMessage.objects.get(topic="orders", offset=1)
+    page = root.get(reverse("admin:django_mysqlq_topicmessage_change", args=[row.pk]))
+    text = page.content.decode()
+    assert 'id="topic-trace"' in text and "succeeded" in text and "test-host:1:abc" in text
+    assert f"#{message_id}" in text
+    dead_id = Message.objects.get(status=MessageStatus.DEAD).pk
+    dead_offset = TopicDelivery.objects.get(message_id=dead_id).offset
+    dead_row = TopicMessage.objects.get(topic="orders", offset=dead_offset)
+    text = root.get(reverse("admin:django_mysqlq_topicmessage_change",
+                            args=[dead_row.pk])).content.decode()
+    assert "dead" in text and "handler broke" in text
+
+
+def test_reset_and_replay_from_the_group_page(root, orders) -> None:
+    row = TopicGroup.objects.get(group_name="billing")
+    page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    assert b'id="reset-form"' in page.content and b'id="group-lag"' in page.content
+    operate = reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk])
+    assert root.get(operate).status_code == 405
+    response = root.post(operate, {"op": "reset", "to": "offset", "value": "5"}, follow=True)
+    assert "position 6 -&gt; 4" in response.content.decode()
+    row.refresh_from_db()
+    assert row.position == 4 and row.changed_by == "admin:root"
+    response = root.post(operate, {"op": "reset", "to": "offset", "value": "99"}, follow=True)
+    assert "has no offset 99 yet" in response.content.decode()
+    response = root.post(operate, {"op": "replay", "first": "1", "last": "2"}, follow=True)
+    assert "2 new deliveries" in response.content.decode()
+    assert TopicDelivery.objects.filter(group_name="billing", offset=1).count() == 2
+    response = root.post(operate, {"op": "replay", "first": "3", "last": "1"}, follow=True)
+    assert "is empty" in response.content.decode()
+    response = root.post(operate, {"op": "reset", "to": "time", "value": "nonsense"},
+                         follow=True)
+    assert "ISO date" in response.content.decode()
+
+
+def test_bulk_reset_to_latest(root, orders) -> None:
+    ids = list(TopicGroup.objects.values_list("pk", flat=True))
+    root.post(GROUPS, {"action": "reset_latest", ACTION_CHECKBOX_NAME: ids})
+    assert set(TopicGroup.objects.values_list("position", flat=True)) == {6}
+    assert not Message.objects.filter(status__in=("ready", "blocked")).exists()
+
+
+def test_operating_needs_the_change_permission(orders) -> None:
+    viewer = Client()
+    viewer.force_login(user("viewer"))
+    row = TopicGroup.objects.get(group_name="billing")
+    assert viewer.get(GROUPS).status_code == 200
+    page = viewer.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    assert page.status_code == 200 and b'id="reset-form"' not in page.content
+    operate = reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk])
+    assert viewer.post(operate, {"op": "reset", "to": "latest"}).status_code == 403
+    assert TopicGroup.objects.get(pk=row.pk).position == 6
+    operator = Client()
+    operator.force_login(user("op", "change_topicgroup"))
+    operator.post(operate, {"op": "reset", "to": "earliest"})
+    assert TopicGroup.objects.get(pk=row.pk).position == 0
+
+
+def test_dashboard_shows_topics_busiest_first_and_groups_lag(root, orders) -> None:
+    group("quiet", "q")
+    publish("quiet", 1)
+    page = root.get("/admin/django_mysqlq/queuestate/?refresh=0").content.decode()
+    assert 'id="topics"' in page and 'id="groups"' in page
+    assert page.index('id="topic-orders"') < page.index('id="topic-quiet"')
+    assert 'id="group-orders-billing"' in page and 'id="group-orders-audit"' in page
+    assert "?task=topic%3Aorders%3Abilling" in page

@@ -1,0 +1,209 @@
+"""``manage.py queuetopic``: groups with position and lag, reset, replay and lookup with
+the trace, against the real MariaDB (no worker process: the pump and acks are called the
+way a worker calls them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_mysqlq import broker
+from django_mysqlq.models import Attempt, Message, MessageStatus, TopicDelivery, TopicGroup
+from tests.topic_ops_support import claim, forget_before, group, handle, publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("queuetopic", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_groups_show_position_lag_oldest_age_and_dead_letter() -> None:
+    billing = group("orders", "billing")
+    group("orders", "audit", start="latest")
+    publish("orders", 10)
+    broker.pump(billing, batch=6, window=100)
+    handle(billing, 3)
+    handle(billing, 1, fail=True)
+    states = {g.group: g for g in broker.groups("orders")}
+    b = states["billing"]
+    assert (b.position, b.last_offset, b.not_pumped, b.dead) == (6, 10, 4, 1)
+    assert b.lag == 4 + 2  # 4 not pumped, 2 ready deliveries; the dead one is not lag
+    assert b.oldest_unhandled == 5  # offsets 1-3 handled, 4 dead
+    assert b.oldest_age_seconds is not None and 0 <= b.oldest_age_seconds < 60
+    assert (states["audit"].position, states["audit"].lag) == (0, 10)
+    table = run("groups", "--topic", "orders")
+    assert "billing" in table and "audit" in table
+    data = {g["group"]: g for g in json.loads(run("groups", "--json"))}
+    assert (data["billing"]["lag"], data["billing"]["dead"]) == (6, 1)
+    assert data["audit"]["oldest_unhandled"] == 1
+
+
+def test_reset_to_offset_time_earliest_latest_records_who_and_cancels_waiting() -> None:
+    made = group("orders", "billing")
+    publish("orders", 5)
+    broker.pump(made, batch=100, window=100)
+    assert Message.objects.filter(queue=made.queue, status=MessageStatus.READY).count() == 5
+    out = run("reset", "billing", "--topic", "orders", "--to-offset", "3")
+    assert "position 5 -> 2" in out and "5 waiting deliveries cancelled" in out
+    row = TopicGroup.objects.get(topic="orders", group_name="billing")
+    assert row.position == 2 and row.changed_by.startswith("cli:") and row.changed_at
+    assert not Message.objects.filter(queue=made.queue).exists()
+    assert Attempt.objects.filter(task_name=made.task_name, outcome="cancelled",
+                                  error_message="topic group reset").count() == 5
+    # The next pump starts at offset 3: each offset after the position once.
+    assert broker.pump(made, batch=100, window=100) == 3
+    assert sorted(TopicDelivery.objects.filter(group_name="billing")
+                  .values_list("offset", flat=True)) == [1, 2, 3, 3, 4, 4, 5, 5]
+    run("reset", "billing", "--topic", "orders", "--latest")
+    assert TopicGroup.objects.get(group_name="billing").position == 5
+    run("reset", "billing", "--topic", "orders", "--earliest")
+    assert TopicGroup.objects.get(group_name="billing").position == 0
+    time.sleep(0.05)
+    cut = dt.datetime.now(dt.UTC)
+    time.sleep(0.05)
+    publish("orders", 2, start=5)
+    run("reset", "billing", "--topic", "orders", "--to-time", cut.isoformat())
+    assert TopicGroup.objects.get(group_name="billing").position == 5
+    future = (cut + dt.timedelta(days=1)).isoformat()
+    run("reset", "billing", "--topic", "orders", "--to-time", future)
+    assert TopicGroup.objects.get(group_name="billing").position == 7
+
+
+def test_reset_refuses_offsets_the_topic_does_not_keep_and_unknown_groups() -> None:
+    group("orders", "billing")
+    publish("orders", 10)
+    forget_before("orders", 6)
+    with pytest.raises(CommandError, match=r"no longer keeps offset 3.*earliest kept"):
+        run("reset", "billing", "--topic", "orders", "--to-offset", "3")
+    with pytest.raises(CommandError, match="has no offset 12 yet"):
+        run("reset", "billing", "--topic", "orders", "--to-offset", "12")
+    with pytest.raises(CommandError, match="no consumer group 'nobody'"):
+        run("reset", "nobody", "--topic", "orders", "--latest")
+    with pytest.raises(CommandError, match="ISO date"):
+        run("reset", "billing", "--topic", "orders", "--to-time", "yesterday")
+    assert TopicGroup.objects.get(group_name="billing").position == 0  # unchanged
+    run("reset", "billing", "--topic", "orders", "--earliest")
+    assert TopicGroup.objects.get(group_name="billing").position == 5
+    run("reset", "billing", "--topic", "orders", "--to-offset", "11")
+    assert TopicGroup.objects.get(group_name="billing").position == 10
+
+
+def test_reset_leaves_a_running_delivery_alone() -> None:
+    made = group("orders", "billing")
+    publish("orders", 3)
+    broker.pump(made, batch=100, window=100)
+    [running] = claim(made, 1)
+    out = run("reset", "billing", "--topic", "orders", "--earliest")
+    assert "2 waiting deliveries cancelled" in out
+    assert Message.objects.get(pk=running.id).status == MessageStatus.CLAIMED
+    handle_ack = broker.ack  # the running one still acks normally
+    from django_mysqlq.messages import AttemptResult
+    from tests.operator_support import RUNNER
+    handle_ack(running, RUNNER, AttemptResult(started_at=broker.database_now()))
+    assert not Message.objects.filter(pk=running.id).exists()
+
+
+def test_replay_makes_new_deliveries_for_one_group_linked_to_the_originals() -> None:
+    billing = group("orders", "billing")
+    audit = group("orders", "audit")
+    publish("orders", 6, key="c1")
+    broker.pump(billing, batch=100, window=100)
+    broker.pump(audit, batch=100, window=100)
+    handle(billing, 1)  # keyed: one at a time, in order
+    out = run("replay", "--topic", "orders", "--group", "billing", "--from-offset", "1",
+              "--to-offset", "1")
+    assert "1 new deliveries" in out
+    assert TopicGroup.objects.get(group_name="billing").position == 6  # unchanged
+    assert TopicGroup.objects.get(group_name="billing").changed_by.startswith("cli:")
+    links = TopicDelivery.objects.filter(group_name="billing", offset=1)
+    assert links.count() == 2
+    assert TopicDelivery.objects.filter(group_name="audit", offset=1).count() == 1
+    replay_id = max(links.values_list("message_id", flat=True))
+    # Same key: the replay waits behind the deliveries of c1 already waiting.
+    assert Message.objects.get(pk=replay_id).status == MessageStatus.BLOCKED
+    lookup = json.loads(run("lookup", "--topic", "orders", "--offset", "1", "--json"))
+    [message] = lookup["messages"]
+    groups = sorted((d["group"], d["replay"], d["outcome"]) for d in message["deliveries"])
+    assert groups == [("audit", False, "ready"), ("billing", False, "succeeded"),
+                      ("billing", True, "blocked")]
+
+
+@pytest.mark.parametrize(("first", "last", "problem"), [
+    ("4", "2", "range 4..2 is empty"),
+    ("3", "9", "at offset 6 .* ends at 6 at most"),
+    ("1", "200000", "at most 100,000 offsets"),
+    ("2", "3", "no longer keeps offset 2"),
+])
+def test_replay_refuses_empty_undelivered_huge_or_deleted_ranges(first: str, last: str,
+                                                                 problem: str) -> None:
+    made = group("orders", "billing")
+    publish("orders", 6)
+    broker.pump(made, batch=100, window=100)
+    forget_before("orders", 3)
+    with pytest.raises(CommandError, match=problem):
+        run("replay", "--topic", "orders", "--group", "billing", "--from-offset", first,
+            "--to-offset", last)
+    assert TopicDelivery.objects.count() == 6
+
+
+def test_lookup_by_offset_key_and_time_with_the_trace() -> None:
+    made = group("orders", "billing")
+    publish("orders", 3, key="alice")
+    publish("orders", 2, key="bob", start=3)
+    broker.pump(made, batch=100, window=100)
+    handle(made, 3)  # alice's first and bob's first (one per key), then alice's second
+    out = run("lookup", "--topic", "orders", "--offset", "1")
+    assert "orders@1 key='alice'" in out
+    assert "billing: #" in out and "succeeded" in out and "test-host:1:abc" in out
+    by_key = json.loads(run("lookup", "--topic", "orders", "--key", "bob", "--json"))
+    assert [m["offset"] for m in by_key["messages"]] == [5, 4]  # newest first
+    by_time = json.loads(run("lookup", "--topic", "orders", "--since", "1h", "--json"))
+    assert [m["offset"] for m in by_time["messages"]] == [1, 2, 3, 4, 5]
+    none = run("lookup", "--topic", "orders", "--since", "2000-01-01",
+               "--until", "2000-01-02")
+    assert "No message matches" in none
+    with pytest.raises(CommandError, match="one"):
+        run("lookup", "--topic", "orders", "--offset", "1", "--key", "bob")
+
+
+def test_a_huge_lookup_range_is_bounded() -> None:
+    group("orders", "billing")
+    publish("orders", 30)
+    out = json.loads(run("lookup", "--topic", "orders", "--since", "1d", "--limit", "10",
+                         "--json"))
+    assert len(out["messages"]) == 10 and out["truncated"] is True
+    text = run("lookup", "--topic", "orders", "--since", "1d", "--limit", "10")
+    assert "More messages match" in text
+    with pytest.raises(CommandError, match="1 to 1000"):
+        run("lookup", "--topic", "orders", "--since", "1d", "--limit", "100000")
+    found = broker.lookup("orders", offset=1, to_offset=10**12, limit=5)
+    assert len(found.messages) == 5 and found.truncated
+
+
+def test_queuestats_lists_topics_by_volume_and_groups_with_lag() -> None:
+    made = group("orders", "billing")
+    group("rare", "r")
+    publish("orders", 5)
+    publish("rare", 1)
+    broker.pump(made, batch=2, window=100)
+    out = io.StringIO()
+    call_command("queuestats", stdout=out)
+    text = out.getvalue()
+    assert text.index("orders  5  5  5  5  5") < text.index("rare  1  1  1  1  1")
+    assert "billing" in text
+    out = io.StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert [t["topic"] for t in data["topics"]] == ["orders", "rare"]
+    billing = next(g for g in data["groups"] if g["group"] == "billing")
+    assert (billing["position"], billing["lag"]) == (2, 5)
+    assert data["overran"] == []

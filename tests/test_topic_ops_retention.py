@@ -1,0 +1,119 @@
+"""Topic retention: old messages deleted in short batches by primary key, oldest offset
+first, ``first_offset`` moved, links deleted; unread ones kept until every group passed
+them (unless told otherwise); an open publisher is not blocked; a reset to a deleted
+offset is refused clearly."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+from django.db import connections, transaction
+from django.test import override_settings
+
+from django_mysqlq import Topic, broker
+from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
+from django_mysqlq.worker import topic_retention
+from tests.operator_support import OPERATOR
+from tests.topic_ops_support import group, handle, publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = dt.datetime.now(dt.UTC)
+
+
+def age(topic: str, offsets: range, days: float) -> None:
+    TopicMessage.objects.filter(topic=topic, offset__in=list(offsets)).update(
+        published_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=days))
+
+
+def kept(topic: str) -> list[int]:
+    return sorted(TopicMessage.objects.filter(topic=topic).values_list("offset", flat=True))
+
+
+def test_old_messages_passed_by_every_group_go_in_batches() -> None:
+    billing = group("orders", "billing")
+    group("orders", "audit")
+    publish("orders", 10)
+    age("orders", range(1, 9), days=10)
+    broker.pump(billing, batch=6, window=100)
+    handle(billing, 6)
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    # audit has not read anything: nothing may go yet.
+    assert broker.prune_topic_batch("orders", cut, 3) == 0
+    audit = broker.GroupSpec(**{**billing.__dict__, "group": "audit", "queue": "group:audit",
+                                "task_name": "topic:orders:audit"})
+    broker.pump(audit, batch=4, window=100)
+    assert broker.prune_topic_batch("orders", cut, 3) == 3  # a batch is at most 3
+    assert kept("orders") == list(range(4, 11))
+    assert TopicState.objects.get(name="orders").first_offset == 4
+    assert broker.prune_topic_batch("orders", cut, 3) == 1  # audit is at 4
+    assert not TopicDelivery.objects.filter(offset__lt=5).exists()
+    assert TopicDelivery.objects.filter(group_name="billing").count() == 2  # offsets 5, 6
+    broker.pump(audit, batch=100, window=100)
+    assert broker.prune_topic_batch("orders", cut, 100) == 2  # billing is at 6
+    broker.pump(billing, batch=100, window=100)
+    assert broker.prune_topic_batch("orders", cut, 100) == 2  # 7, 8: 9 and 10 are new
+    assert kept("orders") == [9, 10] and TopicState.objects.get(name="orders").first_offset == 9
+    with pytest.raises(broker.TopicOffsetError, match="no longer keeps offset 2"):
+        broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=2), OPERATOR)
+    broker.reset_group("orders", "billing", broker.ResetTarget(edge="earliest"), OPERATOR)
+    assert broker.position("orders", "billing") == 8
+    assert broker.groups("orders", "billing")[0].first_offset == 9
+
+
+def test_time_alone_when_not_waiting_for_groups() -> None:
+    group("orders", "billing")
+    publish("orders", 5)
+    age("orders", range(1, 4), days=10)
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    assert broker.prune_topic_batch("orders", cut, 100) == 0
+    assert broker.prune_topic_batch("orders", cut, 100, wait_for_groups=False) == 3
+    # The group, far behind, continues at the first kept message.
+    state = broker.groups("orders", "billing")[0]
+    assert (state.position, state.first_offset, state.lag) == (0, 4, 5)
+
+
+def test_an_open_publisher_and_the_sequencer_are_not_blocked() -> None:
+    publish("orders", 6)
+    group("orders", "billing", start="latest")  # at 6: it has passed them
+    age("orders", range(1, 7), days=10)
+    opened, release = threading.Event(), threading.Event()
+
+    def publisher() -> None:
+        try:
+            with transaction.atomic():
+                Topic("orders").publish({"n": "late"})
+                opened.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    assert opened.wait(10)
+    began = time.monotonic()
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    assert broker.prune_topic_batch("orders", cut, 100) == 6
+    assert time.monotonic() - began < 2.0
+    release.set()
+    thread.join()
+    assert broker.sequence("orders") == 1
+    assert kept("orders") == [7]
+
+
+def test_the_leader_prunes_with_the_settings() -> None:
+    group("orders", "billing")
+    publish("orders", 600)
+    age("orders", range(1, 501), days=2)
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                   "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
+        assert topic_retention.prune() == {"orders": 500}
+    assert kept("orders") == list(range(501, 601))
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": None}):
+        age("orders", range(501, 601), days=2)
+        assert topic_retention.prune() == {}
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400}):
+        assert topic_retention.prune() == {}  # billing has not read them

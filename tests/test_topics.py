@@ -1,0 +1,287 @@
+"""Topics without workers: publish in the caller's transaction, payload errors, offsets
+given in commit order (an open publisher transaction is never skipped), the pump turning
+messages into deliveries once per group, groups' start, subscribe() arguments."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic, broker
+from django_mysqlq.exceptions import InvalidTaskOptions
+from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage
+from django_mysqlq.topicnames import delivery_task_name, group_queue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def spec(topic: str, group: str, start: str = "latest", on_dead: str = "skip"
+         ) -> broker.GroupSpec:
+    return broker.GroupSpec(topic=topic, group=group, queue=group_queue(group),
+                            task_name=delivery_task_name(topic, group), on_dead=on_dead,
+                            max_attempts=3, retry_backoff=0.1, timeout=None, start=start)
+
+
+def offsets(topic: str) -> dict[int, int | None]:
+    return dict(TopicMessage.objects.filter(topic=topic).values_list("id", "offset"))
+
+
+def test_publish_joins_the_callers_transaction() -> None:
+    orders = Topic("orders")
+    with transaction.atomic():
+        orders.publish({"id": 1}, key="c1")
+        orders.publish_many([{"id": 2}, {"id": 3}], keys=["c1", None])
+        assert TopicMessage.objects.filter(topic="orders").count() == 3
+        transaction.set_rollback(True)
+    assert TopicMessage.objects.filter(topic="orders").count() == 0
+    with transaction.atomic():
+        orders.publish({"id": 4}, key=7)
+    row = TopicMessage.objects.get(topic="orders")
+    assert (row.key, row.offset, row.payload) == ("7", None, '{"id":4}')
+    assert broker.sequence("orders") == 1
+    assert offsets("orders") == {row.pk: 1}
+
+
+def test_payload_errors_name_the_topic_and_write_nothing() -> None:
+    orders = Topic("orders")
+    with pytest.raises(ArgumentEncodingError, match=r"topic 'orders'.*dict key 1"):
+        orders.publish({1: "x"})
+    with pytest.raises(ArgumentEncodingError, match=r"topic 'orders'.*JSON"):
+        orders.publish({"when": object()})
+    with pytest.raises(ArgumentEncodingError):
+        orders.publish_many([{"ok": 1}, float("nan")])
+    with pytest.raises(PayloadTooLarge, match="MAX_PAYLOAD_BYTES"):
+        orders.publish("x" * 1_000_001)
+    with pytest.raises(InvalidTaskOptions, match="2 payloads but 1 keys"):
+        orders.publish_many([1, 2], keys=["a"])
+    with pytest.raises(InvalidTaskOptions, match="key"):
+        orders.publish(1, key="")
+    with pytest.raises(InvalidTaskOptions, match="topic name"):
+        Topic("a,b")
+    assert not TopicMessage.objects.exists()
+
+
+def test_publish_many_splits_to_fit_max_allowed_packet() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        packet = int(cursor.fetchone()[0])
+    size = 900_000
+    count = packet // size + 3  # more than one statement can carry
+    assert Topic("big").publish_many(["y" * size] * count) == count
+    assert TopicMessage.objects.filter(topic="big").count() == count
+    assert broker.sequence("big") == count
+
+
+def test_an_open_publisher_is_never_skipped_by_a_later_commit() -> None:
+    """Id 1 is inserted first and stays uncommitted while id 2 commits: id 2 gets offset 1
+    (it is the one visible), id 1 waits, then gets offset 2 once committed. A reader that
+    read 'after 1' still finds it."""
+    inserted, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_publisher() -> None:
+        try:
+            with transaction.atomic():
+                Topic("race").publish("early")
+                inserted.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+            done.set()
+
+    thread = threading.Thread(target=slow_publisher)
+    thread.start()
+    assert inserted.wait(20)
+    Topic("race").publish("late")
+    assert broker.sequence("race") == 1  # the open row is passed over, not waited for
+    by_payload = {row.payload: row.offset for row in TopicMessage.objects.filter(topic="race")}
+    assert by_payload == {'"late"': 1}  # the open row is not visible here at all
+    seen = [row[2] for row in broker.read_after("race", 0, 10)]
+    assert seen == ['"late"']
+    release.set()
+    assert done.wait(20)
+    thread.join()
+    assert broker.sequence("race") == 1
+    early = TopicMessage.objects.get(topic="race", payload='"early"')
+    late = TopicMessage.objects.get(topic="race", payload='"late"')
+    assert early.pk < late.pk and early.offset == 2 and late.offset == 1
+    assert [row[2] for row in broker.read_after("race", 1, 10)] == ['"early"']
+
+
+def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_order() -> None:
+    """4 publishers with transactions of random length and a rolled-back one now and then,
+    a sequencer and a reader running all along: the reader, always reading after the last
+    offset it saw, gets every committed message exactly once, offsets dense 1..N."""
+    rng = random.Random(7)
+    plans = [[(rng.random() < 0.1, rng.uniform(0, 0.01), rng.randint(1, 3))
+              for _ in range(40)] for _ in range(4)]
+    committed: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def publisher(number: int) -> None:
+        try:
+            for index, (rollback, pause, many) in enumerate(plans[number]):
+                values = [f"p{number}-{index}-{k}" for k in range(many)]
+                with transaction.atomic():
+                    Topic("busy").publish_many(values)
+                    time.sleep(pause)
+                    transaction.set_rollback(rollback)
+                if not rollback:
+                    with lock:
+                        committed.extend(values)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    seen: list[tuple[int, str]] = []
+
+    def reader() -> None:
+        try:
+            position = 0
+            while True:
+                finished = stop.is_set()
+                broker.sequence("busy", batch=7)
+                rows = broker.read_after("busy", position, 50)
+                for offset, _, text, _ in rows:
+                    seen.append((offset, text.strip('"')))
+                    position = offset
+                if finished and not rows:
+                    return
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+    reading = threading.Thread(target=reader)
+    reading.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    reading.join(60)
+    assert not errors
+    assert [offset for offset, _ in seen] == list(range(1, len(committed) + 1))
+    assert sorted(text for _, text in seen) == sorted(committed)
+    # One publisher's messages keep its order.
+    for number in range(4):
+        mine = [text for _, text in seen if text.startswith(f"p{number}-")]
+        assert mine == [text for text in committed if text.startswith(f"p{number}-")]
+
+
+def test_the_pump_makes_one_delivery_per_group_and_moves_the_position() -> None:
+    topic = Topic("pumped")
+    billing, audit = spec("pumped", "billing"), spec("pumped", "audit", on_dead="hold")
+    topic.publish("before the groups")
+    broker.sequence("pumped")
+    broker.create_group(billing)
+    broker.create_group(audit)
+    broker.create_group(billing)  # a second start changes nothing
+    assert broker.position("pumped", "billing") == 1
+    topic.publish_many([{"n": n} for n in range(5)], keys=["k1", "k2", "k1", None, "k1"])
+    broker.sequence("pumped")
+    assert broker.pump(billing, batch=3, window=100) == 3
+    assert broker.pump(billing, batch=3, window=100) == 2
+    assert broker.pump(billing, batch=3, window=100) == 0
+    assert broker.pump(audit, batch=10, window=100) == 5
+    assert broker.position("pumped", "billing") == broker.position("pumped", "audit") == 6
+    links = TopicDelivery.objects.filter(topic="pumped")
+    assert sorted(links.filter(group_name="billing").values_list("offset", flat=True)) == \
+        [2, 3, 4, 5, 6]
+    billing_messages = Message.objects.filter(queue="group:billing").order_by("id")
+    assert [m.status for m in billing_messages] == ["ready", "ready", "blocked", "ready",
+                                                    "blocked"]
+    assert [m.gate_key for m in billing_messages] == ["pumped:k1", "pumped:k2", "pumped:k1",
+                                                      None, "pumped:k1"]
+    first = billing_messages[0]
+    assert first.task_name == "topic:pumped:billing"
+    args = first.decoded_payload()
+    assert args["args"] == [{"n": 0}] and args["kwargs"]["offset"] == 2
+    assert args["kwargs"]["key"] == "k1"
+    assert {link.message_id for link in links.filter(group_name="billing")} == \
+        {m.pk for m in billing_messages}
+    assert set(Message.objects.filter(queue="group:audit").values_list("gate_mode", flat=True)
+               ) == {"hold", None}
+
+
+def test_the_pump_pauses_while_the_window_is_full_and_skips_a_locked_group() -> None:
+    topic = Topic("windowed")
+    group = spec("windowed", "slow")
+    broker.create_group(group)
+    topic.publish_many(list(range(10)))
+    broker.sequence("windowed")
+    assert broker.pump(group, batch=100, window=4) == 4
+    assert broker.pump(group, batch=100, window=4) == 0
+    Message.objects.filter(queue="group:slow").delete()
+    # Another member holds the group's row: this one skips it instead of waiting.
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            TopicGroup.objects.select_for_update().get(topic="windowed", group_name="slow")
+            locked.set()
+            release.wait(20)
+        connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(20)
+    started = time.monotonic()
+    assert broker.pump(group, batch=100, window=4) == 0
+    assert time.monotonic() - started < 1
+    release.set()
+    thread.join()
+    assert broker.pump(group, batch=100, window=100) == 6
+
+
+def test_a_group_starts_at_the_latest_or_the_earliest_message() -> None:
+    Topic("starts").publish_many(["a", "b"])
+    broker.sequence("starts")
+    broker.create_group(spec("starts", "late"))
+    broker.create_group(spec("starts", "early", start="earliest"))
+    assert broker.position("starts", "late") == 2
+    assert broker.position("starts", "early") == 0
+    assert TopicGroup.objects.get(group_name="early").start == "earliest"
+    broker.create_group(spec("never-published", "fresh"))
+    assert broker.position("never-published", "fresh") == 0
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({}, "neither"),
+    ({"group": "g", "broadcast": True}, "both"),
+    ({"group": "a:b"}, "group name"),
+    ({"group": "g", "start": "middle"}, "start"),
+    ({"group": "g", "on_dead": "drop"}, "on_dead"),
+    ({"group": "g", "max_attempts": 0}, "max_attempts"),
+    ({"group": "g", "retry_backoff": []}, "retry_backoff"),
+    ({"broadcast": True, "max_attempts": 3}, "never retried"),
+    ({"broadcast": "yes"}, "True or False"),
+])
+def test_subscribe_refuses_bad_arguments(kwargs: dict[str, object], problem: str) -> None:
+    with pytest.raises(InvalidTaskOptions, match=problem):
+        Topic("checked").subscribe(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_task_on_a_group_queue_is_a_system_check_error() -> None:
+    from django_mysqlq import queue_task
+    from django_mysqlq.checks import check_group_queues
+    from django_mysqlq.registry import registry
+
+    assert [e.id for e in check_group_queues()] == []
+
+    @queue_task(queue="group:billing", name="tests.intruder")
+    def intruder() -> None: ...
+
+    try:
+        errors = check_group_queues()
+        assert [e.id for e in errors] == ["django_mysqlq.E007"]
+        assert "tests.intruder" in errors[0].msg
+    finally:
+        registry._tasks.pop("tests.intruder", None)

@@ -1,0 +1,171 @@
+"""Topics with real worker processes: a ledger proves each consumer group handled each
+message (none lost; twice only for runs of a process killed with kill -9), in key order,
+through random failures; a failing group goes to its dead letter without delaying the
+others, and its dead deliveries can be requeued; broadcast reaches every live process,
+and a process started late begins at the latest offset."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+
+import pytest
+
+from django_mysqlq import broker
+from django_mysqlq.broker import Operator
+from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup
+from tests.conftest import wait_for
+from tests.subject_support import order_violations
+from tests.testapp import topic_handlers
+from tests.testapp.models import GateRun
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+PATIENCE = 120.0
+ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.topic_handlers"}
+WORKER = ("--concurrency", "4", "--batch", "8")
+GROUPS = ("billing", "audit", "broken")
+
+
+def started(*workers) -> None:
+    for worker in workers:
+        wait_for(lambda worker=worker: "started: queues=" in worker.output(), timeout=60,
+                 message="the worker to start")
+
+
+def stop(*workers) -> None:
+    for worker in workers:
+        if worker.popen.poll() is None:
+            worker.signal(signal.SIGTERM)
+    for worker in workers:
+        if worker.popen.poll() is None:
+            assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def ok_seqs(label: str, group: str) -> Counter[int]:
+    return Counter(GateRun.objects.filter(label=label, key__startswith=f"{group}:", edge="end",
+                                          outcome="ok").values_list("seq", flat=True))
+
+
+def publish(label: str, count: int, first: int = 0, **extra: object) -> None:
+    values = [{"label": label, "seq": seq, **extra} for seq in range(first, first + count)]
+    topic_handlers.ledger.publish_many(values, keys=[f"k{seq % 10}" for seq in
+                                                     range(first, first + count)])
+
+
+def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_worker):
+    label = "topic-ledger"
+    first, second = (start_worker(*WORKER, env=ENV) for _ in range(2))
+    started(first, second)
+    assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
+               ) == set(GROUPS)
+    total = 300
+    # Random failures only where attempts can't run out: "broken" has 3, and 0.1 ** 3 per
+    # message over 300 messages would send one dead in about a quarter of the runs.
+    publish(label, total, fail_rate=0.1, flaky=["billing", "audit"], sleep_ms=5)
+    wait_for(lambda: sum(ok_seqs(label, "billing").values()) >= 60, timeout=PATIENCE,
+             message="a fifth of billing's messages")
+    first.signal(signal.SIGKILL)
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    third = start_worker(*WORKER, env=ENV)
+    started(third)
+
+    def all_handled() -> bool:
+        return all(set(ok_seqs(label, group)) == set(range(total)) for group in GROUPS)
+
+    try:
+        wait_for(all_handled, timeout=PATIENCE, message="every group to handle every message")
+    except BaseException:
+        for group in GROUPS:
+            missing = sorted(set(range(total)) - set(ok_seqs(label, group)))
+            print(group, "missing", missing[:20], "dead", broker.dead_deliveries("ledger", group),
+                  "left", list(Message.objects.filter(queue=f"group:{group}").values_list(
+                      "id", "status", "attempts", "gate_key")[:10]))
+        raise
+    stop(second, third)
+    killed = first.pid
+    duplicates = 0
+    for group in GROUPS:
+        for seq, count in ok_seqs(label, group).items():
+            if count > 1:
+                duplicates += count - 1
+                pids = GateRun.objects.filter(label=label, key__startswith=f"{group}:",
+                                              seq=seq, edge="end", outcome="ok"
+                                              ).values_list("pid", flat=True)
+                assert killed in pids, f"{group} handled #{seq} twice, neither run killed"
+    # Duplicates only after the crash, and few: at most what the killed process held.
+    assert duplicates <= 3 * 8 + 20, duplicates
+    assert order_violations(label, killed=frozenset({killed})) == []
+    # Broadcast: the surviving processes got every message published while they lived.
+    for worker in (second, third):
+        got = set(GateRun.objects.filter(label=f"{label}/broadcast", pid=worker.pid)
+                  .values_list("seq", flat=True))
+        assert got == set(range(total)) or worker is third, worker.pid
+    # Every delivery is linked to its offset; none is left in the queue.
+    assert not Message.objects.filter(queue__startswith="group:").exists()
+    for group in GROUPS:
+        linked = TopicDelivery.objects.filter(topic="ledger", group_name=group)
+        assert linked.values("offset").distinct().count() == total
+        assert broker.position("ledger", group) == broker.last_offset("ledger")
+    print(f"ledger: {total} messages x {len(GROUPS)} groups, {duplicates} duplicate runs "
+          "after the kill -9")
+
+
+def test_a_failing_group_goes_dead_without_delaying_the_others_and_can_be_requeued(
+        start_worker):
+    label = "topic-dead"
+    worker = start_worker(*WORKER, env=ENV)
+    started(worker)
+    publish(label, 6, always_fail=["broken"])
+    wait_for(lambda: all(set(ok_seqs(label, group)) == set(range(6))
+                         for group in ("billing", "audit")),
+             timeout=PATIENCE, message="billing and audit to handle everything")
+    wait_for(lambda: len(broker.dead_deliveries("ledger", "broken")) == 6, timeout=PATIENCE,
+             message="broken's six deliveries to go dead")
+    dead = broker.dead_deliveries("ledger", "broken")
+    assert set(Message.objects.filter(pk__in=dead).values_list("attempts", flat=True)) == {3}
+    # The others finished before broken's deliveries were out of attempts.
+    last_other = GateRun.objects.filter(label=label, key__startswith="billing:").order_by(
+        "-at").values_list("at", flat=True)[0]
+    last_broken = GateRun.objects.filter(label=label, key__startswith="broken:").order_by(
+        "-at").values_list("at", flat=True)[0]
+    assert last_other < last_broken
+    # The trace: each broken delivery's attempts, on this worker, with the outcome.
+    trace = Attempt.objects.filter(message_id__in=dead).values_list("outcome", "worker_id")
+    assert Counter(outcome for outcome, _ in trace) == {"retried": 12, "failed": 6}
+    assert all(worker_id for _, worker_id in trace)
+    # Requeued from the dead letter: one more attempt each, which fails again.
+    requeued = broker.requeue_dead("topic:ledger:broken", Operator("test:requeue"))
+    assert sorted(requeued) == sorted(dead)
+    wait_for(lambda: set(Message.objects.filter(pk__in=dead).values_list("attempts", flat=True)
+                         ) == {4} and len(broker.dead_deliveries("ledger", "broken")) == 6,
+             timeout=PATIENCE, message="the requeued deliveries to run once more")
+    assert Attempt.objects.filter(message_id__in=dead, outcome="requeued").count() == 6
+    stop(worker)
+
+
+def test_broadcast_reaches_every_live_process_and_a_late_one_starts_at_the_latest(
+        start_worker):
+    label = "topic-broadcast"
+    first, second = (start_worker("--queues", "default", env=ENV) for _ in range(2))
+    started(first, second)
+    publish(label, 5)
+
+    def seen(pid: int) -> set[int]:
+        return set(GateRun.objects.filter(label=f"{label}/broadcast", key=f"broadcast:{pid}")
+                   .values_list("seq", flat=True))
+
+    wait_for(lambda: seen(first.pid) == seen(second.pid) == set(range(5)), timeout=PATIENCE,
+             message="both processes to get the five messages")
+    late = start_worker("--queues", "default", env=ENV)
+    started(late)
+    publish(label, 3, first=5)
+    wait_for(lambda: all(seen(w.pid) >= {5, 6, 7} for w in (first, second, late)),
+             timeout=PATIENCE, message="every process to get the later messages")
+    stop(first, second, late)
+    assert seen(late.pid) == {5, 6, 7}
+    assert seen(first.pid) == seen(second.pid) == set(range(8))
+    # Each process handled each message once (nothing is retried or acked).
+    assert GateRun.objects.filter(label=f"{label}/broadcast").count() == 8 + 8 + 3
+    # Workers of --queues default serve no group: no deliveries were made.
+    assert not TopicDelivery.objects.exists()
