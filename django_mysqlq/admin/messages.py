@@ -70,9 +70,9 @@ def search(term: str) -> tuple[Q, bool]:
 
     A number is a message id (or a numeric dedup key); other text is a dedup key if a
     message has it. Either, when no message has it, is an ordered subject or concurrency
-    key if one has that (``ordered_by="order_id"`` makes keys like "42"); other text is
-    then a task's full name. Each is one index lookup: a substring search would read every
-    row of a million-message table.
+    key if one has that (``ordered_by="order_id"`` makes keys like "42"), then a rate-limit
+    key; other text is then a task's full name. Each is one index lookup: a substring
+    search would read every row of a million-message table.
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
@@ -85,6 +85,8 @@ def search(term: str) -> tuple[Q, bool]:
         return Q(dedup_key=term), False
     if Message.objects.filter(gate_key=term).exists():
         return Q(gate_key=term), False
+    if Message.objects.filter(rate_key=term).exclude(task_name=term).exists():
+        return Q(rate_key=term), False  # a rate-limit key (a task-wide one is its name)
     return Q(task_name=term), True
 
 
@@ -149,7 +151,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     change_list_template = "admin/django_mysqlq/message/change_list.html"
     fields = ("id", "queue", "task_name", "status", "priority", "attempts", "max_attempts",
               "arguments", "enqueued_at", "run_at", "retry_backoff", "timeout", "dedup_key",
-              "gate", "owner", "claimed_at", "lease_expires_at", "last_error_text")
+              "unique_for", "rate_key", "gate", "owner", "claimed_at", "lease_expires_at",
+              "last_error_text")
     readonly_fields = fields
 
     # ------------------------------------------------------------- permissions

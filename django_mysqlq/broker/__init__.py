@@ -30,6 +30,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``unique``     dedup keys kept taken for a period after success (``unique_for``)
+``rates``      global rate limits: rate keys' rows, the claim of throttled messages
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 ``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
 ``topic_replay`` replay a range of a topic into one group
@@ -80,6 +82,7 @@ from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
+    RateOfCopy,
     Stuck,
     cancel,
     paused_queues,
@@ -115,6 +118,13 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
+from .rates import (
+    IDLE_KEY_SECONDS,
+    claim_throttled,
+    purge_idle_rate_keys,
+    repair_rate_keys,
+    seconds_to_next_start,
+)
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
@@ -148,6 +158,7 @@ from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volu
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import last_offset, publish, read_after, sequence
+from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -159,6 +170,7 @@ from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, re
 
 __all__ = [
     "ATTEMPT_TABLE",
+    "IDLE_KEY_SECONDS",
     "MESSAGE_TABLE",
     "QUEUE_TABLE",
     "READ_CLAIMED_SQL",
@@ -183,6 +195,7 @@ __all__ = [
     "Overran",
     "PurgeLag",
     "QueueOverview",
+    "RateOfCopy",
     "Repair",
     "ReplayResult",
     "ResetResult",
@@ -202,6 +215,7 @@ __all__ = [
     "claim",
     "claim_sql",
     "claim_sql_for",
+    "claim_throttled",
     "claims_held",
     "close_if_broken",
     "connection_identity",
@@ -223,6 +237,7 @@ __all__ = [
     "fail",
     "finish_by",
     "fire_due_schedules",
+    "free_unique_keys",
     "gates_of",
     "groups",
     "has_pending",
@@ -252,7 +267,9 @@ __all__ = [
     "pump",
     "purge_dead_batch",
     "purge_history_batch",
+    "purge_idle_rate_keys",
     "purge_lag",
+    "purge_unique_keys_batch",
     "purge_workers_batch",
     "queue_counts",
     "queue_names",
@@ -267,6 +284,7 @@ __all__ = [
     "release_subjects",
     "renew_leases",
     "repair_gates",
+    "repair_rate_keys",
     "replay",
     "replay_range",
     "requeue",
@@ -275,6 +293,7 @@ __all__ = [
     "reset_group",
     "retry_delay",
     "run_schedule_now",
+    "seconds_to_next_start",
     "send_robust",
     "sequence",
     "served_queues",

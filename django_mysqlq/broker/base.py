@@ -67,7 +67,14 @@ SHORTEST_BOUND = 1.0
 
 #: Named lock held by the one recovery sweeper; scoped to the schema, so databases don't
 #: share it (used by ``recover`` and by the parked workers' check in ``park``).
+#: The database clock, for code that compares times the database wrote.
+NOW_SQL = "SELECT UTC_TIMESTAMP(6)"
 RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
+
+#: The status of a message that may run now: 'ready', or 'throttled' for one with a rate
+#: limit, which only a rate-limited claim takes (``rates``). Every statement that makes a
+#: message runnable again (promotion, retry, release, recovery, requeue) sets this.
+RUNNABLE_STATUS = "IF(rate_key IS NULL, 'ready', 'throttled')"
 
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (

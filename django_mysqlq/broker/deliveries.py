@@ -33,7 +33,7 @@ from .base import (
 from .enqueue import gate_statuses, insert_rows
 from .operate import Operator, requeue
 from .park import wake
-from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from .topics import READ_AFTER_SQL, TOPIC_TABLE
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
@@ -55,11 +55,6 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 WINDOW_SQL = (f"SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
               " WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting")
 #: The next sequenced messages after the group's position.
-NEXT_MESSAGES_SQL = (
-    f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
-    f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset > %s "
-    "ORDER BY msg_offset LIMIT %s"
-)
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
@@ -142,7 +137,7 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> 
         room = window - int(cursor.fetchone()[0])
         if room <= 0:
             return 0, []
-        cursor.execute(NEXT_MESSAGES_SQL, [spec.topic, current, min(batch, room)])
+        cursor.execute(READ_AFTER_SQL, [spec.topic, current, min(batch, room)])
         rows = cursor.fetchall()
         if not rows:
             return 0, []

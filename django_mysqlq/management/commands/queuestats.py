@@ -15,8 +15,8 @@ from django_mysqlq.conf import get_settings
 from .queueschedule import table as schedule_table
 from .queuetopic import groups_table
 
-COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "dead", "oldest", "1m", "5m",
-           "60m", "fail%")
+COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "throttled", "dead", "oldest",
+           "1m", "5m", "60m", "fail%")
 
 
 def _table(data: ops.Dashboard) -> str:
@@ -26,7 +26,8 @@ def _table(data: ops.Dashboard) -> str:
         rate = "-" if q.failure_rate is None else f"{100 * q.failure_rate:.0f}"
         marks = (" (paused)" if q.paused else "") + (" (no worker)" if q.unserved else "")
         rows.append((q.name + marks, str(q.ready),
-                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.dead), oldest,
+                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.throttled),
+                     str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
