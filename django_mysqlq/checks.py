@@ -16,6 +16,7 @@ from django.db import DatabaseError, connections
 from django.db.utils import load_backend
 
 from .conf import QueueSettings, SettingsError, load_settings
+from .topicnames import GROUP_QUEUE_PREFIX
 
 
 def queue_vendor(alias: str) -> str:
@@ -91,6 +92,15 @@ def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
         elif queue_vendor(alias) != "mysql" and not conf.IMMEDIATE:
             errors.append(Error(f"{where} is {alias!r}, which is not MySQL or MariaDB.",
                                 hint=NOT_MYSQL_HINT, id=f"django_mysqlq.{code}"))
+    for queue, entry in conf.QUEUES.items():
+        if queue.startswith(GROUP_QUEUE_PREFIX) and entry.get("DATABASE") \
+                and str(entry["DATABASE"]) != conf.DATABASE:
+            errors.append(Error(
+                f"The consumer group queue {queue!r} is placed on {entry['DATABASE']!r}; "
+                f"topics and their groups' queues live on MYSQLQ['DATABASE'] "
+                f"({conf.DATABASE!r}) only.",
+                hint="Remove its 'DATABASE' (topics on several databases are not supported; "
+                     "see docs/scaling.md).", id="django_mysqlq.E012"))
     return errors
 
 

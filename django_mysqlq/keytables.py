@@ -8,6 +8,8 @@ import hashlib
 
 from django.db import models
 
+from .managers import BoundManager
+
 #: Hex digits of a key row's id (128 bits of SHA-256), as for gates.
 KEY_ID_LENGTH = 32
 
@@ -39,6 +41,8 @@ class UniqueKey(models.Model):
     #: Until when the key stays taken (UTC). In the past: free.
     expires_at = models.DateTimeField()
 
+    objects = BoundManager["UniqueKey"]()
+
     class Meta:
         app_label = "django_mysqlq"
         db_table = "mysqlq_unique_key"
@@ -67,6 +71,8 @@ class RateLimit(models.Model):
     rate_limit = models.CharField(max_length=32, blank=True, default="")
     next_at = models.DateTimeField()
     changed_at = models.DateTimeField()
+
+    objects = BoundManager["RateLimit"]()
 
     class Meta:
         app_label = "django_mysqlq"

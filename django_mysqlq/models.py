@@ -20,14 +20,15 @@ are for reading (stuck claims need the process list: ``broker.stuck_messages()``
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from django.db import models
 
 from . import gating
+from .gatemodels import GATE_ID_LENGTH, Gate, gate_id
 from .keytables import RateLimit, UniqueKey, rate_id, unique_key_id
+from .managers import BoundManager
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -165,7 +166,7 @@ class Message(models.Model):
 
     last_error = models.TextField(blank=True, default="")
 
-    objects = MessageQuerySet.as_manager()
+    objects = BoundManager.from_queryset(MessageQuerySet)()
 
     class Meta:
         db_table = "mysqlq_message"
@@ -253,7 +254,7 @@ class Attempt(models.Model):
     #: skips originals that already have one, so a re-run enqueues nothing twice).
     replayed_from = models.BigIntegerField(null=True, blank=True)
 
-    objects = AttemptQuerySet.as_manager()
+    objects = BoundManager.from_queryset(AttemptQuerySet)()
 
     class Meta:
         db_table = "mysqlq_attempt"
@@ -301,7 +302,7 @@ class Worker(models.Model):
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 
-    objects = WorkerQuerySet.as_manager()
+    objects = BoundManager.from_queryset(WorkerQuerySet)()
 
     class Meta:
         db_table = "mysqlq_worker"
@@ -322,6 +323,8 @@ class QueueState(models.Model):
     changed_at = models.DateTimeField()
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["QueueState"]()
+
     class Meta:
         db_table = "mysqlq_queue"
         verbose_name = "queue"
@@ -329,58 +332,6 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
-
-
-def gate_id(queue: str, ordered: bool, key: str) -> str:
-    """The primary key of a gate: a digest of what identifies it (see :class:`Gate`)."""
-    text = f"{queue}\x00{int(ordered)}\x00{key}"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:GATE_ID_LENGTH]
-
-
-#: Hex digits of a gate's id (128 bits of SHA-256).
-GATE_ID_LENGTH = 32
-
-
-class Gate(models.Model):
-    """One live ordered subject or concurrency key of a queue.
-
-    ``active`` counts the messages holding one of its ``slots`` (ready, claimed, an ordered
-    head scheduled for its retry, a dead head that holds its subject) and ``blocked`` the
-    ones waiting. Both are read and written only under this row's lock, which producers
-    of the gate also take first: so messages of a subject get their ids in commit order.
-    A row with nothing active or blocked is deleted by the statement that empties it.
-    Signed counters: a value changed by hand can't make an ack fail on an out-of-range
-    subtraction; the recovery leader repairs counters that disagree with the messages.
-
-    The identity (queue, ordered, key) is the primary key, as a digest (:func:`gate_id`):
-    a producer's ``INSERT … ON DUPLICATE KEY UPDATE`` then locks the one row. On a unique
-    secondary key InnoDB takes a next-key lock (the gap before the row too), and producers
-    creating gates beside one another deadlocked (measured: under REPEATABLE READ).
-    """
-
-    id = models.CharField(max_length=GATE_ID_LENGTH, primary_key=True)
-    queue = models.CharField(max_length=64)
-    #: An ordered subject (one at a time, in order) or a concurrency key (``slots`` at once).
-    ordered = models.BooleanField()
-    gate_key = models.CharField(max_length=255)
-    slots = models.PositiveIntegerField()
-    active = models.IntegerField(default=0)
-    blocked = models.IntegerField(default=0)
-    #: Last change under the row's lock: the repair checks gates unchanged for a lease.
-    changed_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "mysqlq_gate"
-        verbose_name = "subject or concurrency key"
-        verbose_name_plural = "subjects and concurrency keys"
-        indexes = [
-            models.Index(fields=["changed_at"], name="mysqlq_gate_changed"),
-            models.Index(fields=["gate_key"], name="mysqlq_gate_key"),
-        ]
-
-    def __str__(self) -> str:
-        kind = "subject" if self.ordered else "concurrency key"
-        return f"{self.queue}: {kind} {self.gate_key}"
 
 
 class Schedule(models.Model):
@@ -427,6 +378,8 @@ class Schedule(models.Model):
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["Schedule"]()
+
     class Meta:
         db_table = "mysqlq_schedule"
         ordering = ["name"]
@@ -445,14 +398,14 @@ class Lease(models.Model):
     holder = models.CharField(max_length=255)
     expires_at = models.DateTimeField()
 
+    objects = BoundManager["Lease"]()
+
     class Meta:
         db_table = "mysqlq_lease"
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder} until {self.expires_at}"
 
-
-__all__ = ["RateLimit", "UniqueKey", "rate_id", "unique_key_id"]  # defined in keytables
 
 
 class StuckMessage(Message):
@@ -493,7 +446,8 @@ from .topicmodels import (  # noqa: E402
 )
 
 __all__ = [
-    "Attempt", "BlockedMessage", "DeadMessage", "Gate", "Lease", "Message", "QueueState",
-    "Schedule", "StuckMessage", "TopicDelivery", "TopicGroup", "TopicMessage", "TopicStart",
-    "TopicState", "Worker",
+    "GATE_ID_LENGTH", "Attempt", "BlockedMessage", "DeadMessage", "Gate", "Lease", "Message",
+    "QueueState", "RateLimit", "Schedule", "StuckMessage", "TopicDelivery", "TopicGroup",
+    "TopicMessage", "TopicStart", "TopicState", "UniqueKey", "Worker", "gate_id", "rate_id",
+    "unique_key_id",
 ]

@@ -302,3 +302,17 @@ def test_the_operator_commands_act_on_the_database_they_are_given() -> None:
     assert count("default", "mysqlq_message") == 1
     with pytest.raises(CommandError, match="holds no queue"):
         call_command("queuecancel", "--status", "ready", "--database", "nowhere")
+
+
+def test_max_tasks_counts_for_the_whole_process_over_both_databases(start_worker,
+                                                                    env_b) -> None:
+    tasks.record.enqueue_many([tasks.record.call(f"a{i}") for i in range(10)])
+    tasks.record.using(queue=QUEUE_B).enqueue_many(
+        [tasks.record.call(f"b{i}") for i in range(10)])
+    worker = start_worker("--queues", f"default,{QUEUE_B}", "--max-tasks", "7",
+                          "--concurrency", "2", env=env_b)
+    assert worker.wait(timeout=60) == 0, worker.output()
+    done = count("default", "mysqlq_attempt") + count(B, "mysqlq_attempt")
+    assert done == 7, worker.output()  # per process, not 7 per database
+    assert count("default", "mysqlq_message") + count(B, "mysqlq_message") == 13
+

@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from .. import broker, routing, views
+from ..conf import get_settings
 from ..models import QueueState
 from ..tasks import QUEUE_NAME_MAX
 from . import actions, databases
@@ -102,4 +103,7 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
             broker.set_paused(queue, paused, actions.who(request))
             self.message_user(request, f"Queue {queue} {'paused' if paused else 'resumed'}: "
                               "workers follow within about a second.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:django_mysqlq_queuestate_changelist"))
+        alias = routing.alias_for_queue(queue) if queue else get_settings().DATABASE
+        back = reverse("admin:django_mysqlq_queuestate_changelist")
+        return HttpResponseRedirect(back if alias == get_settings().DATABASE
+                                    else f"{back}?{databases.PARAMETER}={alias}")

@@ -11,8 +11,9 @@ querysets below, the ORM's go there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from django.contrib import admin
@@ -20,10 +21,17 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from .. import routing
+from .. import broker, routing
 from ..conf import get_settings
 
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
+
 PARAMETER = "database"
+
+#: The alias of the page being built on this thread (for links made far from the
+#: request: a holder's link, a schedule's last message).
+_shown = threading.local()
 
 
 def selected(request: HttpRequest) -> str:
@@ -43,11 +51,30 @@ def within(request: HttpRequest, view: Callable[[], HttpResponse]) -> HttpRespon
     """Run and render ``view`` with this request's alias bound: its replica to look, the
     alias itself to act (a POST)."""
     alias = selected(request)
-    with routing.on_alias(alias if is_action(request) else routing.read_alias(alias)):
-        response = view()
-        if isinstance(response, TemplateResponse):
-            response.render()  # lazily evaluated querysets read while the alias is bound
+    previous = getattr(_shown, "alias", None)
+    _shown.alias = alias
+    try:
+        with routing.on_alias(alias if is_action(request) else routing.read_alias(alias)):
+            response = view()
+            if isinstance(response, TemplateResponse):
+                response.render()  # lazily evaluated querysets read while the alias is bound
+    finally:
+        _shown.alias = previous
     return response
+
+
+def stuck_messages() -> list[broker.Stuck]:
+    """The stuck claims of the page's database, judged on that database itself even when
+    the page reads a replica: liveness is the source's process list, not the replica's."""
+    with routing.on_alias(getattr(_shown, "alias", None)):
+        return broker.stuck_messages()
+
+
+def shown_suffix() -> str:
+    """``?database=<alias>`` for a link to a row of the page being built (empty on the
+    default database, or outside a page)."""
+    alias = getattr(_shown, "alias", None)
+    return "" if alias in (None, get_settings().DATABASE) else f"?{PARAMETER}={alias}"
 
 
 def suffix(request: HttpRequest) -> str:
@@ -69,6 +96,20 @@ class DatabaseFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         alias = selected(request)
         return queryset.using(alias if is_action(request) else routing.read_alias(alias))
+
+    def value(self) -> str | None:
+        # No parameter shows MYSQLQ['DATABASE']: that choice is the selected one then.
+        return super().value() or get_settings().DATABASE
+
+    def choices(self, changelist: Any) -> Iterator[_ListFilterChoices]:
+        # One database at a time (ids are per database): no "All" choice.
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == str(lookup),
+                "query_string": changelist.get_query_string(
+                    {self.parameter_name: lookup}),
+                "display": title,
+            }
 
 
 class DatabaseMixin:

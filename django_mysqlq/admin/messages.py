@@ -251,12 +251,18 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # The message, its trace and whether it is stuck: all on the page's database.
+        return databases.within(request, lambda: self._change_view(
+            request, object_id, form_url, extra_context))
+
+    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
+                     extra_context: dict[str, Any] | None) -> HttpResponse:
         context = dict(extra_context or {})
         try:
             message_id = int(object_id)
         except ValueError:
             raise Http404("Message ids are numbers.") from None
-        stuck = {s.id: s for s in broker.stuck_messages()}.get(message_id)
+        stuck = {s.id: s for s in databases.stuck_messages()}.get(message_id)
         message = Message.objects.using(broker.default_alias()).filter(pk=message_id).first()
         buttons = []
         if message is not None:
@@ -305,7 +311,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             return self.confirmation(request, action, [message_id], bulk=False)
         done = self.run_action(request, action, [message_id])
         if action.name == "cancel" and done:
-            return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist"))
+            return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist")
+                                        + databases.suffix(request))
         return HttpResponseRedirect(back)
 
     def run_action(self, request: HttpRequest, action: Action, ids: Sequence[int]) -> list[int]:
@@ -404,12 +411,13 @@ class _EntryPoint(MessageAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = dict(extra_context or {})
         context["requeue_matching_url"] = None
-        return admin.ModelAdmin.changelist_view(self, request, context)
+        return databases.within(
+            request, lambda: admin.ModelAdmin.changelist_view(self, request, context))
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return HttpResponseRedirect(reverse("admin:django_mysqlq_message_change",
-                                            args=[object_id]))
+                                            args=[object_id]) + databases.suffix(request))
 
     def get_urls(self) -> list[URLPattern]:
         return outside_request_transaction(admin.ModelAdmin.get_urls(self))
@@ -430,7 +438,7 @@ class StuckMessageAdmin(_EntryPoint):
         return NEWEST_FIRST  # a primary-key list of the few stuck messages
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        stuck = {s.id: s for s in broker.stuck_messages()}
+        stuck = {s.id: s for s in databases.stuck_messages()}
         _stuck_now.set(stuck)
         return super().get_queryset(request).filter(pk__in=list(stuck))
 

@@ -213,7 +213,8 @@ class _WakeState:
 
     def __init__(self) -> None:
         self.quiet_since: dict[tuple[str, str], float] = {}
-        self.disabled = False
+        #: Aliases where this user may not KILL: wake-ups are off there only.
+        self.disabled: set[str] = set()
 
 
 _wake_state = _WakeState()
@@ -233,7 +234,7 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
     alias = alias or default_alias()
     state = _wake_state
     conf = get_settings()
-    if state.disabled or not conf.WAKEUP:
+    if alias in state.disabled or not conf.WAKEUP:
         return 0
     now = time.monotonic()
     new_messages = Counter(queues)
@@ -277,12 +278,13 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
                 except OperationalError as exc:
                     if error_code(exc) == 1094:  # that worker is gone already
                         continue
-                    state.disabled = True
+                    state.disabled.add(alias)
                     logger.warning(
-                        "Can't wake idle workers (%s): this database user may not KILL "
-                        "their queries. Workers fall back to polling; give the user the "
+                        "Can't wake idle workers on database %s (%s): this database user "
+                        "may not KILL their queries. Its workers fall back to polling (the "
+                        "other databases' keep their wake-ups); give the user the "
                         "CONNECTION ADMIN privilege, run workers as the same user, or set "
-                        "MYSQLQ['WAKEUP'] = False.", exc)
+                        "MYSQLQ['WAKEUP'] = False.", alias, exc)
                     return len(woken)
                 woken.add(worker_id)
                 wanted -= 1

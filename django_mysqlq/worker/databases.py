@@ -20,6 +20,7 @@ from types import FrameType
 from ..exceptions import WorkerCannotRun
 from ..routing import group_by_alias
 from . import draining
+from .budget import TaskBudget
 from .loop import Worker
 from .options import WorkerOptions
 
@@ -39,7 +40,8 @@ class Workers:
     """The workers of one process, one per database alias of its queues."""
 
     def __init__(self, options: WorkerOptions) -> None:
-        self.workers = [Worker(each) for each in split(options)]
+        budget = TaskBudget(options.max_tasks)  # --max-tasks is the process's
+        self.workers = [Worker(each, budget) for each in split(options)]
         self._statuses: dict[int, int] = {}
         self._cannot_run: list[WorkerCannotRun] = []
         self._signals = 0

@@ -26,6 +26,7 @@ from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
 from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
+from .budget import TaskBudget
 from .gate import SoloGate
 from .holdings import Holdings
 from .options import WorkerOptions
@@ -89,8 +90,10 @@ class Due:
 class Worker:
     """Runs tasks from the given queues until stopped (or drained, in burst mode)."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, budget: TaskBudget | None = None) -> None:
         self.options = options
+        #: ``--max-tasks``: the process's, shared with the workers of its other databases.
+        self.budget = budget or TaskBudget(options.max_tasks)
         self.settings = get_settings()
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -105,7 +108,6 @@ class Worker:
                                  clock=broker.database_now)
         self.gate = SoloGate(self.stop_request.event)
         self.threads: list[threading.Thread] = []
-        self._claimed_total = 0
         self._due = Due.starting_now(self.settings)
         self._poll = IDLE_BACKOFF_START
         self._park = PARK_START
@@ -366,25 +368,30 @@ class Worker:
             return 0
         room = max(options.concurrency, options.claim_batch) - in_flight
         wanted = min(options.claim_batch, room)
-        if options.max_tasks is not None:
-            wanted = min(wanted, options.max_tasks - self._claimed_total)
         if wanted <= 0 or not self._active:
             return 0
-        messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
-        if self._rated and len(messages) < wanted:
-            messages += broker.claim_throttled(self._active, wanted - len(messages), self.id,
-                                               self.settings.LEASE_SECONDS,
-                                               idle=in_flight == 0 and not messages)
+        wanted = self.budget.reserve(wanted)
+        if wanted <= 0:
+            return 0
+        try:
+            messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+            if self._rated and len(messages) < wanted:
+                messages += broker.claim_throttled(self._active, wanted - len(messages),
+                                                   self.id, self.settings.LEASE_SECONDS,
+                                                   idle=in_flight == 0 and not messages)
+        except BaseException:
+            self.budget.give_back(wanted)
+            raise
+        self.budget.give_back(wanted - len(messages))
         if messages:
             self.holdings.add(messages)
-            self._claimed_total += len(messages)
         return len(messages)
 
     def _finished(self, claimed: int) -> bool:
         """Whether a burst or max-tasks worker has nothing left to do."""
         if self.holdings.in_flight > 0 or claimed:
             return False
-        if self.options.max_tasks is not None and self._claimed_total >= self.options.max_tasks:
+        if self.budget.spent:
             logger.info("Worker %s reached --max-tasks %d.", self.id, self.options.max_tasks)
             return True
         if self.options.burst:
