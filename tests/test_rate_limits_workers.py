@@ -95,10 +95,13 @@ def test_100_a_minute_holds_across_2_processes_x_4_threads_with_a_kill_9(start_w
     spacing = gaps(times)
     # 100/m is one start per 0.6 s, taken at claim time on the database clock; a start is
     # written some milliseconds after its claim (measured: up to ~30 ms on a loaded
-    # 2-core host), by a thread that may start late. Without the limit the gaps are ~0.
-    assert min(spacing) > 0.45, spacing
+    # 2-core host, more when CI's whole suite shares the cores), by a thread that may
+    # start late, so the next gap looks short. Without the limit the gaps are ~0 and all
+    # 30 start within a second.
+    assert min(spacing) > 0.2, spacing
+    assert sum(gap < 0.45 for gap in spacing) <= 2, spacing
     assert most_in_window(times, 60.0) <= 100
-    assert most_in_window(times, 6.0) <= 11   # 10 per 6 s, +1 for the start's jitter
+    assert most_in_window(times, 6.0) <= 12   # 10 per 6 s, +2 for the starts' jitter
     mean = sum(spacing) / len(spacing)
     print(f"\n100/m over {len(times)} starts: min gap {min(spacing):.3f}s, mean "
           f"{mean:.3f}s, most in 6 s {most_in_window(times, 6.0)}; the 40 plain ones all "
@@ -124,8 +127,11 @@ def test_each_key_has_its_own_limit_and_keys_run_side_by_side(start_worker, isol
     for key, found in by_key.items():
         times = [at for at, _ in found]
         assert [seq for _, seq in found] == list(range(20))  # enqueue order within a key
-        assert min(gaps(times)) > 0.07, gaps(times)           # 10/s: one per 0.1 s
-        assert most_in_window(times, 1.0) <= 11
+        # 10/s: one claim per 0.1 s; a start late by its thread shortens the next gap
+        # (without the limit 8 threads start a key's messages together: gaps ~0).
+        assert min(gaps(times)) > 0.02, gaps(times)
+        assert sum(gap < 0.07 for gap in gaps(times)) <= 2, gaps(times)
+        assert most_in_window(times, 1.0) <= 12
         spans[key] = (times[0], times[-1])
     # side by side: each key took ~1.9 s, and the two overlapped (not 3.8 s in a row)
     overlap = min(spans["a"][1], spans["b"][1]) - max(spans["a"][0], spans["b"][0])
