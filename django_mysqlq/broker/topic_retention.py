@@ -145,8 +145,12 @@ def archivable_offsets(topic: str, before: dt.datetime,
     return None if rows == 0 else (first, last, rows)
 
 
+#: ``{(day "YYYY-MM-DD", topic): (rows, sum of ids, first id, last id)}``
+TopicStats = dict[tuple[str, str], tuple[int, int, int, int]]
+
+
 def topic_partition_stats(topic: str, low: int, high: int,
-                          alias: str | None = None) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+                          alias: str | None = None) -> TopicStats:
     """Per ``(day, topic)``: rows, sum, first and last id of ``topic``'s messages with
     ``low <= offset < high`` (what an archive batch over that range must have written)."""
     with connection_for(alias or default_alias()).cursor() as cursor:

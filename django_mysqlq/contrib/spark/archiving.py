@@ -24,9 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ...broker import archive as statements
-from ...broker import database_now
+from ...broker import database_now, topic_retention
 from ...broker import pipeline as reads
-from ...broker import topic_retention
 from . import batches
 from .batches import Batch, BatchMismatch, Control, Recovered
 from .database import Database, database

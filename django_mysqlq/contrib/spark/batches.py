@@ -98,7 +98,8 @@ class Control:
 #: write takes about a third less CPU (1M history rows: 10 -> 7 CPU seconds), and its
 #: files are no bigger (docs/performance.md).
 NO_DICTIONARY = ("id", "message_id", "enqueued_at", "started_at", "finished_at", "died_at",
-                 "offset", "published_at", "sequenced_at", "payload", "error_message", "result", "traceback", "last_error")
+                 "offset", "published_at", "sequenced_at", "payload", "error_message",
+                 "result", "traceback", "last_error")
 
 
 def stage(control: Control, batch: Batch, rows: DataFrame) -> bool:
@@ -192,7 +193,8 @@ def verify(control: Control, batch: Batch, alias: str) -> Written:
         differing = sorted(set(written.stats.items()) ^ set(source.items()))[:4]
         raise BatchMismatch(
             f"Archive batch {batch.name}: the Parquet files written and the database "
-            f"disagree on {differing} (day, queue or topic, (rows, sum of ids, first id, last id)). "
+            f"disagree on {differing} (day, queue or topic, (rows, sum of ids, first id, "
+            "last id)). "
             "The source changed during the batch (a purge, or a row committed late).")
     checkpoint("verified")
     return written

@@ -3,9 +3,9 @@
 ``<root>/history/day=YYYY-MM-DD/queue=<name>/part-<batch>-NNNNN.parquet`` holds archived
 history rows (one Parquet dataset: ``spark.read.parquet("<root>/history")`` reads it),
 ``<root>/dead/…`` dead messages (``--include-dead``),
-``<root>/topics/day=YYYY-MM-DD/topic=<name>/…`` topic messages (``--source topics``), and ``<root>/_mysqlq/`` the
-archive's own bookkeeping (staged batches and their commit records), hidden from
-readers by its leading underscore.
+``<root>/topics/day=YYYY-MM-DD/topic=<name>/…`` topic messages (``--source topics``),
+and ``<root>/_mysqlq/`` the archive's own bookkeeping (staged batches and their commit
+records), hidden from readers by its leading underscore.
 """
 
 from __future__ import annotations

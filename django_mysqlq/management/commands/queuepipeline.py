@@ -64,7 +64,8 @@ class Command(BaseCommand):
                             help="A Spark setting, repeatable: --conf spark.executor.memory=4g")
         shared.add_argument("--database", default=None, metavar="ALIAS",
                             help="The DATABASES alias to read and write (default: the "
-                                 "queue's, MYSQLQ['DATABASE'])")
+                                 "queue's own: MYSQLQ['QUEUES'][q]['DATABASE'], a router, "
+                                 "else MYSQLQ['DATABASE'])")
         shared.add_argument("--max-connections", type=_count(1, 1000), default=None,
                             help="Most database connections at once (default "
                                  "MYSQLQ['SPARK_MAX_CONNECTIONS'])")
@@ -80,6 +81,9 @@ class Command(BaseCommand):
         report.add_argument("--task", type=cli._csv, default=[], help="Only these tasks")
         report.add_argument("--archive", metavar="PATH",
                             help="Also read the Parquet archive written by archive --to PATH")
+        report.add_argument("--all-databases", action="store_true",
+                            help="Report the live history of every database that holds "
+                                 "queues together (summary.json: by_database)")
         report.add_argument("--output", required=True, metavar="DIR",
                             help="Where summary.json, report.html and the datasets go")
 
@@ -177,10 +181,15 @@ class Command(BaseCommand):
                                  until=options["until"], queues=options["queue"],
                                  tasks=options["task"], archive=options["archive"],
                                  partition_rows=options["partition_rows"],
+                                 all_databases=options["all_databases"],
                                  **self._common(options))
         self.stdout.write(result.text)
         self.stdout.write(f"Wrote {options['output']}: summary.json, report.html and the "
                           f"datasets {', '.join(result.summary['datasets'])}.")
+        if options["all_databases"]:
+            for row in result.summary["by_database"]:
+                self.stdout.write(f"  database {row['database']}: {row['attempts']} "
+                                  f"attempt(s), {row['failed']} failed")
 
     def _archive(self, session: Any, options: dict[str, Any]) -> None:
         result = pipeline.archive(
