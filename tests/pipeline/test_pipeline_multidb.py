@@ -87,3 +87,14 @@ def test_enqueue_to_a_queue_on_the_second_server_writes_there(spark):
         enqueue(frame, "tests.testapp.tasks.record", args=["label"], queue=QUEUE_B,
                 database_alias="default")
     assert _count(B, "mysqlq_message") == 30
+
+
+def test_an_archive_root_serves_one_database(spark, tmp_path: Path):
+    """Ids of two databases overlap: a root archived from one is refused for the other
+    (a run there would finish, and delete, the first one's batches)."""
+    from django_mysqlq.contrib.spark import PipelineError, archive
+
+    archive(spark, str(tmp_path), dt.timedelta(days=1))
+    with pytest.raises(PipelineError, match="give each database its own --to"):
+        archive(spark, str(tmp_path), dt.timedelta(days=1), database_alias=B)
+    archive(spark, str(tmp_path / "b"), dt.timedelta(days=1), database_alias=B)

@@ -88,6 +88,18 @@ class Control:
         done = {name[:-5] for name in names if name.endswith(".done")}
         return {name[:-5]: name[:-5] in done for name in names if name.endswith(".json")}
 
+    def claim_database(self, identity: str) -> None:
+        """Tie this archive root to one database (ids of two databases overlap: a run on
+        one must never finish, and delete, a batch of the other's); refuse another."""
+        path = join(self.root, CONTROL, "database")
+        if self.store.exists(path):
+            owner = self.store.read_text(path).strip()
+            if owner != identity:
+                raise PipelineError(f"The archive at {self.root} holds the database {owner}, "
+                                    f"not {identity}: give each database its own --to.")
+            return
+        self.store.write_text(path, identity + "\n")
+
     def read_record(self, name: str) -> dict[str, Any]:
         record: dict[str, Any] = json.loads(self.store.read_text(self.record_path(name)))
         return record
