@@ -16,7 +16,7 @@ from typing import Any
 
 from .base import connection_for, default_alias, in_transaction, naive_utc
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
-from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from .topics import LAST_OFFSET_SQL, OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_NAMES_SQL = f"SELECT name FROM {TOPIC_TABLE} ORDER BY name"
 FIRST_OFFSET_SQL = f"SELECT first_offset FROM {TOPIC_TABLE} WHERE name = %s"
@@ -97,7 +97,6 @@ def _delete_links(topic: str, below: int, limit: int, alias: str) -> None:
 # would delete with ``wait_for_groups``: a prefix of the kept offsets, each published
 # before the cut-off and at or below every group's position, and deletes it the same way.
 
-LAST_OFFSET_SQL = f"SELECT last_offset FROM {TOPIC_TABLE} WHERE name = %s"
 #: The first offset in a range published at or after the cut-off: the prefix ends before.
 FIRST_TOO_NEW_SQL = (f"SELECT MIN(msg_offset) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                      f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s "
