@@ -13,7 +13,7 @@ from django.db import connection, connections, transaction
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic, broker
 from django_mysqlq.exceptions import InvalidTaskOptions
-from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage
+from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,10 +111,16 @@ def test_an_open_publisher_is_never_skipped_by_a_later_commit() -> None:
     assert [row[2] for row in broker.read_after("race", 1, 10)] == ['"early"']
 
 
-def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_order() -> None:
+@pytest.mark.parametrize("sequencers", [0, 3])
+def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_order(
+        sequencers: int) -> None:
     """4 publishers with transactions of random length and a rolled-back one now and then,
     a sequencer and a reader running all along: the reader, always reading after the last
-    offset it saw, gets every committed message exactly once, offsets dense 1..N."""
+    offset it saw, gets every committed message exactly once, offsets dense 1..N.
+
+    With ``sequencers``, the reader and that many more threads race with the workers'
+    ``try_sequence`` (the topic's row ``SKIP LOCKED``, the look for unsequenced rows
+    first), as four groups' members do: the offsets stay dense and in commit order."""
     rng = random.Random(7)
     plans = [[(rng.random() < 0.1, rng.uniform(0, 0.01), rng.randint(1, 3))
               for _ in range(40)] for _ in range(4)]
@@ -140,13 +146,29 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
             connections.close_all()
 
     seen: list[tuple[int, str]] = []
+    skipped: list[int] = []
+
+    def sequence() -> None:
+        if not sequencers:
+            broker.sequence("busy", batch=7)
+        elif broker.try_sequence("busy", batch=7) is None:
+            skipped.append(1)
+
+    def racer() -> None:
+        try:
+            while not stop.is_set():
+                sequence()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connections.close_all()
 
     def reader() -> None:
         try:
             position = 0
             while True:
                 finished = stop.is_set()
-                broker.sequence("busy", batch=7)
+                sequence()
                 rows = broker.read_after("busy", position, 50)
                 for offset, _, text, _ in rows:
                     seen.append((offset, text.strip('"')))
@@ -158,22 +180,79 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
         finally:
             connections.close_all()
 
+    if sequencers:
+        broker.sequence("busy")  # the topic's row, as a worker's start makes it
     threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+    racers = [threading.Thread(target=racer) for _ in range(sequencers)]
     reading = threading.Thread(target=reader)
     reading.start()
-    for thread in threads:
+    for thread in threads + racers:
         thread.start()
     for thread in threads:
         thread.join()
     stop.set()
+    for thread in racers:
+        thread.join(60)
     reading.join(60)
     assert not errors
+    assert bool(skipped) == bool(sequencers)  # (hundreds of busy rounds, measured)
     assert [offset for offset, _ in seen] == list(range(1, len(committed) + 1))
     assert sorted(text for _, text in seen) == sorted(committed)
     # One publisher's messages keep its order.
     for number in range(4):
         mine = [text for _, text in seen if text.startswith(f"p{number}-")]
         assert mine == [text for text in committed if text.startswith(f"p{number}-")]
+
+
+def test_try_sequence_looks_first_and_never_waits_for_the_topic_row() -> None:
+    """The members' sequencing: 0 without a transaction when nothing lacks an offset,
+    None at once while another round holds the topic's row, and the topic's row made
+    when there is none yet."""
+    topic = Topic("skipping")
+    topic.publish("first")
+    assert broker.try_sequence("skipping") == 1  # no row yet: the waiting round made it
+    assert broker.try_sequence("skipping") == 0
+    topic.publish_many(["a", "b"])
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            TopicState.objects.select_for_update().get(name="skipping")
+            locked.set()
+            release.wait(20)
+        connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(20)
+    started = time.monotonic()
+    assert broker.try_sequence("skipping") is None  # busy: not waited for
+    assert time.monotonic() - started < 1
+    assert broker.last_offset("skipping") == 1
+    release.set()
+    thread.join()
+    assert broker.try_sequence("skipping") == 2
+    assert sorted(offsets("skipping").values()) == [1, 2, 3]
+
+
+def test_a_draining_pump_waits_for_room_for_half_a_batch() -> None:
+    """``least``: while deliveries wait, the pump waits until there is room for that
+    many, then fills it in one go; an empty queue is always filled. pump_group says
+    whether the group was behind its topic's last offset."""
+    topic = Topic("halves")
+    group = spec("halves", "drain")
+    broker.create_group(group)
+    topic.publish_many(list(range(10)))
+    broker.sequence("halves")
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True)  # room 6
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, True)  # room 2
+    first = Message.objects.filter(queue="group:drain").order_by("id")[:5]
+    Message.objects.filter(pk__in=[m.pk for m in first]).delete()
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (2, True)
+    assert broker.position("halves", "drain") == 10
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, False)
+    assert broker.pump_group(spec("halves", "nobody"), batch=4, window=10) == (0, False)
 
 
 def test_the_pump_makes_one_delivery_per_group_and_moves_the_position() -> None:

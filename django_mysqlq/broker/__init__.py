@@ -60,7 +60,15 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
-from .deliveries import GroupSpec, create_group, dead_deliveries, position, pump, requeue_dead
+from .deliveries import (
+    GroupSpec,
+    create_group,
+    dead_deliveries,
+    position,
+    pump,
+    pump_group,
+    requeue_dead,
+)
 from .enqueue import enqueue
 from .held import (
     Holder,
@@ -144,7 +152,7 @@ from .topic_ops import (
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
-from .topics import last_offset, publish, read_after, sequence
+from .topics import last_offset, publish, read_after, sequence, try_sequence
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -244,6 +252,7 @@ __all__ = [
     "prune_topic_batch",
     "publish",
     "pump",
+    "pump_group",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_lag",
@@ -283,6 +292,7 @@ __all__ = [
     "topic_volumes",
     "trace",
     "transaction_left_open",
+    "try_sequence",
     "unchanged_since",
     "unserved_from",
     "unserved_queues",

@@ -54,6 +54,15 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: Ready deliveries waiting in the group's queue, counted up to the window.
 WINDOW_SQL = (f"SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
               " WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting")
+#: The pump's look before its transaction (autocommit, no lock): whether the group is
+#: behind its topic's last offset, and its ready deliveries counted up to the window.
+#: Most looks of a busy member end here, one statement instead of a transaction.
+LOOK_SQL = (
+    f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
+    f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting)"
+    f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
+    " WHERE g.topic = %s AND g.group_name = %s"
+)
 #: The next sequenced messages after the group's position.
 NEXT_MESSAGES_SQL = (
     f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
@@ -113,7 +122,8 @@ def _payload(value: str, offset: int, key: str | None, published_at: dt.datetime
     return f'{{"args":[{value}],"kwargs":{meta}}}'
 
 
-def _delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
+def delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
+    """The delivery of one topic row ``(offset, key, payload JSON, published_at)``."""
     offset, key, value, published_at = int(row[0]), row[1], str(row[2]), row[3]
     return NewMessage(
         task_name=spec.task_name, queue=spec.queue, priority=0,
@@ -127,10 +137,32 @@ def _delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
     )
 
 
-def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> int:
+def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
+         least: int = 1) -> int:
     """Turn up to ``batch`` messages after the group's position into deliveries; return
-    how many. Nothing when another member is pumping, or ``window`` deliveries wait."""
+    how many. Nothing when another member is pumping, or ``window`` deliveries wait, or
+    deliveries wait and there is room for fewer than ``least`` more (a draining member
+    then pumps one big batch now and then, not a few rows every round)."""
+    return pump_group(spec, batch, window, alias, least)[0]
+
+
+def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
+               least: int = 1) -> tuple[int, bool]:
+    """:func:`pump`, and whether the group was behind its topic's last offset (False: it
+    has pumped every sequenced message; only sequencing can give it more)."""
     alias = alias or default_alias()
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
+        look = cursor.fetchone()
+    if look is None or not look[0]:
+        return 0, False  # no such group, or nothing new sequenced
+    waiting = int(look[1])
+    if waiting >= window or (waiting and window - waiting < least):
+        return 0, True
+    return _pump(spec, batch, window, alias), True
+
+
+def _pump(spec: GroupSpec, batch: int, window: int, alias: str) -> int:
 
     def body(cursor: Any) -> tuple[int, list[str]]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
@@ -146,7 +178,7 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> 
         rows = cursor.fetchall()
         if not rows:
             return 0, []
-        messages = [_delivery(spec, found) for found in rows]
+        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids = insert_rows(alias, messages, statuses)
         params: list[Any] = []

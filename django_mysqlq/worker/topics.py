@@ -2,9 +2,11 @@
 
 Members of a group are the workers whose queues include ``group:<group>`` (``--groups``,
 or every known queue by default). The control loop calls :meth:`TopicDuty.pump` before
-it claims: the topics get their offsets (``broker.sequence``), then each group's next
-messages become deliveries in its queue (``broker.pump``), which the claim then takes
-like any message. Broadcast subscriptions run in a thread of every worker process.
+it claims: the topics get their offsets (``broker.try_sequence``: only when a committed
+message lacks one, and never waiting for another member's round), then each group's next
+messages become deliveries in its queue (``broker.pump``: only when the group is behind,
+and in batches of at least half the window once deliveries wait), which the claim then
+takes like any message. Broadcast subscriptions run in a thread of every worker process.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class TopicDuty:
         self.settings = settings
         self.stop = stop
         self._last_pump = 0.0
+        #: Another member held a topic's sequencing lock at the last pump: its commit
+        #: wakes nobody here, so the worker looks again shortly instead of parking.
+        self.sequencer_busy = False
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -77,11 +82,36 @@ class TopicDuty:
         if not force and now - self._last_pump < PUMP_SECONDS:
             return 0
         self._last_pump = now
-        for topic in self.topics:
-            broker.sequence(topic)
         conf = self.settings
-        return sum(broker.pump(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW)
-                   for spec in self.specs)
+        least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
+
+        def pump(spec: broker.GroupSpec) -> tuple[int, bool]:
+            return broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
+                                     least=least)
+
+        made = 0
+        caught_up: list[broker.GroupSpec] = []
+        for spec in self.specs:
+            count, behind = pump(spec)
+            made += count
+            if not behind:
+                caught_up.append(spec)
+        # Sequencing only for a group that has pumped every sequenced message: a group
+        # still behind has work without it (the look for unsequenced rows walks the
+        # offset index's NULL end, slow while purge lags behind the stamping).
+        busy = False
+        for topic in sorted({spec.topic for spec in caught_up}):
+            stamped = broker.try_sequence(topic)
+            busy = busy or stamped is None
+            if stamped:
+                made += sum(pump(spec)[0] for spec in caught_up if spec.topic == topic)
+        self.sequencer_busy = busy
+        return made
+
+    def woken(self) -> None:
+        """A wake-up came (a publish, or another member's pump): the next pump runs at
+        once, not after the rest of the pause between two pumps."""
+        self._last_pump = 0.0
 
 
 class BroadcastReader(threading.Thread):
