@@ -118,9 +118,10 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
     a sequencer and a reader running all along: the reader, always reading after the last
     offset it saw, gets every committed message exactly once, offsets dense 1..N.
 
-    With ``sequencers``, the reader and that many more threads race with the workers'
-    ``try_sequence`` (the topic's row ``SKIP LOCKED``, the look for unsequenced rows
-    first), as four groups' members do: the offsets stay dense and in commit order."""
+    With ``sequencers``, the reader and that many more threads race with the members'
+    ways (the topic's row ``SKIP LOCKED``, the look for unsequenced rows first):
+    ``try_sequence``, and groups' pumps that sequence in their own transaction, as four
+    groups' members do: the offsets stay dense and in commit order."""
     rng = random.Random(7)
     plans = [[(rng.random() < 0.1, rng.uniform(0, 0.01), rng.randint(1, 3))
               for _ in range(40)] for _ in range(4)]
@@ -154,10 +155,14 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
         elif broker.try_sequence("busy", batch=7) is None:
             skipped.append(1)
 
-    def racer() -> None:
+    def racer(number: int) -> None:
         try:
+            group = spec("busy", f"racer{number}", start="earliest")
             while not stop.is_set():
-                sequence()
+                if number % 2:
+                    sequence()
+                elif broker.pump_group(group, batch=50, window=10**6, sequence=True).busy:
+                    skipped.append(1)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -182,8 +187,10 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
 
     if sequencers:
         broker.sequence("busy")  # the topic's row, as a worker's start makes it
+        for number in range(sequencers):
+            broker.create_group(spec("busy", f"racer{number}", start="earliest"))
     threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
-    racers = [threading.Thread(target=racer) for _ in range(sequencers)]
+    racers = [threading.Thread(target=racer, args=(n,)) for n in range(sequencers)]
     reading = threading.Thread(target=reader)
     reading.start()
     for thread in threads + racers:
@@ -196,6 +203,10 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
     reading.join(60)
     assert not errors
     assert bool(skipped) == bool(sequencers)  # (hundreds of busy rounds, measured)
+    for number in range(0, sequencers, 2):  # the groups that sequenced in their pumps
+        pumped = sorted(TopicDelivery.objects.filter(
+            topic="busy", group_name=f"racer{number}").values_list("offset", flat=True))
+        assert pumped and pumped == list(range(1, len(pumped) + 1))
     assert [offset for offset, _ in seen] == list(range(1, len(committed) + 1))
     assert sorted(text for _, text in seen) == sorted(committed)
     # One publisher's messages keep its order.
@@ -244,15 +255,58 @@ def test_a_draining_pump_waits_for_room_for_half_a_batch() -> None:
     broker.create_group(group)
     topic.publish_many(list(range(10)))
     broker.sequence("halves")
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True)
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True)  # room 6
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, True)  # room 2
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)  # room 6
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, True, False)  # room 2
     first = Message.objects.filter(queue="group:drain").order_by("id")[:5]
     Message.objects.filter(pk__in=[m.pk for m in first]).delete()
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (2, True)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (2, True, False)
     assert broker.position("halves", "drain") == 10
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, False)
-    assert broker.pump_group(spec("halves", "nobody"), batch=4, window=10) == (0, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, False, False)
+    assert broker.pump_group(spec("halves", "nobody"), batch=4, window=10) == (0, False, False)
+
+
+def test_a_caught_up_group_sequences_and_pumps_in_one_transaction() -> None:
+    """pump_group(sequence=True): a group with every sequenced message stamps the new
+    ones and pumps them at once; while another round holds the topic's row it says busy
+    (without waiting) and makes nothing; a group still behind never sequences."""
+    topic = Topic("oneshot")
+    first, second = spec("oneshot", "first"), spec("oneshot", "second")
+    broker.sequence("oneshot")
+    broker.create_group(first)
+    broker.create_group(second)
+    topic.publish_many(["a", "b", "c"])
+    assert broker.pump_group(first, batch=10, window=10) == (0, False, False)  # not asked
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (3, False, False)
+    assert broker.last_offset("oneshot") == 3 and broker.position("oneshot", "first") == 3
+    topic.publish("d")
+    # "second" is behind (offsets 1-3): it pumps those and leaves "d" unsequenced.
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (3, True, False)
+    assert broker.last_offset("oneshot") == 3
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            TopicState.objects.select_for_update().get(name="oneshot")
+            locked.set()
+            release.wait(20)
+        connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(20)
+    started = time.monotonic()
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (0, False, True)
+    assert time.monotonic() - started < 1
+    assert broker.position("oneshot", "first") == 3  # rolled back with nothing done
+    release.set()
+    thread.join()
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (1, False, False)
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (1, True, False)
+    assert sorted(TopicDelivery.objects.filter(topic="oneshot").values_list(
+        "group_name", "offset")) == [("first", 1), ("first", 2), ("first", 3), ("first", 4),
+                                     ("second", 1), ("second", 2), ("second", 3),
+                                     ("second", 4)]
 
 
 def test_the_pump_makes_one_delivery_per_group_and_moves_the_position() -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError
 
@@ -33,7 +33,13 @@ from .base import (
 from .enqueue import gate_statuses, insert_rows
 from .operate import Operator, requeue
 from .park import wake
-from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from .topics import (
+    OFFSET_INDEX,
+    SEQUENCE_BATCH,
+    TOPIC_MESSAGE_TABLE,
+    TOPIC_TABLE,
+    sequence_round,
+)
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
@@ -55,11 +61,15 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 WINDOW_SQL = (f"SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
               " WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
-#: behind its topic's last offset, and its ready deliveries counted up to the window.
+#: behind its topic's last offset, its ready deliveries counted up to the window, and
+#: (only when it is not behind: the look walks the offset index's NULL end, slow while
+#: purge lags behind the stamping) whether committed messages lack an offset.
 #: Most looks of a busy member end here, one statement instead of a transaction.
 LOOK_SQL = (
     f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
-    f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting)"
+    f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
+    f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
+    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL)"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -143,26 +153,48 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
     how many. Nothing when another member is pumping, or ``window`` deliveries wait, or
     deliveries wait and there is room for fewer than ``least`` more (a draining member
     then pumps one big batch now and then, not a few rows every round)."""
-    return pump_group(spec, batch, window, alias, least)[0]
+    return pump_group(spec, batch, window, alias, least).made
+
+
+class Pumped(NamedTuple):
+    """What :func:`pump_group` did."""
+
+    #: Deliveries made.
+    made: int
+    #: The group was behind its topic's last offset (False: it had every sequenced
+    #: message; only sequencing gives it more).
+    behind: bool
+    #: Another caller held the topic's sequencing lock: look again shortly (its commit
+    #: wakes nobody).
+    busy: bool = False
 
 
 def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
-               least: int = 1) -> tuple[int, bool]:
-    """:func:`pump`, and whether the group was behind its topic's last offset (False: it
-    has pumped every sequenced message; only sequencing can give it more)."""
+               least: int = 1, sequence: bool = False) -> Pumped:
+    """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
+    is not behind while committed messages of its topic lack an offset stamps them and
+    pumps them in one transaction (the group's row, then the topic's, both ``SKIP
+    LOCKED``: one fsync and no wait on the way from a publish to its delivery)."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
         look = cursor.fetchone()
-    if look is None or not look[0]:
-        return 0, False  # no such group, or nothing new sequenced
-    waiting = int(look[1])
+    if look is None:
+        return Pumped(0, False)  # no such group
+    behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
     if waiting >= window or (waiting and window - waiting < least):
-        return 0, True
-    return _pump(spec, batch, window, alias), True
+        return Pumped(0, behind)
+    if behind:
+        return Pumped(_pump(spec, batch, window, alias), True)
+    if not (sequence and unsequenced):
+        return Pumped(0, False)
+    made = _pump(spec, batch, window, alias, sequence_first=True)
+    return Pumped(max(made, 0), False, busy=made < 0)
 
 
-def _pump(spec: GroupSpec, batch: int, window: int, alias: str) -> int:
+def _pump(spec: GroupSpec, batch: int, window: int, alias: str,
+          sequence_first: bool = False) -> int:
+    """The pump's transaction; -1 when ``sequence_first`` found the topic's row held."""
 
     def body(cursor: Any) -> tuple[int, list[str]]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
@@ -170,6 +202,12 @@ def _pump(spec: GroupSpec, batch: int, window: int, alias: str) -> int:
         if row is None:
             return 0, []
         group_id, current = int(row[0]), int(row[1])
+        if sequence_first:
+            # The sequencer's own round (topic row, then its consistent read): the
+            # offsets it gives stay a gap-free prefix; this transaction sees its stamps.
+            stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
+            if stamped is None:
+                return -1, []
         cursor.execute(WINDOW_SQL, [spec.queue, window])
         room = window - int(cursor.fetchone()[0])
         if room <= 0:
@@ -192,7 +230,7 @@ def _pump(spec: GroupSpec, batch: int, window: int, alias: str) -> int:
         return len(rows), ready
 
     pumped, queues = in_transaction(alias, body)
-    if pumped:
+    if pumped > 0:
         try:
             wake(queues, alias)
         except DatabaseError as exc:  # the deliveries are committed; members poll them

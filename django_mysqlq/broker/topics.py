@@ -126,7 +126,7 @@ def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None) 
     alias = alias or default_alias()
     total = 0
     while True:
-        stamped = in_transaction(alias, lambda cursor: _sequence_round(cursor, topic, batch))
+        stamped = in_transaction(alias, lambda cursor: sequence_round(cursor, topic, batch))
         assert stamped is not None  # (a waiting round always gets the row)
         total += stamped
         if stamped < batch:
@@ -146,7 +146,7 @@ def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = No
     total = 0
     while True:
         stamped = in_transaction(
-            alias, lambda cursor: _sequence_round(cursor, topic, batch, skip_locked=True))
+            alias, lambda cursor: sequence_round(cursor, topic, batch, skip_locked=True))
         if stamped is None:
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(TOPIC_EXISTS_SQL, [topic])
@@ -158,8 +158,10 @@ def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = No
             return total
 
 
-def _sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = False
-                    ) -> int | None:
+def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = False
+                   ) -> int | None:
+    """One sequencing round in the caller's open transaction: how many were stamped, or
+    None when ``skip_locked`` found the topic's row held (or missing)."""
     cursor.execute(LOCK_TOPIC_SKIP_SQL if skip_locked else LOCK_TOPIC_SQL, [topic])
     row = cursor.fetchone()
     if row is None and skip_locked:

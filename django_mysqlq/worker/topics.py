@@ -2,11 +2,12 @@
 
 Members of a group are the workers whose queues include ``group:<group>`` (``--groups``,
 or every known queue by default). The control loop calls :meth:`TopicDuty.pump` before
-it claims: the topics get their offsets (``broker.try_sequence``: only when a committed
-message lacks one, and never waiting for another member's round), then each group's next
-messages become deliveries in its queue (``broker.pump``: only when the group is behind,
-and in batches of at least half the window once deliveries wait), which the claim then
-takes like any message. Broadcast subscriptions run in a thread of every worker process.
+it claims: each group's next messages become deliveries in its queue
+(``broker.pump_group``: a look first, then a transaction only when the group is behind,
+in batches of at least half the window once deliveries wait; a group that has every
+sequenced message gives its topic's new ones their offsets in the same transaction,
+never waiting for another member's round), which the claim then takes like any message.
+Broadcast subscriptions run in a thread of every worker process.
 """
 
 from __future__ import annotations
@@ -84,27 +85,14 @@ class TopicDuty:
         self._last_pump = now
         conf = self.settings
         least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
-
-        def pump(spec: broker.GroupSpec) -> tuple[int, bool]:
-            return broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
-                                     least=least)
-
-        made = 0
-        caught_up: list[broker.GroupSpec] = []
+        made, busy = 0, False
         for spec in self.specs:
-            count, behind = pump(spec)
-            made += count
-            if not behind:
-                caught_up.append(spec)
-        # Sequencing only for a group that has pumped every sequenced message: a group
-        # still behind has work without it (the look for unsequenced rows walks the
-        # offset index's NULL end, slow while purge lags behind the stamping).
-        busy = False
-        for topic in sorted({spec.topic for spec in caught_up}):
-            stamped = broker.try_sequence(topic)
-            busy = busy or stamped is None
-            if stamped:
-                made += sum(pump(spec)[0] for spec in caught_up if spec.topic == topic)
+            # A group that has every sequenced message sequences its topic's new ones in
+            # its pump's transaction; one still behind has work without them.
+            pumped = broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
+                                       least=least, sequence=True)
+            made += pumped.made
+            busy = busy or pumped.busy
         self.sequencer_busy = busy
         return made
 
@@ -154,7 +142,7 @@ class BroadcastReader(threading.Thread):
     def read_once(self) -> int:
         read = 0
         for topic, listeners in self.listeners.items():
-            broker.sequence(topic)
+            broker.try_sequence(topic)  # (held: a member is stamping; read what is there)
             rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH)
             for offset, key, text, published_at in rows:
                 self._handle(topic, listeners, offset, key, text, published_at)
