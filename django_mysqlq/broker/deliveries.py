@@ -57,9 +57,6 @@ CREATE_GROUP_SQL = (
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
-#: Ready deliveries waiting in the group's queue, counted up to the window.
-WINDOW_SQL = (f"SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
-              " WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its ready deliveries counted up to the window, and
 #: (only when it is not behind: the look walks the offset index's NULL end, slow while
@@ -170,11 +167,15 @@ class Pumped(NamedTuple):
 
 
 def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
-               least: int = 1, sequence: bool = False) -> Pumped:
+               least: int = 1, sequence: bool = False, keep: int = 0) -> Pumped:
     """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
     is not behind while committed messages of its topic lack an offset stamps them and
     pumps them in one transaction (the group's row, then the topic's, both ``SKIP
-    LOCKED``: one fsync and no wait on the way from a publish to its delivery)."""
+    LOCKED``: one fsync and no wait on the way from a publish to its delivery).
+
+    The window is the look's count: two members pumping one after the other off the same
+    look may pass it by one batch. ``keep``: deliveries the caller claims itself right
+    after (a member that pumped one message wakes no other member for it)."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
@@ -184,17 +185,19 @@ def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = Non
     behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
     if waiting >= window or (waiting and window - waiting < least):
         return Pumped(0, behind)
+    wanted = min(batch, window - waiting)
     if behind:
-        return Pumped(_pump(spec, batch, window, alias), True)
+        return Pumped(_pump(spec, wanted, alias, keep=keep), True)
     if not (sequence and unsequenced):
         return Pumped(0, False)
-    made = _pump(spec, batch, window, alias, sequence_first=True)
+    made = _pump(spec, wanted, alias, sequence_first=True, keep=keep)
     return Pumped(max(made, 0), False, busy=made < 0)
 
 
-def _pump(spec: GroupSpec, batch: int, window: int, alias: str,
-          sequence_first: bool = False) -> int:
-    """The pump's transaction; -1 when ``sequence_first`` found the topic's row held."""
+def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
+          keep: int = 0) -> int:
+    """The pump's transaction: up to ``wanted`` deliveries; -1 when ``sequence_first``
+    found the topic's row held."""
 
     def body(cursor: Any) -> tuple[int, list[str]]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
@@ -208,11 +211,7 @@ def _pump(spec: GroupSpec, batch: int, window: int, alias: str,
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
                 return -1, []
-        cursor.execute(WINDOW_SQL, [spec.queue, window])
-        room = window - int(cursor.fetchone()[0])
-        if room <= 0:
-            return 0, []
-        cursor.execute(NEXT_MESSAGES_SQL, [spec.topic, current, min(batch, room)])
+        cursor.execute(NEXT_MESSAGES_SQL, [spec.topic, current, wanted])
         rows = cursor.fetchall()
         if not rows:
             return 0, []
@@ -232,7 +231,8 @@ def _pump(spec: GroupSpec, batch: int, window: int, alias: str,
     pumped, queues = in_transaction(alias, body)
     if pumped > 0:
         try:
-            wake(queues, alias)
+            if queues[keep:]:
+                wake(queues[keep:], alias)
         except DatabaseError as exc:  # the deliveries are committed; members poll them
             logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)

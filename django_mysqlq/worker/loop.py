@@ -125,7 +125,8 @@ class Worker:
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
         import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
-        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
+        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings,
+                                keep=options.claim_batch)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""

@@ -49,11 +49,14 @@ class TopicDuty:
     """Pumps the groups this worker serves; runs its broadcast reader."""
 
     def __init__(self, queues: Sequence[str], stop: threading.Event,
-                 settings: QueueSettings) -> None:
+                 settings: QueueSettings, keep: int = 0) -> None:
         served = [s for s in subscriptions.groups() if s.queue in set(queues)]
         self.specs = [_spec(s) for s in served]
         self.topics = sorted({spec.topic for spec in self.specs})
         self.settings = settings
+        #: Deliveries a pump leaves to this worker's next claim (its claim batch) rather
+        #: than waking other members for them.
+        self.keep = keep
         self.stop = stop
         self._last_pump = 0.0
         #: Another member held a topic's sequencing lock at the last pump: its commit
@@ -90,7 +93,7 @@ class TopicDuty:
             # A group that has every sequenced message sequences its topic's new ones in
             # its pump's transaction; one still behind has work without them.
             pumped = broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
-                                       least=least, sequence=True)
+                                       least=least, sequence=True, keep=self.keep)
             made += pumped.made
             busy = busy or pumped.busy
         self.sequencer_busy = busy
