@@ -5,7 +5,10 @@ A delivery is an ordinary queue message (queue ``group:<group>``, task
 The pump takes the group's row lock (``SKIP LOCKED``: one member pumps at a time, the
 others go on claiming), reads the sequenced messages after the group's position, inserts
 them as deliveries with their ``mysqlq_topic_delivery`` links, and moves the position, all
-in one transaction: each offset becomes a delivery of each group exactly once.
+in one transaction: each offset becomes a delivery of each group exactly once. A look
+(one autocommit statement) comes first, so a round with nothing to do opens no
+transaction; a group that has every sequenced message may stamp its topic's new ones
+in that same transaction (``pump_group(sequence=True)``, see ``topics.py``).
 """
 
 from __future__ import annotations
