@@ -16,6 +16,7 @@ from django.db import DatabaseError, connections
 from django.db.utils import load_backend
 
 from .conf import QueueSettings, SettingsError, load_settings
+from .topicnames import GROUP_QUEUE_PREFIX
 
 
 def queue_vendor(alias: str) -> str:
@@ -66,6 +67,49 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
             hint="django-mysqlq keeps every time in UTC on the database clock; set USE_TZ = True.",
             id="django_mysqlq.E004"))
     return errors
+
+
+@register()
+def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
+                          **kwargs: Any) -> list[CheckMessage]:
+    """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``) exists and is
+    MySQL or MariaDB (E010, E011)."""
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []  # E001 reports it
+    errors: list[CheckMessage] = []
+    named = [(f"MYSQLQ['QUEUES'][{queue!r}]['DATABASE']", str(entry["DATABASE"]), "E010")
+             for queue, entry in conf.QUEUES.items() if entry.get("DATABASE")]
+    for alias, read in _read_aliases(conf.READ_DATABASE, conf.DATABASE).items():
+        named.append((f"MYSQLQ['READ_DATABASE'] (for {alias!r})", read, "E011"))
+    for where, alias, code in named:
+        if alias not in settings.DATABASES:
+            errors.append(Error(
+                f"{where} is {alias!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                id=f"django_mysqlq.{code}"))
+        elif queue_vendor(alias) != "mysql" and not conf.IMMEDIATE:
+            errors.append(Error(f"{where} is {alias!r}, which is not MySQL or MariaDB.",
+                                hint=NOT_MYSQL_HINT, id=f"django_mysqlq.{code}"))
+    for queue, entry in conf.QUEUES.items():
+        if queue.startswith(GROUP_QUEUE_PREFIX) and entry.get("DATABASE") \
+                and str(entry["DATABASE"]) != conf.DATABASE:
+            errors.append(Error(
+                f"The consumer group queue {queue!r} is placed on {entry['DATABASE']!r}; "
+                f"topics and their groups' queues live on MYSQLQ['DATABASE'] "
+                f"({conf.DATABASE!r}) only.",
+                hint="Remove its 'DATABASE' (topics on several databases are not supported; "
+                     "see docs/scaling.md).", id="django_mysqlq.E012"))
+    return errors
+
+
+def _read_aliases(read: object, default: str) -> dict[str, str]:
+    if isinstance(read, str):
+        return {default: read}
+    if isinstance(read, dict):
+        return {str(alias): str(replica) for alias, replica in read.items()}
+    return {}
 
 
 @register(Tags.database)

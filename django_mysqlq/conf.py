@@ -32,8 +32,18 @@ MAX_PAYLOAD_BYTES = 2**30
 class QueueSettings:
     """All knobs of the queue, with their defaults."""
 
-    #: Database alias that holds the queue tables (enqueue joins its transactions).
+    #: Database alias that holds the queue tables (enqueue joins its transactions): the
+    #: alias of every queue that ``QUEUES`` or a router does not place elsewhere.
     DATABASE: str = "default"
+    #: Per-queue settings: ``{"emails": {"DATABASE": "queues_b"}}`` puts a queue's messages,
+    #: history and workers on another alias (docs/scaling.md). Wins over a router's
+    #: ``db_for_queue``.
+    QUEUES: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Alias the read-only views (admin lists, dashboard, ``queuestats``, the pipeline's
+    #: reads) use: a replica of the queue database ``DATABASE``; or a dict, queue alias ->
+    #: its replica's alias. None: each alias is read where it lives. Never used by a
+    #: claim, an ack or an operator action.
+    READ_DATABASE: str | Mapping[str, str] | None = None
     #: ``connection``: a claim is lost when its owner's connection id is gone from the
     #: process list, or the server restarted, or the lease ran out. ``lease``: only the
     #: lease counts (for ProxySQL / RDS Proxy, where connection ids are not the client's).
@@ -230,6 +240,20 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(database, str) or not database or len(database) > 1000:
         problems.append("MYSQLQ['DATABASE'] must be a non-empty string of at most 1000 "
                         f"characters, not {database!r}.")
+    if "QUEUES" in values:
+        queues = _queues(values["QUEUES"], problems)
+        if queues is not None:
+            values["QUEUES"] = queues
+    read = values.get("READ_DATABASE")
+    if read is not None and not (
+            (isinstance(read, str) and 0 < len(read) <= 1000)
+            or (isinstance(read, Mapping) and all(
+                isinstance(key, str) and key and isinstance(value, str) and value
+                for key, value in read.items()))):
+        problems.append("MYSQLQ['READ_DATABASE'] must be None, a database alias, or a dict "
+                        f"of queue alias -> replica alias, not {read!r}.")
+    elif isinstance(read, Mapping):
+        values["READ_DATABASE"] = dict(read)
     if "TASK_MODULES" in values:
         modules = values["TASK_MODULES"]
         if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
@@ -251,6 +275,42 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"MYSQLQ['LEASE_SECONDS'] ({lease}), or live workers lose their claims."
         )
     return values, problems
+
+
+#: Keys of one ``MYSQLQ['QUEUES']`` entry.
+QUEUE_KEYS = ("DATABASE",)
+
+
+def _queues(raw: object, problems: list[str]) -> dict[str, dict[str, Any]] | None:
+    """``MYSQLQ['QUEUES']`` checked entry by entry (whether each alias exists is the system
+    check's business, E010)."""
+    if not isinstance(raw, Mapping):
+        problems.append("MYSQLQ['QUEUES'] must be a dict of queue name -> {'DATABASE': "
+                        f"alias}}, not {type(raw).__name__}.")
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        where = f"MYSQLQ['QUEUES'][{name!r}]"
+        problem = limits.queue_problem(name, "A queue name in MYSQLQ['QUEUES']")
+        if problem is not None:
+            problems.append(problem)
+            continue
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} must be a dict such as {{'DATABASE': 'queues_b'}}, not "
+                            f"{entry!r}.")
+            continue
+        unknown = sorted(str(key) for key in entry if key not in QUEUE_KEYS)
+        if unknown:
+            problems.append(f"{where}: unknown key(s) {', '.join(unknown)} (keys: "
+                            f"{', '.join(QUEUE_KEYS)}).")
+            continue
+        database = entry.get("DATABASE")
+        if database is not None and (not isinstance(database, str) or not database
+                                     or len(database) > 1000):
+            problems.append(f"{where}['DATABASE'] must be a database alias, not {database!r}.")
+            continue
+        found[name] = dict(entry)
+    return found
 
 
 SCHEDULE_KEYS = ("task", "cron", "tz", "catch_up", "args", "kwargs")

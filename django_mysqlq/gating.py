@@ -125,11 +125,23 @@ def checked_key(value: object, option: str) -> str:
 def _derived(gate: TaskGate, func: Callable[..., Any], task: str, option: str,
              args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     """The key of one call: its argument's value, or what the key function returns."""
-    source = gate.source
+    assert gate.source is not None
+    return key_of(gate.source, gate.signature, func, task, option, args, kwargs)
+
+
+def key_source(func: Callable[..., Any], source: object, option: str, task: str,
+               takes_context: bool = False) -> tuple[KeySource, inspect.Signature | None]:
+    """Check where another option's key comes from (``rating``: ``rate_limit_key``)."""
+    return _source(func, source, option, task, takes_context)
+
+
+def key_of(source: KeySource, signature: inspect.Signature | None, func: Callable[..., Any],
+           task: str, option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The key of one call from ``source``: an argument's value, or what a function of the
+    arguments returns."""
     if callable(source):
         return checked_key(source(*args, **kwargs), f"{task}: the key {option} returned")
-    assert isinstance(source, str)
-    signature = gate.signature or inspect.signature(func)
+    signature = signature or inspect.signature(func)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -49,12 +49,13 @@ class MessageState:
         return self.status in ("succeeded", "cancelled", "dead")
 
 
-def read_state(message_id: int) -> MessageState:
-    """The current state of one message, or :class:`MessageDoesNotExist`."""
+def read_state(message_id: int, database: str | None = None) -> MessageState:
+    """The current state of one message on the queue database ``database`` (None:
+    ``MYSQLQ['DATABASE']``), or :class:`MessageDoesNotExist`."""
     from .conf import get_settings
     from .models import Attempt, Message
 
-    db = get_settings().DATABASE
+    db = database or get_settings().DATABASE
     message = Message.objects.using(db).filter(pk=message_id).first()
     if message is not None:
         return MessageState(
@@ -166,7 +167,7 @@ def _refuse_inside_transaction(handle: MessageHandle) -> None:
     from .broker.base import only_test_transactions
     from .conf import get_settings
 
-    connection = connections[get_settings().DATABASE]
+    connection = connections[handle.database or get_settings().DATABASE]
     if connection.in_atomic_block and not only_test_transactions(connection):
         raise RuntimeError(
             f"wait() on message {handle.id} inside transaction.atomic() on the queue's "
@@ -177,16 +178,18 @@ def _refuse_inside_transaction(handle: MessageHandle) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class MessageHandle:
-    """The id of an enqueued message, and its task name."""
+    """The id of an enqueued message, its task name, and the alias of its queue's database
+    (None: ``MYSQLQ['DATABASE']``; ids are per database)."""
 
     id: int
     task_name: str
+    database: str | None = None
 
     def state(self) -> MessageState:
-        return read_state(self.id)
+        return read_state(self.id, self.database)
 
     async def astate(self) -> MessageState:
-        return await sync_to_async(read_state)(self.id)
+        return await sync_to_async(read_state)(self.id, self.database)
 
     @property
     def status(self) -> str:

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,6 +49,14 @@ logger = logging.getLogger("django_mysqlq")
 #: Ids of messages run in this process, counted from 1 (no row ever holds them).
 _ids = itertools.count(1)
 _pending_keys = threading.local()
+
+
+def _periods() -> dict[str, tuple[ImmediateHandle, float]]:
+    """Keys kept taken after a success (``unique_for``): key -> (handle, until when, on
+    the monotonic clock), in this thread, like the pending keys."""
+    periods: dict[str, tuple[ImmediateHandle, float]] = _pending_keys.__dict__.setdefault(
+        "periods", {})
+    return periods
 
 
 def new_id() -> int:
@@ -99,7 +108,7 @@ class ImmediateRecord:
 class ImmediateHandle(MessageHandle):
     """A handle whose state lives in this process: no database is read."""
 
-    record: ImmediateRecord = dataclasses.field(compare=False, repr=False)
+    record: ImmediateRecord = dataclasses.field(compare=False, repr=False, kw_only=True)
 
     def state(self) -> MessageState:
         return self.record.state()
@@ -139,6 +148,7 @@ def enqueue(task: QueueTask[Any, Any], messages: Sequence[NewMessage], *,
     alias = get_settings().DATABASE
     now = timezone.now()
     pending: dict[str, ImmediateHandle] = _pending_keys.__dict__.setdefault("keys", {})
+    periods = _periods()
     handles: list[ImmediateHandle] = []
     runs: list[tuple[NewMessage, ImmediateHandle]] = []
     for index, message in enumerate(messages):
@@ -147,10 +157,14 @@ def enqueue(task: QueueTask[Any, Any], messages: Sequence[NewMessage], *,
                 and pending[key].record.status in ("ready", "claimed"):
             handles.append(pending[key])  # as in the queue: one pending message per key
             continue
+        if key is not None and message.unique_for > 0 and key in periods \
+                and periods[key][1] > time.monotonic():
+            handles.append(periods[key][0])  # succeeded, and its period still runs
+            continue
         record = ImmediateRecord(id=ids[index] if ids is not None else new_id(),
                                  task_name=message.task_name, queue=message.queue,
                                  enqueued_at=now, run_at=message.run_at)
-        handle = ImmediateHandle(record.id, message.task_name, record)
+        handle = ImmediateHandle(record.id, message.task_name, record=record)
         if key is not None:
             pending[key] = handle
         handles.append(handle)
@@ -197,6 +211,9 @@ def _run_all(task: QueueTask[Any, Any], runs: list[tuple[NewMessage, ImmediateHa
         finally:
             if message.dedup_key is not None and pending.get(message.dedup_key) is handle:
                 del pending[message.dedup_key]  # finished: the key is free again
+                if message.unique_for > 0 and handle.record.status == "succeeded":
+                    _periods()[message.dedup_key] = (
+                        handle, time.monotonic() + message.unique_for)
         if first_error is None:
             first_error = error
     if first_error is not None and get_settings().IMMEDIATE_RAISE:

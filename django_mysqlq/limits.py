@@ -117,3 +117,23 @@ def run_at_problem(run_at: object, now: dt.datetime, option: str = "run_at") -> 
 def optional_seconds_problem(value: object, option: str) -> str | None:
     """None (turned off) or a number of seconds greater than 0 (retention settings)."""
     return None if value is None else seconds_problem(value, option, zero=False)
+
+
+def unique_for_problem(value: object, option: str = "unique_for") -> str | None:
+    """Whole seconds from 0 to :data:`MAX_SECONDS` (a timedelta of whole seconds too).
+
+    0 is 'unique while queued'; a float is refused rather than rounded, so that a
+    period is exactly what the code says.
+    """
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, float) and seconds.is_integer() and isinstance(value, dt.timedelta):
+        seconds = int(seconds)
+    if whole_problem(seconds, option, 0, MAX_SECONDS) is None:
+        return None
+    return (f"{option} must be a whole number of seconds (an int, or a timedelta of whole "
+            f"seconds) from 0 (unique while queued) to {MAX_SECONDS_TEXT}, not {value!r}.")
+
+
+def unique_for_seconds(value: dt.timedelta | int) -> int:
+    """A ``unique_for`` that passed :func:`unique_for_problem`, in seconds."""
+    return int(value.total_seconds()) if isinstance(value, dt.timedelta) else int(value)

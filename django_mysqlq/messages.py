@@ -31,6 +31,13 @@ class NewMessage:
     gate_mode: str | None = None
     #: Messages of the gate that may hold a slot at once (1 for an ordered subject).
     gate_limit: int | None = None
+    #: Seconds its dedup key stays taken after it succeeds (0: only while it is queued).
+    unique_for: int = 0
+    #: Its rate-limit key, the microseconds between two starts of that key, and the limit
+    #: as declared ("100/m"); None for a message without a rate limit.
+    rate_key: str | None = None
+    rate_interval: int | None = None
+    rate_limit: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +62,10 @@ class ClaimedMessage:
     #: Its ordered subject or concurrency key, if any: its ack frees the slot.
     gate_key: str | None = None
     gate_mode: str | None = None
+    #: Its dedup key, and the seconds that key stays taken after its success (the ack
+    #: writes the period: see ``broker.unique``).
+    dedup_key: str | None = None
+    unique_for: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,8 @@
 * :class:`Gate` is one row per live ordered subject or concurrency key: how many of its
   messages may hold a slot, how many do, and how many wait (``blocked``).
 * :class:`Schedule` is one row per recurring task (``@queue_task(cron=...)``).
+* :class:`UniqueKey` is one row per dedup key taken for a period after its message
+  succeeded (``unique_for``); :class:`RateLimit` one per rate-limit key (``keytables``).
 
 Rows change state only through :mod:`django_mysqlq.broker`; the QuerySets here
 are for reading (stuck claims need the process list: ``broker.stuck_messages()``).
@@ -18,13 +20,15 @@ are for reading (stuck claims need the process list: ``broker.stuck_messages()``
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from django.db import models
 
 from . import gating
+from .gatemodels import GATE_ID_LENGTH, Gate, gate_id
+from .keytables import RateLimit, UniqueKey, rate_id, unique_key_id
+from .managers import BoundManager
 
 #: Name of the index the claim statement is pinned to (``FORCE INDEX``).
 CLAIM_INDEX = "mysqlq_msg_claim"
@@ -37,6 +41,9 @@ class MessageStatus(models.TextChoices):
     #: Waiting for a slot of its gate: behind an earlier message of its ordered subject,
     #: or for a free slot of its concurrency key.
     BLOCKED = "blocked", "Blocked"
+    #: Due, waiting for its rate limit's next start (``rate_limit``): claimed one at a
+    #: time per key when the key's row allows (``broker.rates``), never 'ready'.
+    THROTTLED = "throttled", "Throttled (rate limit)"
     DEAD = "dead", "Dead"
 
 
@@ -124,6 +131,13 @@ class Message(models.Model):
     timeout = models.FloatField(null=True, blank=True)
     #: At most one unfinished message per key; NULL (no key) never collides, '' would.
     dedup_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: Seconds its dedup key stays taken after it succeeds (:class:`UniqueKey`); 0: the
+    #: key is free again once it finished (unique while queued).
+    unique_for = models.PositiveIntegerField(default=0, db_default=0)
+    #: Its rate-limit key (:class:`RateLimit`) and the microseconds between two starts of
+    #: that key; NULL for a message without a rate limit. Compared exactly.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_interval = models.PositiveBigIntegerField(null=True, blank=True)
     #: The ordered subject or concurrency key this message passes (with ``gate_mode``);
     #: NULL for a message that passes no gate. Compared exactly (binary collation).
     gate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -152,7 +166,7 @@ class Message(models.Model):
 
     last_error = models.TextField(blank=True, default="")
 
-    objects = MessageQuerySet.as_manager()
+    objects = BoundManager.from_queryset(MessageQuerySet)()
 
     class Meta:
         db_table = "mysqlq_message"
@@ -171,6 +185,8 @@ class Message(models.Model):
             # status column, so the hot path (claims of messages without a gate) never
             # rewrites an entry here.
             models.Index(fields=["gate_key", "id"], name="mysqlq_msg_gate"),
+            # A rate key's next message, in enqueue order (no status: see the gate index).
+            models.Index(fields=["rate_key", "id"], name="mysqlq_msg_rate"),
         ]
         permissions = [
             ("requeue_message", "Can requeue a message or retry a dead one"),
@@ -238,7 +254,7 @@ class Attempt(models.Model):
     #: skips originals that already have one, so a re-run enqueues nothing twice).
     replayed_from = models.BigIntegerField(null=True, blank=True)
 
-    objects = AttemptQuerySet.as_manager()
+    objects = BoundManager.from_queryset(AttemptQuerySet)()
 
     class Meta:
         db_table = "mysqlq_attempt"
@@ -286,7 +302,7 @@ class Worker(models.Model):
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
 
-    objects = WorkerQuerySet.as_manager()
+    objects = BoundManager.from_queryset(WorkerQuerySet)()
 
     class Meta:
         db_table = "mysqlq_worker"
@@ -307,6 +323,8 @@ class QueueState(models.Model):
     changed_at = models.DateTimeField()
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["QueueState"]()
+
     class Meta:
         db_table = "mysqlq_queue"
         verbose_name = "queue"
@@ -314,58 +332,6 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
-
-
-def gate_id(queue: str, ordered: bool, key: str) -> str:
-    """The primary key of a gate: a digest of what identifies it (see :class:`Gate`)."""
-    text = f"{queue}\x00{int(ordered)}\x00{key}"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:GATE_ID_LENGTH]
-
-
-#: Hex digits of a gate's id (128 bits of SHA-256).
-GATE_ID_LENGTH = 32
-
-
-class Gate(models.Model):
-    """One live ordered subject or concurrency key of a queue.
-
-    ``active`` counts the messages holding one of its ``slots`` (ready, claimed, an ordered
-    head scheduled for its retry, a dead head that holds its subject) and ``blocked`` the
-    ones waiting. Both are read and written only under this row's lock, which producers
-    of the gate also take first: so messages of a subject get their ids in commit order.
-    A row with nothing active or blocked is deleted by the statement that empties it.
-    Signed counters: a value changed by hand can't make an ack fail on an out-of-range
-    subtraction; the recovery leader repairs counters that disagree with the messages.
-
-    The identity (queue, ordered, key) is the primary key, as a digest (:func:`gate_id`):
-    a producer's ``INSERT … ON DUPLICATE KEY UPDATE`` then locks the one row. On a unique
-    secondary key InnoDB takes a next-key lock (the gap before the row too), and producers
-    creating gates beside one another deadlocked (measured: under REPEATABLE READ).
-    """
-
-    id = models.CharField(max_length=GATE_ID_LENGTH, primary_key=True)
-    queue = models.CharField(max_length=64)
-    #: An ordered subject (one at a time, in order) or a concurrency key (``slots`` at once).
-    ordered = models.BooleanField()
-    gate_key = models.CharField(max_length=255)
-    slots = models.PositiveIntegerField()
-    active = models.IntegerField(default=0)
-    blocked = models.IntegerField(default=0)
-    #: Last change under the row's lock: the repair checks gates unchanged for a lease.
-    changed_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "mysqlq_gate"
-        verbose_name = "subject or concurrency key"
-        verbose_name_plural = "subjects and concurrency keys"
-        indexes = [
-            models.Index(fields=["changed_at"], name="mysqlq_gate_changed"),
-            models.Index(fields=["gate_key"], name="mysqlq_gate_key"),
-        ]
-
-    def __str__(self) -> str:
-        kind = "subject" if self.ordered else "concurrency key"
-        return f"{self.queue}: {kind} {self.gate_key}"
 
 
 class Schedule(models.Model):
@@ -412,6 +378,8 @@ class Schedule(models.Model):
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["Schedule"]()
+
     class Meta:
         db_table = "mysqlq_schedule"
         ordering = ["name"]
@@ -430,11 +398,14 @@ class Lease(models.Model):
     holder = models.CharField(max_length=255)
     expires_at = models.DateTimeField()
 
+    objects = BoundManager["Lease"]()
+
     class Meta:
         db_table = "mysqlq_lease"
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder} until {self.expires_at}"
+
 
 
 class StuckMessage(Message):
@@ -475,7 +446,8 @@ from .topicmodels import (  # noqa: E402
 )
 
 __all__ = [
-    "Attempt", "BlockedMessage", "DeadMessage", "Gate", "Lease", "Message", "QueueState",
-    "Schedule", "StuckMessage", "TopicDelivery", "TopicGroup", "TopicMessage", "TopicStart",
-    "TopicState", "Worker",
+    "GATE_ID_LENGTH", "Attempt", "BlockedMessage", "DeadMessage", "Gate", "Lease", "Message",
+    "QueueState", "RateLimit", "Schedule", "StuckMessage", "TopicDelivery", "TopicGroup",
+    "TopicMessage", "TopicStart", "TopicState", "UniqueKey", "Worker", "gate_id", "rate_id",
+    "unique_key_id",
 ]

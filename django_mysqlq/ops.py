@@ -13,16 +13,19 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 from django.utils import timezone
 
-from . import broker, limits, scheduling
+from . import broker, limits, payload, rating, scheduling
 from .broker import Operator
-from .conf import get_settings
-from .exceptions import UnknownTask
+from .exceptions import QueueError, UnknownTask
 from .models import CANCELLABLE_STATUSES, Attempt, Message, MessageStatus, Outcome
 from .registry import registry
+
+if TYPE_CHECKING:
+    from .tasks import QueueTask
 
 #: Messages per broker call when an operation walks a filter.
 BATCH = 500
@@ -49,13 +52,28 @@ def replay(attempt_id: int, who: Operator) -> int:
 
     A task this process doesn't know gets the settings' defaults.
     """
-    task_name = Attempt.objects.using(get_settings().DATABASE).filter(pk=attempt_id) \
-        .values_list("task_name", flat=True).first()
+    found = Attempt.objects.using(broker.default_alias()).filter(pk=attempt_id) \
+        .values_list("task_name", "payload").first()
+    task_name, text = found if found is not None else ("", "")
     try:
         task = registry.get(task_name or "")
     except UnknownTask:
         return broker.replay(attempt_id, who)
-    return broker.replay(attempt_id, who, (task.max_attempts, task.retry_backoff, task.timeout))
+    return broker.replay(attempt_id, who, (task.max_attempts, task.retry_backoff, task.timeout),
+                         _rate_of_copy(task, text))
+
+
+def _rate_of_copy(task: QueueTask[Any, Any], text: str) -> broker.RateOfCopy | None:
+    """A replayed copy's rate key, from the task's declaration and the stored arguments
+    (None when the task has no rate limit, or the arguments can't give a key)."""
+    if task.rate is None or not text:
+        return None
+    try:
+        args, kwargs = payload.decode(text)
+        found = rating.for_call(task.rate, task.func, task.name, args, kwargs, None)
+    except (QueueError, ValueError, TypeError):
+        return None
+    return None if found is None else (found[0], found[1], task.rate.spec)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -121,7 +139,8 @@ def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]
 
     Keyset pagination by id, so a million matches never become one huge query.
     """
-    base = Message.objects.filter(status__in=list(CANCELLABLE_STATUSES))
+    base = Message.objects.using(broker.default_alias()) \
+        .filter(status__in=list(CANCELLABLE_STATUSES))
     if isinstance(selection, MessageFilter):
         base = base.filter(selection.query())
     else:
@@ -136,8 +155,8 @@ def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]
 
 
 def count_matching(selection: MessageFilter) -> int:
-    return Message.objects.filter(status__in=list(CANCELLABLE_STATUSES)) \
-        .filter(selection.query()).count()
+    return Message.objects.using(broker.default_alias()) \
+        .filter(status__in=list(CANCELLABLE_STATUSES)).filter(selection.query()).count()
 
 
 def _apply(selection: MessageFilter | Sequence[int], action: Callable[[list[int]], list[int]],
@@ -217,6 +236,8 @@ class QueueStats:
     claimed: int = 0
     dead: int = 0
     blocked: int = 0
+    #: Due, waiting for their rate limit's next start.
+    throttled: int = 0
     oldest_ready_seconds: float | None = None
     paused: bool = False
     #: It has ready messages and no live worker serves it: they wait for nobody.
@@ -306,6 +327,7 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
         row.claimed = view.counts.get(MessageStatus.CLAIMED, 0)
         row.dead = view.counts.get(MessageStatus.DEAD, 0)
         row.blocked = view.counts.get(MessageStatus.BLOCKED, 0)
+        row.throttled = view.counts.get(MessageStatus.THROTTLED, 0)
         row.capped = view.capped
         if view.oldest_ready_at is not None:
             row.oldest_ready_seconds = max(0.0, (now - view.oldest_ready_at).total_seconds())
@@ -361,7 +383,7 @@ def subject_state(queue: str, key: str, *, ordered: bool = True) -> SubjectState
     from .models import Gate
 
     ref = broker.GateRef(queue, ordered, key)
-    row = Gate.objects.using(get_settings().DATABASE).filter(pk=ref.id) \
+    row = Gate.objects.using(broker.default_alias()).filter(pk=ref.id) \
         .values_list("slots", "active", "blocked").first()
     return SubjectState(ref, None if row is None else (int(row[0]), int(row[1]), int(row[2])),
                         broker.holders([ref])[ref])

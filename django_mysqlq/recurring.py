@@ -46,6 +46,11 @@ def from_settings(name: str, entry: dict[str, Any]) -> DeclaredSchedule:
             "task's name (its module and function, e.g. 'shop.tasks.report', or its name=) "
             "and make sure its module is an installed app's tasks.py or in "
             "MYSQLQ['TASK_MODULES'].") from None
+    if task.rate is not None:
+        raise ScheduleProblem(
+            f"{where} names {task.name!r}, which has rate_limit={task.rate.spec!r}: a "
+            "schedule's occurrences are enqueued ready and would not wait for the limit. "
+            "Schedule a task without rate_limit that enqueues this one.")
     schedule = cron.CronSchedule(entry["cron"], entry["tz"], entry["catch_up"],
                                  tuple(entry["args"]), dict(entry["kwargs"]))
     try:

@@ -62,6 +62,11 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def rate_limited(self) -> bool:
+        """Whether a registered task has a rate limit (its worker claims throttled ones)."""
+        with self._lock:
+            return any(task.rate is not None for task in self._tasks.values())
+
     def queues(self) -> set[str]:
         """The queues of the registered tasks (a worker's default ``--queues``)."""
         with self._lock:

@@ -12,7 +12,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import broker
 from .broker import Operator
-from .conf import get_settings
 from .models import Schedule
 
 ACTIVE, PAUSED, REMOVED, BROKEN = "active", "paused", "removed", "broken"
@@ -87,11 +86,11 @@ class ScheduleStatus:
 def statuses() -> list[ScheduleStatus]:
     """Every schedule row, by name (a few rows: read whole)."""
     return [ScheduleStatus.of(row)
-            for row in Schedule.objects.using(get_settings().DATABASE).order_by("name")]
+            for row in Schedule.objects.using(broker.default_alias()).order_by("name")]
 
 
 def known_names() -> set[str]:
-    return set(Schedule.objects.using(get_settings().DATABASE).values_list("name", flat=True))
+    return set(Schedule.objects.using(broker.default_alias()).values_list("name", flat=True))
 
 
 def set_paused(names: Sequence[str], paused: bool, who: Operator) -> list[str]:

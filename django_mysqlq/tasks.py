@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from . import calls, gating, limits, payload, retries
+from . import calls, gating, limits, payload, rating, retries
 from .conf import get_settings
 from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
@@ -21,6 +21,9 @@ from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
 from .registry import qualified_name, registry
+from .routing import alias_for_queue
+from .uniqueness import DERIVED_KEY_PREFIX as DERIVED_KEY_PREFIX
+from .uniqueness import derived_dedup_key, validate_unique_for
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,6 +41,10 @@ class EnqueueOptions:
     #: An ordered subject, or a concurrency key, for this call (see ``gating``).
     subject: str | None = None
     concurrency_key: str | None = None
+    #: Unique job for this call: 0 (unique while queued) or seconds kept after success.
+    unique_for: int | None = None
+    #: The rate-limit key of this call, on a task with ``rate_limit`` (see ``rating``).
+    rate_limit_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +142,12 @@ class QueueTask(Generic[P, R]):
     takes_context: bool = False
     #: Its recurring schedule (``cron=...``), enqueued by the workers; None for most tasks.
     schedule: CronSchedule | None = None
+    #: Unique job: None (not unless a call gives a dedup_key), 0 (unique while queued) or
+    #: seconds its key stays taken after a success. A call without a dedup_key then gets
+    #: one made of its task and arguments (:func:`derived_dedup_key`).
+    unique_for: int | None = None
+    #: Its global rate limit (``rate_limit="100/m"``), or None.
+    rate: rating.TaskRate | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -149,11 +162,16 @@ class QueueTask(Generic[P, R]):
         dedup_key: str | None = None,
         subject: str | None = None,
         concurrency_key: str | None = None,
+        unique_for: int | dt.timedelta | None = None,
+        rate_limit_key: str | None = None,
     ) -> QueueTask[P, R]:
         """A copy of this task with per-call options for the next enqueue.
 
         ``subject``: run in this ordered subject (one at a time, in enqueue order);
-        ``concurrency_key``: count against this key of the task's ``concurrency_limit``.
+        ``concurrency_key``: count against this key of the task's ``concurrency_limit``;
+        ``unique_for``: 0 (unique while queued) or seconds the dedup key stays taken after
+        a success (the key: ``dedup_key``, else made of the task and its arguments);
+        ``rate_limit_key``: count against this key of the task's ``rate_limit``.
         """
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
@@ -173,6 +191,10 @@ class QueueTask(Generic[P, R]):
             else current.subject,
             concurrency_key=concurrency_key if subject is not None or concurrency_key
             is not None else current.concurrency_key,
+            unique_for=validate_unique_for(unique_for) if unique_for is not None
+            else current.unique_for,
+            rate_limit_key=rating.check_using(self.rate, self.name, rate_limit_key)
+            if rate_limit_key is not None else current.rate_limit_key,
         )
         return dataclasses.replace(self, options=options)
 
@@ -184,20 +206,32 @@ class QueueTask(Generic[P, R]):
         opts = self.options
         gate = gating.for_call(self.gate, self.func, self.name, args, kwargs, opts.subject,
                                opts.concurrency_key)
+        encoded = payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES)
+        rate = rating.for_call(self.rate, self.func, self.name, args, kwargs,
+                               opts.rate_limit_key)
+        unique_for = self.unique_for if opts.unique_for is None else opts.unique_for
+        dedup_key = opts.dedup_key
+        if dedup_key is None and unique_for is not None:
+            dedup_key = derived_dedup_key(self.name, self.func, args, kwargs, encoded,
+                                          skip_first=self.takes_context)
         return NewMessage(
             task_name=self.name,
             queue=opts.queue or self.queue,
             priority=self.priority if opts.priority is None else opts.priority,
-            payload=payload.encode(self.name, args, kwargs, get_settings().MAX_PAYLOAD_BYTES),
+            payload=encoded,
             run_at=opts.run_at,
             delay=opts.delay or 0.0,
             max_attempts=self.max_attempts,
             retry_backoff=self.retry_backoff,
             timeout=self.timeout,
-            dedup_key=opts.dedup_key,
+            dedup_key=dedup_key,
             gate_key=gate[0] if gate else None,
             gate_mode=gate[1] if gate else None,
             gate_limit=gate[2] if gate else None,
+            unique_for=unique_for or 0,
+            rate_key=rate[0] if rate else None,
+            rate_interval=rate[1] if rate else None,
+            rate_limit=self.rate.spec if self.rate is not None else "",
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
@@ -217,7 +251,7 @@ class QueueTask(Generic[P, R]):
             [handle] = immediate.enqueue(self, [message])
             return handle
         [message_id] = broker.enqueue([message])
-        return MessageHandle(message_id, self.name)
+        return MessageHandle(message_id, self.name, alias_for_queue(message.queue))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> MessageHandle:
         return await sync_to_async(self.enqueue)(*args, **kwargs)
@@ -234,7 +268,8 @@ class QueueTask(Generic[P, R]):
         Each item is ``task.call(*args, **kwargs)``, or a list or tuple of positional
         arguments. Every message is encoded before anything is written, so one bad
         argument writes none of them. A ``dedup_key`` set with ``.using()`` can't apply
-        to many messages.
+        to many messages; a unique task's messages (``unique_for``) each get their own
+        key and are written one by one.
         """
         from . import broker
 
@@ -262,7 +297,8 @@ class QueueTask(Generic[P, R]):
 
             return list(immediate.enqueue(self, messages))
         ids = broker.enqueue(messages)
-        return [MessageHandle(message_id, self.name) for message_id in ids]
+        return [MessageHandle(message_id, self.name, alias_for_queue(message.queue))
+                for message_id, message in zip(ids, messages, strict=True)]
 
     async def aenqueue_many(
         self, calls: Iterable[TaskCall | Sequence[Any]]
@@ -334,6 +370,9 @@ def queue_task(
     catch_up: str = "skip",
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
+    unique_for: int | dt.timedelta | None = None,
+    rate_limit: str | None = None,
+    rate_limit_key: gating.KeySource | None = None,
 ) -> Callable[[Callable[P, R]], QueueTask[P, R]]: ...
 
 
@@ -360,6 +399,9 @@ def queue_task(
     catch_up: str = "skip",
     cron_args: Sequence[Any] = (),
     cron_kwargs: Mapping[str, Any] | None = None,
+    unique_for: int | dt.timedelta | None = None,
+    rate_limit: str | None = None,
+    rate_limit_key: gating.KeySource | None = None,
 ) -> QueueTask[P, R] | Callable[[Callable[P, R]], QueueTask[P, R]]:
     """Register a function as a queue task, under ``module.qualname`` unless ``name`` is given.
 
@@ -371,7 +413,12 @@ def queue_task(
     ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
     ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
     argument's name or a function; left out: one key for the whole task) at once.
-    See docs/ordering.md.
+    See docs/ordering.md. ``unique_for`` makes a unique job: 0 keeps one message per
+    key while queued, N seconds also keeps the key taken for N seconds after a success;
+    the key is the call's ``dedup_key``, else made of the task and its arguments.
+    ``rate_limit="100/m"`` (or /s, /h, /d) starts at most that many messages of one
+    ``rate_limit_key`` (like ``concurrency_key``; left out: the whole task) per window,
+    across all workers, spread evenly.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:
@@ -415,7 +462,12 @@ def queue_task(
             dont_retry=retries.exception_classes(dont_retry, "dont_retry"),
             retry_schedule=schedule,
             takes_context=takes_context,
+            unique_for=None if unique_for is None else validate_unique_for(
+                unique_for, f"{task_name}: unique_for"),
+            rate=rating.declare(function, task_name, rate_limit=rate_limit,
+                                rate_limit_key=rate_limit_key, takes_context=takes_context),
         )
+        rating.check_alone(task_name, task.rate, task.gate, cron)
         if cron is not None:
             task = dataclasses.replace(task, schedule=_declare_schedule(
                 task, cron, cron_tz, catch_up, cron_args, cron_kwargs))

@@ -97,7 +97,8 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
     ``queues``: the queues to take from, in that order (default: every queue holding
     messages); paused queues are left alone, as a worker leaves them. ``max_messages``:
     stop after that many attempts. ``wait_seconds``: also wait for scheduled messages
-    (retries, delays) that fall due within that many seconds, and run them.
+    (retries, delays) that fall due within that many seconds, and run them; rate-limited
+    messages run at their limit's pace, so draining several needs ``wait_seconds`` too.
     ``raise_errors``: once the drain is over, raise the first error an attempt met (the
     task's own exception, or ``UnknownTask`` / ``QueueError`` for a message that could
     not run), with the drain's summary as a note; False only returns it in the result.
@@ -133,6 +134,9 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
                      if name not in paused]
             claimed = broker.claim(names, 1, runner.worker_id, conf.LEASE_SECONDS,
                                    conf.DATABASE) if names else []
+            if not claimed and names:  # rate-limited messages, at their keys' pace
+                claimed = broker.claim_throttled(names, 1, runner.worker_id,
+                                                 conf.LEASE_SECONDS, conf.DATABASE)
             if not claimed:
                 remaining = deadline - time.monotonic()
                 if remaining > 0 and names and broker.has_pending(names, remaining):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.db import models
 
 from . import topicnames
+from .managers import BoundManager
 
 
 class TopicStart(models.TextChoices):
@@ -35,6 +36,8 @@ class TopicState(models.Model):
     created_at = models.DateTimeField()
     #: When the sequencer last gave out offsets (monitoring: the topic's last publish).
     sequenced_at = models.DateTimeField(null=True, blank=True)
+
+    objects = BoundManager["TopicState"]()
 
     class Meta:
         db_table = "mysqlq_topic"
@@ -64,6 +67,8 @@ class TopicMessage(models.Model):
     payload = models.TextField()
     published_at = models.DateTimeField()
     sequenced_at = models.DateTimeField(null=True, blank=True)
+
+    objects = BoundManager["TopicMessage"]()
 
     class Meta:
         db_table = "mysqlq_topic_message"
@@ -106,6 +111,8 @@ class TopicGroup(models.Model):
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
 
+    objects = BoundManager["TopicGroup"]()
+
     class Meta:
         db_table = "mysqlq_topic_group"
         verbose_name = "consumer group"
@@ -133,6 +140,8 @@ class TopicDelivery(models.Model):
     group_name = models.CharField(max_length=64)
     offset = models.BigIntegerField(db_column="msg_offset")
     created_at = models.DateTimeField()
+
+    objects = BoundManager["TopicDelivery"]()
 
     class Meta:
         db_table = "mysqlq_topic_delivery"

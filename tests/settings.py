@@ -81,6 +81,23 @@ MYSQLQ: dict[str, Any] = {
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
     "ACK_DELAY_SECONDS": float(os.environ.get("MYSQLQ_TEST_ACK_DELAY", "0.02")),
 }
+# More queue databases on other servers (tests/test_multidb.py): only a test that started
+# those servers (tests/multidb_support.py) names them, so they exist only when reachable.
+if os.environ.get("MYSQLQ_TEST_EXTRA_DATABASES"):
+    import json
+
+    for _alias, _extra in json.loads(os.environ["MYSQLQ_TEST_EXTRA_DATABASES"]).items():
+        DATABASES[_alias] = {**DATABASES["default"], "HOST": "127.0.0.1",
+                             "PORT": int(_extra["PORT"]), "NAME": _extra["NAME"],
+                             "TEST": {"NAME": _extra["NAME"], "CHARSET": "utf8mb4"}}
+if os.environ.get("MYSQLQ_TEST_QUEUES"):
+    import json
+
+    MYSQLQ["QUEUES"] = json.loads(os.environ["MYSQLQ_TEST_QUEUES"])
+if os.environ.get("MYSQLQ_TEST_READ_DATABASE"):
+    import json
+
+    MYSQLQ["READ_DATABASE"] = json.loads(os.environ["MYSQLQ_TEST_READ_DATABASE"])
 if os.environ.get("MYSQLQ_TEST_DEAD_RETENTION"):  # tests/test_retention.py's worker
     MYSQLQ["DEAD_RETENTION_SECONDS"] = float(os.environ["MYSQLQ_TEST_DEAD_RETENTION"])
 LOGGING: dict[str, Any] = {

@@ -45,7 +45,7 @@ def on_the_cluster(galera_cluster: None, django_db_blocker: Any) -> Iterator[Non
     with django_db_blocker.unblock():
         galera.empty_tables()
         park._wake_state.quiet_since.clear()
-        park._wake_state.disabled = False
+        park._wake_state.disabled.clear()
         yield
 
 

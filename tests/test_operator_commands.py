@@ -34,11 +34,11 @@ def test_queuestats_table_and_json():
     broker.set_paused("other", True, ops.cli_operator())
     table, _ = run("queuestats")
     lines = table.splitlines()
-    assert lines[0].split() == ["queue", "ready", "scheduled", "claimed", "blocked", "dead",
-                                "oldest", "1m", "5m", "60m", "fail%"]
+    assert lines[0].split() == ["queue", "ready", "scheduled", "claimed", "blocked",
+                                "throttled", "dead", "oldest", "1m", "5m", "60m", "fail%"]
     default = next(line for line in lines if line.startswith("default"))
     assert default.startswith("default (no worker) ")  # a ready message and no worker
-    assert default.split()[2:8] == ["worker)", "1", "0", "0", "0", "1"]
+    assert default.split()[2:9] == ["worker)", "1", "0", "0", "0", "0", "1"]
     assert default.split()[-1] == "100"  # one attempt in the last hour, and it failed
     assert any(line.startswith("other (paused)") for line in lines)
     assert "workers alive: 0" in table

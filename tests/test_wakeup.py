@@ -78,7 +78,7 @@ def test_wake_passes_over_its_own_connection():
         assert broker.wake(["default"]) == 1  # counted: it claims next anyway
         assert not park._wake_state.disabled
     finally:
-        park._wake_state.disabled = False
+        park._wake_state.disabled.clear()
 
 
 def test_a_worker_parks_while_a_plain_success_waits_for_its_ack(start_worker):

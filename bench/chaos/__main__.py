@@ -12,6 +12,9 @@ What it does, on its own database ``mysqlq_chaos`` (``MYSQLQ_CHAOS_DB``, ``…_H
 2. runs ``--producers`` threads that enqueue ``--rate`` messages/s in small transactions:
    plain tasks (ledger row at start, sleep 0-300 ms, ledger row at end) and ``atomic=True``
    tasks (one business row, committed with the ack), some delayed, a few rolled back;
+   and topic messages (``publish``, ``publish_many``, mostly keyed) to the topic ``chaos``,
+   whose three consumer groups (failing 5, 10 and 30 % of runs on purpose, fast retries)
+   and broadcast subscription every worker runs (``bench/chaos/ledger/stream.py``);
 3. meanwhile, at random intervals: ``kill -9`` of a worker, SIGTERM of another, ``KILL
    CONNECTION`` of all of a worker's connections (each replaced by a fresh worker), a
    message of a task that kills the worker running it (``os._exit``; it must die alone,
@@ -41,8 +44,16 @@ crashing task) or did not stop cleanly; a crashing task not dead at the end; a l
 window in which nothing else finished; or a median kill-to-reclaim time over 5 s. The
 JSON holds the evidence of each failed check (message ids, runs, history rows, the events
 around them). It exits 2
-when the harness itself could not do its job. Worker logs go to the run's directory
-under ``bench/results/``.
+when the harness itself could not do its job. The topic's audit fails it too: a committed
+message some group never handled; a rolled-back one sequenced, handled or heard; a topic
+duplicate with nothing to explain it; a keyed message out of order within a group; a
+group's position short of the topic's last offset; a broadcast message a process that
+lived through its window never heard (see docs/reliability.md for the window).
+
+The run restarts the server it uses: the machine's by default. ``--port``, ``--server``,
+``--pid-file`` and ``--server-args=…`` name a private one (bench/chaos/server.py).
+
+Worker logs go to the run's directory under ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -92,6 +103,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="mean seconds between chaos actions (4)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (from the clock)")
     parser.add_argument("--no-restart", action="store_true", help="don't restart MariaDB")
+    target = parser.add_argument_group(
+        "the server", "where the run's database lives, and the server it restarts (defaults: "
+        "127.0.0.1:3306 and Debian's mariadbd); on a shared machine, a private server")
+    target.add_argument("--host", help="MariaDB host (MYSQLQ_CHAOS_HOST, 127.0.0.1)")
+    target.add_argument("--port", type=_positive(int), help="its port (MYSQLQ_CHAOS_PORT, 3306)")
+    target.add_argument("--server", metavar="PATH",
+                        help="the mariadbd binary started again after the restart's shutdown "
+                             "(MYSQLQ_CHAOS_SERVER, /usr/sbin/mariadbd)")
+    target.add_argument("--pid-file", metavar="PATH",
+                        help="that server's pid file (MYSQLQ_CHAOS_PID_FILE, "
+                             "/run/mysqld/mysqld.pid)")
+    target.add_argument("--server-args", metavar="ARGS",
+                        help="its options, as one shell string (MYSQLQ_CHAOS_SERVER_ARGS), "
+                             "e.g. '--defaults-file=/tmp/chaos/my.cnf'")
     parser.add_argument("--galera", action="store_true",
                         help="run on the 3-node Galera cluster (bench/cluster/galera.sh), "
                              "with a kill -9 of a node instead of the restart")
@@ -114,10 +139,21 @@ def _log_to(run_dir: Path) -> None:
     logging.getLogger("bench.chaos").handlers = [progress]
 
 
+def _target(args: argparse.Namespace) -> None:
+    """The server options, as the environment the settings, the restart and the workers
+    read."""
+    for option, name in (("host", "HOST"), ("port", "PORT"), ("server", "SERVER"),
+                         ("pid_file", "PID_FILE"), ("server_args", "SERVER_ARGS")):
+        value = getattr(args, option)
+        if value is not None:
+            os.environ[f"MYSQLQ_CHAOS_{name}"] = str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # Always the chaos settings: a DJANGO_SETTINGS_MODULE of some project must not leak in.
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    _target(args)
     if args.galera:
         from . import galera
 

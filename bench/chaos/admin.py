@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,6 @@ from django.conf import settings
 
 logger = logging.getLogger("bench.chaos")
 
-SERVER = "/usr/sbin/mariadbd"
 TABLES = ("mysqlq_message", "mysqlq_attempt", "mysqlq_worker", "chaos_enqueued",
           "chaos_execution", "chaos_effect")
 
@@ -176,61 +174,15 @@ def lock_head_row(seconds: float) -> tuple[int, float, float] | None:
         return None
 
 
-# --------------------------------------------------------------------------- server restart
-
-
-def _admin() -> list[str]:
-    conf = _conf()
-    command = ["mariadb-admin", f"--host={conf['HOST']}", f"--port={conf['PORT']}",
-               f"--user={conf['USER']}", "--connect-timeout=2"]
-    if conf["PASSWORD"]:
-        command.append(f"--password={conf['PASSWORD']}")
-    return command
-
-
-def server_answers() -> bool:
-    result = subprocess.run([*_admin(), "ping"], capture_output=True, timeout=30)
-    return result.returncode == 0
-
-
-#: The server's pid file (Debian's default): other mariadbd processes on the machine (a
-#: second instance, cluster nodes) are not the one the run restarts.
-PID_FILE = "/run/mysqld/mysqld.pid"
-
-
-def _server_process_exists() -> bool:
-    result = subprocess.run(["start-stop-daemon", "--status", "--pidfile", PID_FILE,
-                             "--exec", SERVER], capture_output=True, timeout=30)
-    return result.returncode == 0
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise HarnessError(f"Timed out after {timeout:.0f}s waiting for {what}.")
-        time.sleep(0.2)
-
-
-def restart_server(timeout: float = 60.0) -> tuple[float, float]:
-    """Shut MariaDB down cleanly and start it again; return (shutdown sent, answering)."""
-    down_at = time.time()
-    result = subprocess.run([*_admin(), "shutdown"], capture_output=True, timeout=60)
-    if result.returncode != 0:
-        raise HarnessError(f"mariadb-admin shutdown failed: {result.stderr.decode().strip()}")
-    try:
-        _wait(lambda: not server_answers(), timeout, "MariaDB to stop answering")
-        _wait(lambda: not _server_process_exists(), timeout, "the old MariaDB process to exit")
-    finally:
-        ensure_server_running(timeout)
-    return down_at, time.time()
-
-
-def ensure_server_running(timeout: float = 60.0) -> None:
-    """Start MariaDB if it doesn't answer (after its old process is gone)."""
-    if server_answers():
-        return
-    _wait(lambda: not _server_process_exists(), timeout, "the old MariaDB process to exit")
-    subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background", "--pidfile",
-                    PID_FILE, "--exec", SERVER], check=True, capture_output=True, timeout=30)
-    _wait(server_answers, timeout, "MariaDB to answer after its restart")
+def topic_backlog() -> dict[str, int]:
+    """What the topics' groups have not yet turned into deliveries: rows without an
+    offset, and per group the offsets past its position."""
+    with connect() as conn:
+        cursor = conn.cursor()
+        cursor.execute("SELECT COUNT(*) FROM mysqlq_topic_message WHERE msg_offset IS NULL")
+        backlog = {"unsequenced": int(cursor.fetchone()[0])}
+        cursor.execute("SELECT g.group_name, t.last_offset - g.position FROM "
+                       "mysqlq_topic_group g JOIN mysqlq_topic t ON t.name = g.topic")
+        for group, behind in cursor.fetchall():
+            backlog[f"group {group}"] = int(behind)
+        return {key: value for key, value in backlog.items() if value}

@@ -31,6 +31,16 @@ class ChaosConfig:
     max_delay: float = 1.0
     #: Each task sleeps 0 to this many milliseconds (drawn per message by the producer).
     max_sleep_ms: int = 300
+    #: Items of a producer transaction that publish to the topic (instead of enqueueing a
+    #: task); of those, the share that publishes 2 to ``max_bulk`` at once (publish_many).
+    topic_share: float = 0.3
+    bulk_share: float = 0.4
+    max_bulk: int = 4
+    #: Topic messages with a key (one of ``topic_keys``), handled in order per group.
+    keyed_share: float = 0.8
+    topic_keys: int = 8
+    #: Each topic handler sleeps 0 to this many milliseconds.
+    topic_max_sleep_ms: int = 20
     #: Producer transactions rolled back on purpose.
     rollback_share: float = 0.05
     #: Mean seconds between two chaos actions (kill -9, SIGTERM, KILL CONNECTION, a

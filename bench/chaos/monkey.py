@@ -20,7 +20,7 @@ import time
 
 from django.db import DatabaseError
 
-from . import admin, galera, procnet
+from . import admin, galera, procnet, server
 from . import events as ev
 from .config import ChaosConfig
 from .events import EventLog
@@ -194,7 +194,7 @@ class Monkey:
 
     def _restart(self) -> None:
         logger.info("Restarting MariaDB...")
-        down_at, up_at = admin.restart_server()
+        down_at, up_at = server.restart_server()
         self.events.add(ev.RESTART, None, at=down_at, until=up_at,
                         detail=f"server down for {up_at - down_at:.1f}s")
         logger.info("MariaDB answers again after %.1fs.", up_at - down_at)

@@ -1,8 +1,10 @@
-"""Producer threads: small transactions of plain and atomic messages at a steady rate.
+"""Producer threads: small transactions of tasks and topic messages at a steady rate.
 
 Each transaction writes its messages and one :class:`Enqueued` row per message, so the
 table of what was enqueued is exact even when a commit's answer is lost in an outage.
-A few transactions roll back on purpose: their messages must never run.
+Topic messages (``publish`` and ``publish_many``, in the same transactions) get a
+:class:`Published` row each the same way. A few transactions roll back on purpose: their
+messages must never run, nor be handled.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import uuid
 from django.db import DatabaseError, connections, transaction
 
 from .config import ChaosConfig
-from .ledger import tasks
-from .ledger.models import Enqueued, Kind
+from .ledger import stream, tasks
+from .ledger.models import Enqueued, Kind, Published
 
 
 class _Rollback(Exception):
@@ -33,6 +35,11 @@ class ProducerStats:
     errors: int = 0
     #: Tokens of messages in transactions rolled back on purpose (must never run).
     rolled_back_tokens: list[str] = dataclasses.field(default_factory=list)
+    #: Topic messages in committed transactions, and in ones rolled back on purpose.
+    published: int = 0
+    published_rolled_back: int = 0
+    #: Of the committed ones, those published by publish_many.
+    published_bulk: int = 0
     last_error: str = ""
 
 
@@ -45,6 +52,8 @@ class Producer(threading.Thread):
         self.stop = stop
         self.rng = random.Random(seed)
         self.stats = ProducerStats()
+        #: Messages published with publish_many in the current transaction.
+        self._bulk = 0
 
     def run(self) -> None:
         config = self.config
@@ -62,16 +71,24 @@ class Producer(threading.Thread):
         rng, stats = self.rng, self.stats
         stats.transactions += 1
         tokens: list[str] = []
+        published: list[str] = []
+        self._bulk = 0
         try:
             with transaction.atomic():
                 for _ in range(rng.randint(1, self.config.max_batch)):
-                    tokens.append(self._enqueue(rng))
+                    if rng.random() < self.config.topic_share:
+                        published += self._publish(rng)
+                    else:
+                        tokens.append(self._enqueue(rng))
                 if rng.random() < self.config.rollback_share:
                     raise _Rollback
             stats.committed += 1
+            stats.published += len(published)
+            stats.published_bulk += self._bulk
         except _Rollback:
             stats.rolled_back += 1
-            stats.rolled_back_tokens.extend(tokens)
+            stats.rolled_back_tokens.extend(tokens + published)
+            stats.published_rolled_back += len(published)
         except DatabaseError as exc:  # an outage or a killed connection: try again later
             stats.errors += 1
             stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -93,9 +110,9 @@ class Producer(threading.Thread):
         gate_key = ""
         if kind in (Kind.ORDERED, Kind.LIMITED):
             gate_key = f"{kind[0]}{rng.randrange(config.gate_keys)}"
-            task = tasks.ordered if kind == Kind.ORDERED else tasks.limited
-            handle = (task.using(delay=delay) if delay else task).enqueue(token, gate_key,
-                                                                          sleep_ms)
+            gated = tasks.ordered if kind == Kind.ORDERED else tasks.limited
+            handle = (gated.using(delay=delay) if delay else gated).enqueue(token, gate_key,
+                                                                            sleep_ms)
         else:
             task = tasks.atomic if kind == Kind.ATOMIC else tasks.plain
             if delay:
@@ -105,6 +122,27 @@ class Producer(threading.Thread):
                                 sleep_ms=sleep_ms, producer=self.index, at=time.time(),
                                 gate_key=gate_key)
         return token
+
+
+    def _publish(self, rng: random.Random) -> list[str]:
+        """One message (``publish``) or a few (``publish_many``) to the topic."""
+        config = self.config
+        count = rng.randint(2, config.max_bulk) if rng.random() < config.bulk_share else 1
+        tokens = [uuid.uuid4().hex for _ in range(count)]
+        keys = [f"k{rng.randrange(config.topic_keys)}" if rng.random() < config.keyed_share
+                else None for _ in tokens]
+        values = [{"token": token, "sleep_ms": rng.randint(0, config.topic_max_sleep_ms)}
+                  for token in tokens]
+        if count == 1:
+            stream.TOPIC.publish(values[0], key=keys[0])
+        else:
+            stream.TOPIC.publish_many(values, keys=keys)
+            self._bulk += count
+        now = time.time()
+        Published.objects.bulk_create([
+            Published(token=token, key=key or "", bulk=count > 1, producer=self.index, at=now)
+            for token, key in zip(tokens, keys, strict=True)])
+        return tokens
 
 
 def enqueue_crash() -> int:

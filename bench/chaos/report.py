@@ -48,6 +48,34 @@ ROWS = (
     ("limited_messages", "messages under a concurrency key (limit 2)"),
     ("limit_violations", "... keys that ran more than their limit at once"),
     ("limit_peak", "most runs of one key at once"),
+    ("topic_published", "topic messages committed by producers (publish and publish_many)"),
+    ("topic_published_bulk", "... of them by publish_many"),
+    ("topic_rolled_back", "topic messages in transactions rolled back on purpose"),
+    ("topic_rolled_back_seen", "... sequenced, handled or heard anyway"),
+    ("topic_unsequenced", "committed topic messages without an offset at the end"),
+    ("topic_groups", "consumer groups (billing 5 %, shipping 10 %, audit 30 % failures)"),
+    ("topic_lost", "(group, message) pairs of a committed publish never handled"),
+    ("topic_phantoms", "handler runs of messages no committed transaction published"),
+    ("topic_failed_on_purpose", "handler runs failed on purpose (then retried)"),
+    ("topic_double_deliveries", "(group, offset) pairs made into more than one delivery"),
+    ("topic_duplicates", "(group, message) pairs handled again other than after a failure"),
+    ("topic_unexplained_duplicates", "... with no kill -9, KILL, restart or crash to explain"),
+    ("topic_dead", "deliveries dead"),
+    ("topic_still_queued", "deliveries still queued after the drain"),
+    ("topic_last_offset", "the topic's last offset"),
+    ("topic_positions_behind", "groups whose position is not the last offset at the end"),
+    ("topic_order_violations", "keyed messages started before the key's previous one ended"),
+    ("topic_unexplained_claim_losses", "delivery claims taken back from a live worker"),
+    ("topic_recovery_median_seconds", "kill -9 to a delivery orphan claimed again: median"),
+    ("broadcast_processes", "worker processes that started their broadcast reader"),
+    ("broadcast_owed", "(process, message) pairs owed: sequenced after its start, outlived"),
+    ("broadcast_heard", "... heard"),
+    ("broadcast_missed", "... never heard"),
+    ("broadcast_excused_start", "pairs excused: sequenced while the process was starting"),
+    ("broadcast_excused_end", "pairs excused: the process ended within the grace after it"),
+    ("broadcast_excused_end_heard", "... heard all the same"),
+    ("broadcast_before_start", "messages heard by a process started after them"),
+    ("broadcast_duplicates", "messages heard twice by one process"),
 )
 
 
@@ -58,11 +86,15 @@ def markdown(result: dict[str, Any]) -> str:
         value = metrics.get(key)
         lines.append(f"| {key} | {'-' if value is None else value} | {meaning} |")
     causes = ", ".join(f"{k} {v}" for k, v in sorted(result["duplicate_causes"].items()))
+    topic_causes = ", ".join(f"{k} {v}" for k, v in
+                             sorted(result.get("topic_duplicate_causes", {}).items()))
     recovery = result["recovery"]
     timing = result.get("timing", {})
     lines += [
         "",
         f"Duplicates by cause: {causes or 'none'}.",
+        f"Topic duplicates by cause: {topic_causes or 'none'}.",
+        f"Per group: {_groups(result)}.",
         f"Kill -9 orphans: {recovery['orphans']}; sweep after the kill median "
         f"{recovery['sweep_seconds']['median']} s, max {recovery['sweep_seconds']['max']} s.",
         f"First success after each restart (or node's return): "
@@ -82,8 +114,17 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("**FAILED**:")
         lines += [f"- {failure}" for failure in result["failures"]]
     else:
-        lines.append("**OK**: nothing lost, every duplicate explained, atomic work exactly once.")
+        lines.append("**OK**: nothing lost, every duplicate explained, atomic work exactly once; "
+                     "every group handled every published message, in key order; broadcast "
+                     "heard by every live process.")
     return "\n".join(lines)
+
+
+def _groups(result: dict[str, Any]) -> str:
+    groups = result.get("topic_groups") or {}
+    return "; ".join(f"{name} handled {g['handled']}, runs {g['runs']}, failed on purpose "
+                     f"{g['failed_on_purpose']}, duplicates {g['duplicates']}"
+                     for name, g in sorted(groups.items())) or "none"
 
 
 def _examples(result: dict[str, Any]) -> list[str]:
@@ -91,7 +132,10 @@ def _examples(result: dict[str, Any]) -> list[str]:
     lines = []
     for key, title in (("unexplained", "Unexplained duplicates"),
                        ("unexplained_claim_losses", "Unexplained claim losses"),
-                       ("stalled_claims", "Stalled claims")):
+                       ("stalled_claims", "Stalled claims"),
+                       ("topic_unexplained", "Unexplained topic duplicates"),
+                       ("topic_order_violations", "Topic key order violations"),
+                       ("broadcast_missed", "Broadcast messages missed")):
         items = result.get(key) or []
         if items:
             lines.append(f"{title} (first {min(3, len(items))} of {len(items)}):")

@@ -15,9 +15,10 @@ from django.db import DatabaseError, connections
 
 from django_mysqlq.conf import get_settings
 
-from . import admin, analysis, facts, logs
+from . import admin, analysis, broadcast, facts, logs, server, streamfacts, topics_audit
 from .config import ChaosConfig
 from .events import EventLog
+from .lifetimes import lifetimes
 from .monkey import Monkey
 from .producers import Producer
 from .workers import WorkerPool
@@ -34,7 +35,9 @@ def _close_connections() -> None:
             connection.close()
 
 
-def _prepare() -> None:
+def _prepare(restart: bool) -> None:
+    if restart:
+        server.check_restartable()
     admin.create_database()
     others = admin.foreign_connections()
     if others:
@@ -87,7 +90,7 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         began = mark = time.monotonic()
-        _prepare()
+        _prepare(self.config.restart)
         try:
             for _ in range(self.config.workers):
                 self.pool.start()
@@ -96,6 +99,9 @@ class Run:
             self._chaos()
             mark = self._phase("chaos", mark)
             self._drain()
+            # Broadcast readers are nobody's backlog: give them the audit's grace to read
+            # the last messages, so the final stop excuses none (broadcast.py).
+            time.sleep(broadcast.GRACE)
             mark = self._phase("drain", mark)
             logger.info("Stopping the workers (SIGTERM).")
             self.pool.stop_all()
@@ -150,19 +156,34 @@ class Run:
             self._replace_crashed()
             backlog = admin.queue_backlog()
             backlog.pop("dead", None)
+            backlog.update(admin.topic_backlog())
             if not backlog:
                 logger.info("Queue drained.")
                 return
             time.sleep(0.2)
-        logger.warning("Queue not drained after %.0fs: %s", self.config.drain_timeout, backlog)
+        logger.warning("Queue and topic not drained after %.0fs: %s", self.config.drain_timeout,
+                       backlog)
 
     def _analyze(self) -> dict[str, Any]:
         rolled_back = {token for producer in self.producers
                        for token in producer.stats.rolled_back_tokens}
         events = self.events.all()
         lease = get_settings().LEASE_SECONDS
-        result = analysis.analyze(facts.load(), events, rolled_back,
+        task_facts = facts.load()
+        result = analysis.analyze(task_facts, events, rolled_back,
                                   self.config.recovery_limit, lease, self.pool.ports_by_pid())
+        crash_runs = {run.pid: run.start for m in task_facts.messages.values()
+                      if m.kind == "crash" for run in m.runs}
+        topic = topics_audit.analyze(streamfacts.load(), events, rolled_back,
+                                     lifetimes(self.pool.workers, crash_runs), lease)
+        result["metrics"].update(topic.pop("metrics"))
+        result["metrics"]["topic_rolled_back"] = sum(p.stats.published_rolled_back
+                                                     for p in self.producers)
+        result["metrics"]["topic_published_bulk"] = sum(p.stats.published_bulk
+                                                        for p in self.producers)
+        result["failures"] += topic.pop("failures")
+        result["ok"] = not result["failures"]
+        result.update(topic)
         _close_connections()
         result["log_errors"] = logs.error_lines(self.log_dir)
         result["producers"] = {

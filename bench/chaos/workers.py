@@ -55,6 +55,8 @@ class Worker:
     signalled_at: float = 0.0
     #: The database port it connects to (a cluster node), or None: the harness's.
     port: int | None = None
+    #: When it was told to stop (SIGTERM), killed, or found dead (host epoch seconds).
+    ended_at: float | None = None
 
     @property
     def pid(self) -> int:
@@ -107,8 +109,9 @@ class WorkerPool:
 
     def kill(self, worker: Worker, detail: str = "") -> None:
         """SIGKILL, recorded the moment before it is sent."""
-        self.events.add(ev.KILL, worker.pid, detail=detail)
+        event = self.events.add(ev.KILL, worker.pid, detail=detail)
         worker.state = "killed"
+        worker.ended_at = event.at
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGKILL)
         self._wait(worker, 10)
@@ -117,7 +120,7 @@ class WorkerPool:
         """SIGTERM: a graceful stop, reaped later by :meth:`reap`."""
         self.events.add(ev.SIGTERM, worker.pid)
         worker.state = "stopping"
-        worker.signalled_at = time.time()
+        worker.signalled_at = worker.ended_at = time.time()
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGTERM)
 
@@ -138,6 +141,7 @@ class WorkerPool:
             status = worker.popen.poll()
             if worker.state == "running" and status is not None:
                 worker.state = "exited"
+                worker.ended_at = time.time()
                 self.exit_statuses[worker.pid] = status
                 self.events.add(ev.CRASH, worker.pid, detail=f"exit status {status}")
                 crashed += 1
@@ -160,7 +164,7 @@ class WorkerPool:
         """SIGTERM every worker still alive and wait for all of them (bounded)."""
         for worker in self.running():
             worker.state = "stopping"
-            worker.signalled_at = time.time()
+            worker.signalled_at = worker.ended_at = time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signal.SIGTERM)
         while any(worker.state == "stopping" for worker in self.workers):

@@ -84,6 +84,9 @@ class Sizes:
     ordered_one_subject: int = 10_000
     ordered_limited_keys: int = 100
     ordered_limited_per_key: int = 100
+    #: Rate-limited drain: keys x messages per key of ``rated_noop`` (100/s per key).
+    ordered_rated_keys: int = 4
+    ordered_rated_per_key: int = 1_000
     ordered_shape: Shape = (8, 2)
     ordered_batch: int = 100
     # topics (bench/perf/workloads/streams.py)
@@ -116,6 +119,7 @@ SMOKE = Sizes(
     purge_wait_seconds=0.0, cluster_size=1_000,
     ordered_subjects=200, ordered_per_subject=5, ordered_one_subject=300,
     ordered_limited_keys=20, ordered_limited_per_key=20, ordered_shape=(4, 2),
+    ordered_rated_keys=2, ordered_rated_per_key=100,
     streams_publish_single=100, streams_publish_bulk=2_000, streams_drain=1_000,
     streams_threads=4, streams_seconds=30.0, streams_latency_seconds=1.5,
     streams_lag_rate=100, streams_lag_seconds=1.5,

@@ -4,11 +4,14 @@ made in the real tables, each job beside the same work done without Spark.
     python -m bench.pipeline                 # 1M rows: about 10 minutes on 2 cores
     python -m bench.pipeline --rows 50000    # a quick look
     python -m bench.pipeline --only report,readers
+    python -m bench.pipeline --only archive --archive-alone   # no worker beside it
 
 Writes ``bench/results/pipeline-<run>.json`` and ``.md``. The database is
 ``mysqlq_pipeline_bench`` (``MYSQLQ_BENCH_DB`` and ``…_HOST/PORT/USER/PASSWORD``
 override it); its queue tables are emptied first. Each job runs as ``manage.py
 queuepipeline`` in a subprocess, so its time is end to end: Python, Django, the JVM.
+The archive step also reports the CPU seconds of the command (every process of its
+session: Python, the JVM), of the local MariaDB server and of the worker.
 """
 
 from __future__ import annotations
@@ -157,20 +160,78 @@ def worker_rate(conn: Any, seconds: float, until: Any = None) -> tuple[float, in
     return (done - first) / elapsed, done - first
 
 
-def bench_archive(conn: Any, work: Path, rows: int) -> dict[str, Any]:
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds a live process has used (None if unknown)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pid() -> int | None:
+    """The local MariaDB server's pid, if this machine runs it (for its CPU time)."""
+    for path in ("/run/mysqld/mysqld.pid", "/var/run/mysqld/mysqld.pid"):
+        try:
+            return int(Path(path).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class SessionCpu:
+    """CPU seconds of every process of one session (a command and the JVM it starts,
+    which outlives its parent's wait), sampled while it runs."""
+
+    def __init__(self, session: int) -> None:
+        self.session = session
+        self.seen: dict[int, float] = {}
+
+    def sample(self) -> None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == self.session:
+                used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                self.seen[int(entry.name)] = max(used, self.seen.get(int(entry.name), 0.0))
+
+    def total(self) -> float:
+        return round(sum(self.seen.values()), 1)
+
+
+def cpu_delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else round(after - before, 1)
+
+
+def bench_archive(conn: Any, work: Path, rows: int, with_worker: bool = True) -> dict[str, Any]:
     from bench.perf.context import _FILL_SQL, NOOP_PAYLOAD, NOOP_TASK
     from bench.perf.workers import WorkerProcess, worker_args
 
-    log(f"archive: a worker drains {WORKER_FILL} no-op messages; its rate alone, then "
-        "beside queuepipeline archive")
-    cursor = conn.cursor()
-    for _ in range(WORKER_FILL // 100_000):
-        cursor.execute(_FILL_SQL.format(n=100_000), ["default", NOOP_TASK, NOOP_PAYLOAD])
-    env = {"MYSQLQ_BENCH_DB": os.environ["MYSQLQ_BENCH_DB"]}
-    worker = WorkerProcess(worker_args(4, 1), work, "worker", env)
+    worker = None
+    if with_worker:
+        log(f"archive: a worker drains {WORKER_FILL} no-op messages; its rate alone, then "
+            "beside queuepipeline archive")
+        cursor = conn.cursor()
+        for _ in range(WORKER_FILL // 100_000):
+            cursor.execute(_FILL_SQL.format(n=100_000), ["default", NOOP_TASK, NOOP_PAYLOAD])
+        env = {"MYSQLQ_BENCH_DB": os.environ["MYSQLQ_BENCH_DB"]}
+        worker = WorkerProcess(worker_args(4, 1), work, "worker", env)
+    else:
+        log("archive: queuepipeline archive alone (--archive-alone: no worker beside it)")
+    worker_pid = worker.pid if worker is not None else None
     try:
-        time.sleep(5.0)  # started, warmed up
-        alone, _ = worker_rate(conn, WORKER_WINDOW)
+        if worker is not None:
+            time.sleep(5.0)  # started, warmed up
+        server = server_pid()
+        cpu = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
+        alone = worker_rate(conn, WORKER_WINDOW)[0] if worker is not None else None
+        cpu_alone = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
         archive_log = work / "archive.log"
         env_all = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS,
                    "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -179,14 +240,22 @@ def bench_archive(conn: Any, work: Path, rows: int) -> dict[str, Any]:
             process = subprocess.Popen(
                 [sys.executable, "-m", "django", "queuepipeline", "archive", "--older-than",
                  "30m", "--to", str(work / "archive")], cwd=ROOT, env=env_all,
-                stdout=subprocess.PIPE, stderr=err)
-            during, processed = worker_rate(conn, 0, until=lambda: process.poll() is not None)
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+            sampler = SessionCpu(process.pid)
+
+            def ended() -> bool:
+                sampler.sample()
+                return process.poll() is not None
+
+            during, processed = worker_rate(conn, 0, until=ended)
         seconds = time.perf_counter() - started
+        cpu_during = {"server": cpu_seconds(server), "worker": cpu_seconds(worker_pid)}
         out = process.stdout.read().decode() if process.stdout else ""
         if process.returncode != 0:
             raise SystemExit(f"archive failed: {out}\n{archive_log.read_text()[-3000:]}")
     finally:
-        worker.kill()
+        if worker is not None:
+            worker.kill()
     job = re.search(r"in ([\d.]+)s", out)
     left = scalar(conn, "SELECT COUNT(*) FROM mysqlq_attempt WHERE worker_id = 'bench-worker'")
     import pyarrow.dataset as ds
@@ -198,7 +267,15 @@ def bench_archive(conn: Any, work: Path, rows: int) -> dict[str, Any]:
             "rows_per_second_end_to_end": rows / seconds,
             "rows_per_second_job": rows / float(job[1]) if job else None,
             "worker_rate_alone": alone, "worker_rate_during_archive": during,
-            "worker_processed_during_archive": processed, "stdout": out.strip()}
+            "worker_processed_during_archive": processed,
+            # CPU seconds: the archive command (Python driver, its JVM, Spark's Python
+            # workers), the database server, the worker; per window (alone, during).
+            "cpu_archive_command": sampler.total(),
+            "cpu_server_worker_alone": cpu_delta(cpu["server"], cpu_alone["server"]),
+            "cpu_worker_alone": cpu_delta(cpu["worker"], cpu_alone["worker"]),
+            "cpu_server_during_archive": cpu_delta(cpu_alone["server"], cpu_during["server"]),
+            "cpu_worker_during_archive": cpu_delta(cpu_alone["worker"], cpu_during["worker"]),
+            "load_average_after": os.getloadavg(), "stdout": out.strip()}
 
 
 def bench_enqueue(conn: Any, work: Path, rows: int) -> dict[str, Any]:
@@ -257,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--only", default=",".join(STEPS))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--archive-alone", action="store_true",
+                        help="archive with no worker draining a queue beside it")
     args = parser.parse_args(argv)
     steps = [step for step in STEPS if step in args.only.split(",")]
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
@@ -289,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
             elif step == "readers":
                 results[step] = bench_readers(args.rows)
             elif step == "archive":
-                results[step] = bench_archive(conn, work, args.rows)
+                results[step] = bench_archive(conn, work, args.rows, not args.archive_alone)
             else:
                 results[step] = bench_enqueue(conn, work, args.rows)
             log(json.dumps({k: v for k, v in results[step].items() if k != "stdout"},

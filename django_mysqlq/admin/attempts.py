@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from .. import ops
 from ..models import Attempt, Message
 from . import actions
+from .databases import DatabaseFilter, DatabaseMixin
 from .filters import HistoryQueueFilter, HistoryTaskFilter
 from .listing import CappedPaginator, given, text
 from .readonly import ReadOnlyAdminMixin
@@ -70,10 +71,10 @@ def replay_selected(modeladmin: AttemptAdmin, request: HttpRequest,
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdminMixin, _Base):
+class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("id", "message_link", "queue", "task_name", "attempt", "outcome", "by",
                     "started_at", "finished_at", "duration", "error_class")
-    list_filter = ("outcome", HistoryTaskFilter, HistoryQueueFilter, "finished_at")
+    list_filter = (DatabaseFilter, "outcome", HistoryTaskFilter, HistoryQueueFilter, "finished_at")
     search_fields = ("=message_id", "=task_name")
     search_help_text = "A message id (its trace), or a task's full name (exact)."
     ordering = NEWEST_FIRST

@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from .. import broker
 from ..models import BlockedMessage, Message, MessageStatus
 from .actions import ACTIONS
+from .databases import DatabaseFilter
 from .filters import BlockedQueueFilter, BlockedTaskFilter
 from .gates import describe_holders, gate_ref, holders_of
 from .messages import _bulk, _EntryPoint, message_ordering
@@ -27,7 +28,7 @@ _holders_now: contextvars.ContextVar[dict[broker.GateRef, list[broker.Holder]]] 
 @admin.register(BlockedMessage)
 class BlockedMessageAdmin(_EntryPoint):
     list_display = ["id", "queue", "task_name", "gate_key", "held_by", "priority", "age"]
-    list_filter = [BlockedQueueFilter, BlockedTaskFilter]
+    list_filter = [DatabaseFilter, BlockedQueueFilter, BlockedTaskFilter]
     actions = [_bulk(ACTIONS[name])
                for name in ("requeue_head", "release_subject", "cancel", "priority")]
 

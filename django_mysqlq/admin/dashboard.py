@@ -14,10 +14,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .. import broker, ops
+from .. import broker, routing, views
+from ..conf import get_settings
 from ..models import QueueState
 from ..tasks import QUEUE_NAME_MAX
-from . import actions
+from . import actions, databases
 from .listing import COUNT_CAP
 from .readonly import ReadOnlyAdminMixin
 
@@ -61,8 +62,16 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        data = ops.dashboard(count_cap=COUNT_CAP)
+        alias = databases.selected(request)
+        [view] = views.dashboards(count_cap=COUNT_CAP, only=alias)
+        data = view.dashboard
+        aliases = routing.queue_aliases()
         context = {
+            "database": alias if len(aliases) > 1 or view.lag is not None else "",
+            "databases": aliases if len(aliases) > 1 else (),
+            "read_from": view.read,
+            "replica_lag": view.lag,
+            "db_query": f"database={alias}&" if alias != aliases[0] else "",
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
             "opts": self.opts,
@@ -94,4 +103,7 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
             broker.set_paused(queue, paused, actions.who(request))
             self.message_user(request, f"Queue {queue} {'paused' if paused else 'resumed'}: "
                               "workers follow within about a second.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:django_mysqlq_queuestate_changelist"))
+        alias = routing.alias_for_queue(queue) if queue else get_settings().DATABASE
+        back = reverse("admin:django_mysqlq_queuestate_changelist")
+        return HttpResponseRedirect(back if alias == get_settings().DATABASE
+                                    else f"{back}?{databases.PARAMETER}={alias}")

@@ -16,6 +16,7 @@ from django.http import HttpRequest
 
 from .. import broker
 from ..models import Attempt, Message, MessageStatus
+from . import databases
 
 #: Choices a filter offers at most; any other value still works in the URL.
 MAX_CHOICES = 200
@@ -85,7 +86,7 @@ class StuckFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.filter(pk__in=[s.id for s in broker.stuck_messages()])
+            return queryset.filter(pk__in=[s.id for s in databases.stuck_messages()])
         return queryset
 
 

@@ -10,6 +10,7 @@ from django.utils.html import format_html, format_html_join
 
 from .. import broker
 from ..models import GateMode, Message, MessageStatus
+from .databases import shown_suffix
 
 #: Holders shown per gate (an ordered subject has one).
 SHOWN_HOLDERS = 5
@@ -49,7 +50,7 @@ def describe_holders(found: list[broker.Holder], *, exclude: int | None = None) 
         return ""
     return format_html_join(
         ", ", '<a href="{}">#{}</a> ({})',
-        ((reverse("admin:django_mysqlq_message_change", args=[h.id]), h.id,
+        ((reverse("admin:django_mysqlq_message_change", args=[h.id]) + shown_suffix(), h.id,
           format_html("<strong class='mysqlq-dead'>{}</strong>", h.status)
           if h.status == MessageStatus.DEAD else h.status) for h in shown))
 

@@ -25,10 +25,11 @@ from django.utils.datastructures import MultiValueDict
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .. import broker, ops
+from .. import broker, ops, routing
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
-from . import actions
+from . import actions, databases
 from .actions import ACTIONS, Action, outside_request_transaction
+from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
 from .gates import gate_holders, gate_label, holds_or_waits
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
@@ -69,9 +70,9 @@ def search(term: str) -> tuple[Q, bool]:
 
     A number is a message id (or a numeric dedup key); other text is a dedup key if a
     message has it. Either, when no message has it, is an ordered subject or concurrency
-    key if one has that (``ordered_by="order_id"`` makes keys like "42"); other text is
-    then a task's full name. Each is one index lookup: a substring search would read every
-    row of a million-message table.
+    key if one has that (``ordered_by="order_id"`` makes keys like "42"), then a rate-limit
+    key; other text is then a task's full name. Each is one index lookup: a substring
+    search would read every row of a million-message table.
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
@@ -84,6 +85,8 @@ def search(term: str) -> tuple[Q, bool]:
         return Q(dedup_key=term), False
     if Message.objects.filter(gate_key=term).exists():
         return Q(gate_key=term), False
+    if Message.objects.filter(rate_key=term).exclude(task_name=term).exists():
+        return Q(rate_key=term), False  # a rate-limit key (a task-wide one is its name)
     return Q(task_name=term), True
 
 
@@ -128,10 +131,10 @@ def _bulk(action: Action) -> Any:
 
 
 @admin.register(Message)
-class MessageAdmin(ReadOnlyAdminMixin, _Base):
+class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ["id", "queue", "task_name", "status_label", "priority", "attempts_label",
                     "age", "owner", "run_at"]
-    list_filter = [QueueFilter, "status", TaskFilter, StuckFilter]
+    list_filter = [DatabaseFilter, QueueFilter, "status", TaskFilter, StuckFilter]
     search_fields = ("=id", "=dedup_key", "=task_name")
     search_help_text = ("A message id, a dedup key, an ordered subject or concurrency key, or a "
                         "task's full name (exact).")
@@ -148,7 +151,8 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
     change_list_template = "admin/django_mysqlq/message/change_list.html"
     fields = ("id", "queue", "task_name", "status", "priority", "attempts", "max_attempts",
               "arguments", "enqueued_at", "run_at", "retry_backoff", "timeout", "dedup_key",
-              "gate", "owner", "claimed_at", "lease_expires_at", "last_error_text")
+              "unique_for", "rate_key", "gate", "owner", "claimed_at", "lease_expires_at",
+              "last_error_text")
     readonly_fields = fields
 
     # ------------------------------------------------------------- permissions
@@ -247,13 +251,19 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # The message, its trace and whether it is stuck: all on the page's database.
+        return databases.within(request, lambda: self._change_view(
+            request, object_id, form_url, extra_context))
+
+    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
+                     extra_context: dict[str, Any] | None) -> HttpResponse:
         context = dict(extra_context or {})
         try:
             message_id = int(object_id)
         except ValueError:
             raise Http404("Message ids are numbers.") from None
-        stuck = {s.id: s for s in broker.stuck_messages()}.get(message_id)
-        message = Message.objects.filter(pk=message_id).first()
+        stuck = {s.id: s for s in databases.stuck_messages()}.get(message_id)
+        message = Message.objects.using(broker.default_alias()).filter(pk=message_id).first()
         buttons = []
         if message is not None:
             for action in ACTIONS.values():
@@ -264,9 +274,10 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
                     if action.on_heads and not holds_or_waits(message):
                         continue
                     buttons.append((action, reverse("admin:django_mysqlq_message_act",
-                                                    args=[message_id, action.name])))
+                                                    args=[message_id, action.name])
+                                    + databases.suffix(request)))
         context.update(
-            trace=Attempt.objects.for_message(message_id)[:500],
+            trace=Attempt.objects.using(broker.default_alias()).for_message(message_id)[:500],
             stuck=stuck,
             buttons=buttons,
             holders=gate_holders(message) if message is not None else None,
@@ -274,7 +285,15 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
         return super().change_view(request, object_id, form_url, context)
 
     def act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
-        """One action on one message: GET shows the confirmation, POST runs it."""
+        """One action on one message: GET shows the confirmation, POST runs it (on the
+        message's own database, ``?database=``)."""
+        with routing.on_alias(databases.selected(request)):
+            response = self._act(request, object_id, name)
+            if isinstance(response, TemplateResponse):
+                response.render()
+        return response
+
+    def _act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
         action = ACTIONS.get(name)
         if action is None:
             raise Http404(f"No action {name!r}.")
@@ -286,12 +305,14 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
             message_id = int(object_id)
         except ValueError:
             raise Http404("Message ids are numbers.") from None
-        back = reverse("admin:django_mysqlq_message_change", args=[message_id])
+        back = reverse("admin:django_mysqlq_message_change", args=[message_id]) \
+            + databases.suffix(request)
         if request.method != "POST" or (action.confirm and request.POST.get("confirmed") != "yes"):
             return self.confirmation(request, action, [message_id], bulk=False)
         done = self.run_action(request, action, [message_id])
         if action.name == "cancel" and done:
-            return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist"))
+            return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist")
+                                        + databases.suffix(request))
         return HttpResponseRedirect(back)
 
     def run_action(self, request: HttpRequest, action: Action, ids: Sequence[int]) -> list[int]:
@@ -321,16 +342,22 @@ class MessageAdmin(ReadOnlyAdminMixin, _Base):
             "title": f"{action.label}: are you sure?",
             "opts": self.opts,
             "action": action,
-            "targets": Message.objects.filter(pk__in=list(ids)).order_by("pk")[:100],
+            "targets": Message.objects.using(broker.default_alias())
+            .filter(pk__in=list(ids)).order_by("pk")[:100],
             "ids": list(ids),
-            "missing": len(ids) - Message.objects.filter(pk__in=list(ids)).count(),
+            "missing": len(ids) - Message.objects.using(broker.default_alias())
+            .filter(pk__in=list(ids)).count(),
             "bulk": bulk,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/django_mysqlq/message/confirm.html", context)
 
     def requeue_matching(self, request: HttpRequest) -> HttpResponse:
-        """"Requeue all dead matching this filter": the changelist's filters, dead only."""
+        """"Requeue all dead matching this filter": the changelist's filters, dead only, on
+        the list's database."""
+        return databases.within(request, lambda: self._requeue_matching(request))
+
+    def _requeue_matching(self, request: HttpRequest) -> HttpResponse:
         if not (self.has_view_permission(request)
                 and actions.allowed(request, actions.REQUEUE)):
             raise PermissionDenied
@@ -384,12 +411,13 @@ class _EntryPoint(MessageAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = dict(extra_context or {})
         context["requeue_matching_url"] = None
-        return admin.ModelAdmin.changelist_view(self, request, context)
+        return databases.within(
+            request, lambda: admin.ModelAdmin.changelist_view(self, request, context))
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return HttpResponseRedirect(reverse("admin:django_mysqlq_message_change",
-                                            args=[object_id]))
+                                            args=[object_id]) + databases.suffix(request))
 
     def get_urls(self) -> list[URLPattern]:
         return outside_request_transaction(admin.ModelAdmin.get_urls(self))
@@ -404,13 +432,13 @@ _stuck_now: contextvars.ContextVar[dict[int, broker.Stuck]] = contextvars.Contex
 class StuckMessageAdmin(_EntryPoint):
     list_display = ["id", "queue", "task_name", "stuck_reason", "attempts_label",
                     "last_error_line", "owner", "claimed_at"]
-    list_filter = [QueueFilter, TaskFilter]
+    list_filter = [DatabaseFilter, QueueFilter, TaskFilter]
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
         return NEWEST_FIRST  # a primary-key list of the few stuck messages
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        stuck = {s.id: s for s in broker.stuck_messages()}
+        stuck = {s.id: s for s in databases.stuck_messages()}
         _stuck_now.set(stuck)
         return super().get_queryset(request).filter(pk__in=list(stuck))
 
@@ -427,7 +455,7 @@ class DeadMessageAdmin(_EntryPoint):
     list_display = ["id", "queue", "task_name", "attempts_label", "last_error_line",
                     "priority", "died", "age"]
     # Only queues and tasks that have dead messages (see filters).
-    list_filter = [DeadQueueFilter, DeadTaskFilter]
+    list_filter = [DatabaseFilter, DeadQueueFilter, DeadTaskFilter]
 
     @admin.display(description="died")
     def died(self, obj: Message) -> dt.datetime:

@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from .. import scheduling
 from ..models import Schedule
 from . import actions
+from .databases import DatabaseFilter, DatabaseMixin, shown_suffix
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -90,10 +91,10 @@ def run_selected(modeladmin: ScheduleAdmin, request: HttpRequest,
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ReadOnlyAdminMixin, _Base):
+class ScheduleAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("name", "task_name", "cron", "timezone", "catch_up", "state",
                     "last_run", "next_run", "last_message")
-    list_filter = (StateFilter, "source", "queue")
+    list_filter = (DatabaseFilter, StateFilter, "source", "queue")
     search_fields = ("name", "task_name")
     actions = [pause_selected, resume_selected, run_selected, prune_selected]
     readonly_fields = ("name", "source", "task_name", "queue", "priority", "max_attempts",
@@ -127,5 +128,6 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _Base):
         if obj.last_message_id is None:
             return "-"
         url = reverse("admin:django_mysqlq_attempt_changelist")
-        return format_html('<a href="{}?message_id={}">#{}</a>', url, obj.last_message_id,
-                           obj.last_message_id)
+        database = shown_suffix().replace("?", "&")
+        return format_html('<a href="{}?message_id={}{}">#{}</a>', url, obj.last_message_id,
+                           database, obj.last_message_id)

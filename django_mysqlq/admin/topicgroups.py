@@ -28,7 +28,8 @@ from django.utils.http import urlencode
 from .. import broker, topicops
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
-from . import actions
+from . import actions, databases
+from .databases import DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
 
@@ -57,7 +58,7 @@ def _bulk_reset(edge: str) -> Any:
 
 
 @admin.register(TopicGroup)
-class TopicGroupAdmin(ReadOnlyAdminMixin, _Base):
+class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("topic", "group_name", "position", "last_offset", "lag", "oldest",
                     "dead_letter", "pumped_at", "changed")
     list_filter = (TopicFilter,)
@@ -128,6 +129,11 @@ class TopicGroupAdmin(ReadOnlyAdminMixin, _Base):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return databases.within(request, lambda: self._change_view(
+            request, object_id, form_url, extra_context))
+
+    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
+                     extra_context: dict[str, Any] | None) -> HttpResponse:
         context = dict(extra_context or {})
         row = self._row(object_id)
         found = broker.groups(row.topic, row.group_name)

@@ -16,6 +16,8 @@ from django.utils.http import urlencode
 
 from .. import broker, topicops
 from ..models import TopicMessage, TopicState
+from . import databases
+from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
 from .listing import CappedPaginator, given
 from .readonly import ReadOnlyAdminMixin
@@ -32,7 +34,7 @@ def can_view(request: HttpRequest) -> bool:
 
 
 @admin.register(TopicState)
-class TopicStateAdmin(ReadOnlyAdminMixin, _TopicBase):
+class TopicStateAdmin(DatabaseMixin, ReadOnlyAdminMixin, _TopicBase):
     list_display = ("name", "last_offset", "first_offset", "kept", "sequenced_at",
                     "created_at", "links")
     ordering = ("name",)
@@ -66,7 +68,7 @@ class TopicFilter(admin.SimpleListFilter):
 
 
 @admin.register(TopicMessage)
-class TopicMessageAdmin(ReadOnlyAdminMixin, _MessageBase):
+class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
     """Look messages up: ``?topic=orders`` and ``offset=N``, ``key=K`` or
     ``published_at__gte=…&published_at__lt=…`` (each one index range, read a page at a
     time with a capped count)."""
@@ -109,6 +111,11 @@ class TopicMessageAdmin(ReadOnlyAdminMixin, _MessageBase):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return databases.within(request, lambda: self._change_view(
+            request, object_id, form_url, extra_context))
+
+    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
+                     extra_context: dict[str, Any] | None) -> HttpResponse:
         context = dict(extra_context or {})
         message = TopicMessage.objects.filter(pk=object_id).first() \
             if object_id.isdigit() else None

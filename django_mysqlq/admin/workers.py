@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from .. import broker
 from ..conf import get_settings
 from ..models import Worker
+from .databases import DatabaseFilter, DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ class AliveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Worker)
-class WorkerAdmin(ReadOnlyAdminMixin, _Base):
+class WorkerAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("id", "state", "host", "pid", "queues", "concurrency", "started_at",
                     "last_heartbeat", "processed", "failed")
-    list_filter = (AliveFilter, "host")
+    list_filter = (DatabaseFilter, AliveFilter, "host")
     search_fields = ("id", "host", "=pid")
     ordering = ("-last_heartbeat",)
 

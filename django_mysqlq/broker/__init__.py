@@ -30,6 +30,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``archive``    the archive's source check and exact deletes
 ``fanout``     bulk enqueue from Spark executors (keyed rows, none twice)
 ``replay``     bulk replay, each copy linked to its original
+``unique``     dedup keys kept taken for a period after success (``unique_for``)
+``rates``      global rate limits: rate keys' rows, the claim of throttled messages
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 ``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
 ``topic_replay`` replay a range of a topic into one group
@@ -47,13 +49,16 @@ from .base import (
     MESSAGE_TABLE,
     QUEUE_TABLE,
     WORKER_TABLE,
+    bind_alias,
     close_if_broken,
+    default_alias,
     ensure_usable,
     error_code,
     finish_by,
     is_refusal,
     is_schema_error,
     is_setup_error,
+    on_alias,
     send_robust,
     stats,
     was_interrupted,
@@ -85,6 +90,7 @@ from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
 from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
 from .operate import (
     Operator,
+    RateOfCopy,
     Stuck,
     cancel,
     paused_queues,
@@ -120,6 +126,13 @@ from .purge import (
     purge_history_batch,
     purge_workers_batch,
 )
+from .rates import (
+    IDLE_KEY_SECONDS,
+    claim_throttled,
+    purge_idle_rate_keys,
+    repair_rate_keys,
+    seconds_to_next_start,
+)
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
 from .schedules import fire_due as fire_due_schedules
@@ -153,6 +166,7 @@ from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volu
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import last_offset, publish, read_after, sequence, try_sequence
+from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
     describe_unserved,
@@ -164,6 +178,7 @@ from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, re
 
 __all__ = [
     "ATTEMPT_TABLE",
+    "IDLE_KEY_SECONDS",
     "MESSAGE_TABLE",
     "QUEUE_TABLE",
     "READ_CLAIMED_SQL",
@@ -188,6 +203,7 @@ __all__ = [
     "Overran",
     "PurgeLag",
     "QueueOverview",
+    "RateOfCopy",
     "Repair",
     "ReplayResult",
     "ResetResult",
@@ -202,10 +218,12 @@ __all__ = [
     "ack_many",
     "ack_within",
     "activity_marks",
+    "bind_alias",
     "cancel",
     "claim",
     "claim_sql",
     "claim_sql_for",
+    "claim_throttled",
     "claims_held",
     "close_if_broken",
     "connection_identity",
@@ -217,6 +235,7 @@ __all__ = [
     "database_now",
     "dead_deliveries",
     "dead_heads",
+    "default_alias",
     "defer",
     "deregister_worker",
     "describe_unserved",
@@ -226,6 +245,7 @@ __all__ = [
     "fail",
     "finish_by",
     "fire_due_schedules",
+    "free_unique_keys",
     "gates_of",
     "groups",
     "has_pending",
@@ -242,6 +262,7 @@ __all__ = [
     "lookup",
     "mark_stale_workers",
     "mark_started",
+    "on_alias",
     "overran_deliveries",
     "own_connection",
     "paused_queues",
@@ -255,7 +276,9 @@ __all__ = [
     "pump_group",
     "purge_dead_batch",
     "purge_history_batch",
+    "purge_idle_rate_keys",
     "purge_lag",
+    "purge_unique_keys_batch",
     "purge_workers_batch",
     "queue_counts",
     "queue_names",
@@ -270,6 +293,7 @@ __all__ = [
     "release_subjects",
     "renew_leases",
     "repair_gates",
+    "repair_rate_keys",
     "replay",
     "replay_range",
     "requeue",
@@ -278,6 +302,7 @@ __all__ = [
     "reset_group",
     "retry_delay",
     "run_schedule_now",
+    "seconds_to_next_start",
     "send_robust",
     "sequence",
     "served_queues",

@@ -20,11 +20,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 
 from ..conf import get_settings
+from ..routing import bind_alias, bound_alias, on_alias
 from .isolation import transaction_prelude
 
 logger = logging.getLogger("django_mysqlq")
 
 T = TypeVar("T")
+
+__all__ = ["bind_alias", "on_alias"]  # re-exported: the worker binds its threads
 
 MESSAGE_TABLE = "mysqlq_message"
 ATTEMPT_TABLE = "mysqlq_attempt"
@@ -64,7 +67,14 @@ SHORTEST_BOUND = 1.0
 
 #: Named lock held by the one recovery sweeper; scoped to the schema, so databases don't
 #: share it (used by ``recover`` and by the parked workers' check in ``park``).
+#: The database clock, for code that compares times the database wrote.
+NOW_SQL = "SELECT UTC_TIMESTAMP(6)"
 RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
+
+#: The status of a message that may run now: 'ready', or 'throttled' for one with a rate
+#: limit, which only a rate-limited claim takes (``rates``). Every statement that makes a
+#: message runnable again (promotion, retry, release, recovery, requeue) sets this.
+RUNNABLE_STATUS = "IF(rate_key IS NULL, 'ready', 'throttled')"
 
 #: Resets a message's claim columns (a release, a retry, a recovery, a death).
 CLEAR_CLAIM = (
@@ -93,7 +103,9 @@ stats = BrokerStats()
 
 
 def default_alias() -> str:
-    return get_settings().DATABASE
+    """The alias of the statements that name none: this thread's bound alias (a worker's
+    threads serve one database each; ``routing.on_alias``), else ``MYSQLQ['DATABASE']``."""
+    return bound_alias() or get_settings().DATABASE
 
 
 def connection_for(alias: str | None = None) -> BaseDatabaseWrapper:

@@ -16,6 +16,7 @@ from ..models import CLAIM_INDEX
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
+    RUNNABLE_STATUS,
     close_if_broken,
     connection_for,
     default_alias,
@@ -67,7 +68,8 @@ UPDATE {MESSAGE_TABLE}{_CLAIM_SET}
 
 READ_CLAIMED_SQL = f"""
 SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_backoff,
-       timeout, enqueued_at, owner_connection, losses, gate_key, gate_mode
+       timeout, enqueued_at, owner_connection, losses, gate_key, gate_mode, dedup_key,
+       unique_for
   FROM {MESSAGE_TABLE}
  WHERE claim_token = %s
  ORDER BY priority DESC, id
@@ -75,7 +77,8 @@ SELECT id, queue, task_name, payload, priority, attempts, max_attempts, retry_ba
 
 RELEASE_TOKEN_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+   SET status = {RUNNABLE_STATUS}, attempts = IF(attempts > 0, attempts - 1, 0),
+       {CLEAR_CLAIM}
  WHERE claim_token = %s AND status = 'claimed'
 """
 
@@ -175,6 +178,19 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
     return claimed
 
 
+def read_claimed_messages(alias: str, token: str) -> list[ClaimedMessage]:
+    """The messages claimed under ``token``, read back (rows that can't be run go dead)."""
+    claimed: list[ClaimedMessage] = []
+    for row in _read_claimed(alias, token):
+        message = _message(row, token)
+        if isinstance(message, ClaimedMessage):
+            claimed.append(message)
+        else:
+            bury(alias, int(row[0]), token, message,
+                 GateRef.of(str(row[1]), row[13], row[12]), row[13])
+    return claimed
+
+
 def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
     """The claimed row as a message, or why it can't be run as it stands."""
     try:
@@ -191,7 +207,8 @@ def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
             retry_backoff=float(row[7]), timeout=None if row[8] is None else float(row[8]),
             enqueued_at=enqueued_at, claim_token=token,
             connection_id=None if row[10] is None else int(row[10]), losses=int(row[11]),
-            gate_key=row[12], gate_mode=row[13],
+            gate_key=row[12], gate_mode=row[13], dedup_key=row[14],
+            unique_for=int(row[15] or 0),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"

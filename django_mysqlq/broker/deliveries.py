@@ -38,6 +38,7 @@ from .operate import Operator, requeue
 from .park import wake
 from .topics import (
     OFFSET_INDEX,
+    READ_AFTER_SQL,
     SEQUENCE_BATCH,
     TOPIC_MESSAGE_TABLE,
     TOPIC_TABLE,
@@ -74,11 +75,6 @@ LOOK_SQL = (
     " WHERE g.topic = %s AND g.group_name = %s"
 )
 #: The next sequenced messages after the group's position.
-NEXT_MESSAGES_SQL = (
-    f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
-    f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset > %s "
-    "ORDER BY msg_offset LIMIT %s"
-)
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
@@ -214,7 +210,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
                 return -1, []
-        cursor.execute(NEXT_MESSAGES_SQL, [spec.topic, current, wanted])
+        cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
         rows = cursor.fetchall()
         if not rows:
             return 0, []

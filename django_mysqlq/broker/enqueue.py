@@ -14,11 +14,11 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from ..messages import NewMessage
 from ..models import MessageStatus
+from ..routing import alias_for_queue
 from ..signals import message_enqueued
 from .base import (
     MESSAGE_TABLE,
     connection_for,
-    default_alias,
     in_transaction,
     logger,
     micros,
@@ -27,7 +27,9 @@ from .base import (
 )
 from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
+from .rates import ensure_keys
 from .subjects import GateRef, acquire
+from .unique import period_holder
 
 #: Rows per multi-row INSERT in enqueue_many (bytes per statement: see packets.py).
 INSERT_CHUNK = 1000
@@ -124,9 +126,40 @@ def _row_for(message: NewMessage, statuses: Statuses, index: int) -> tuple[str, 
     return _gated_row(message, statuses[index])
 
 
+def extra_columns(messages: Sequence[NewMessage]) -> list[str]:
+    """Columns beyond the templates' that these messages need: ``unique_for``, and a rate
+    limit's key and spacing (left to their defaults otherwise: nothing more to send)."""
+    columns = ["unique_for"] if any(m.unique_for for m in messages) else []
+    if any(m.rate_key is not None for m in messages):
+        columns += ["rate_key", "rate_interval"]
+    return columns
+
+
+def with_extras(sql: str, columns: Sequence[str]) -> str:
+    """The INSERT ``sql`` writing ``columns`` too (see :func:`extra_columns`)."""
+    if not columns:
+        return sql
+    return sql.replace("last_error)", f"last_error, {', '.join(columns)})", 1)
+
+
+def _extended_row(message: NewMessage, row: str, params: list[Any], columns: Sequence[str]
+                  ) -> tuple[str, list[Any]]:
+    """A row writing ``columns`` too. A rate-limited message due now is 'throttled', not
+    'ready': only a rate-limited claim takes it (``rates``)."""
+    if not columns:
+        return row, params
+    if message.rate_key is not None:
+        row = row.replace("'ready'", "'throttled'")
+    values = {"unique_for": message.unique_for, "rate_key": message.rate_key,
+              "rate_interval": message.rate_interval}
+    return row[:-1] + ", %s" * len(columns) + ")", [*params, *(values[c] for c in columns)]
+
+
 def _insert_one(alias: str, message: NewMessage, statuses: Statuses = None) -> int:
     row, params = _row_for(message, statuses, 0)
-    sql = INSERT_SQL if statuses is None else GATED_INSERT_SQL
+    columns = extra_columns([message])
+    sql = with_extras(INSERT_SQL if statuses is None else GATED_INSERT_SQL, columns)
+    row, params = _extended_row(message, row, params, columns)
     with connection_for(alias).cursor() as cursor:
         cursor.execute(sql.format(rows=row), params)
         return int(cursor.lastrowid)
@@ -139,14 +172,17 @@ def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses 
         # MySQL has no INSERT … RETURNING: insert one by one to learn every id.
         return [_insert_one(alias, message, None if statuses is None else [statuses[i]])
                 for i, message in enumerate(messages)]
-    sql = INSERT_RETURNING_SQL if statuses is None else GATED_INSERT_RETURNING_SQL
+    columns = extra_columns(messages)
+    sql = with_extras(INSERT_RETURNING_SQL if statuses is None
+                      else GATED_INSERT_RETURNING_SQL, columns)
     ids: list[int] = []
     with connection.cursor() as cursor:
         for chunk in _chunks(list(range(len(messages))), messages, statement_room(alias)):
             params: list[Any] = []
             rows: list[str] = []
             for index in chunk:
-                row, row_params = _row_for(messages[index], statuses, index)
+                row, row_params = _extended_row(
+                    messages[index], *_row_for(messages[index], statuses, index), columns)
                 rows.append(row)
                 params.extend(row_params)
             values = ", ".join(rows)
@@ -213,19 +249,47 @@ def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int]
     return in_transaction(alias, body)
 
 
-def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
-    """Insert, or return the id of the pending message that already has this dedup key.
+class _PeriodRuns(Exception):
+    """The key is kept taken by a message that succeeded (``unique_for``): undo ours."""
 
-    A dead message gives its key up, so only ready, scheduled or running ones block.
+    def __init__(self, holder: int) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def _insert_keyed(alias: str, message: NewMessage) -> int:
+    """The INSERT of a message with a dedup key, then the check of a ``unique_for``
+    period (after the INSERT: see the lock order in ``unique``)."""
+    if message.rate_key is not None:
+        with connection_for(alias).cursor() as cursor:
+            ensure_keys(cursor, [message])
+    if message.gate_key is None:
+        message_id = _insert_one(alias, message)
+    else:
+        with connection_for(alias).cursor() as cursor:
+            statuses = gate_statuses(cursor, [message])
+        message_id = _insert_one(alias, message, statuses)
+    if message.unique_for > 0:
+        with connection_for(alias).cursor() as cursor:
+            holder = period_holder(cursor, message)
+        if holder is not None:
+            raise _PeriodRuns(holder)
+    return message_id
+
+
+def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
+    """Insert, or return the id of the message that already has this dedup key: a pending
+    one, or (for an enqueue with ``unique_for``) one whose success keeps it taken.
+
+    A dead message gives its key up, so only ready, scheduled, blocked or running ones
+    block, and succeeded ones during their period.
     """
     for attempt in range(3):
         try:
             with transaction.atomic(using=alias):
-                if message.gate_key is None:
-                    return _insert_one(alias, message), True
-                with connection_for(alias).cursor() as cursor:
-                    statuses = gate_statuses(cursor, [message])
-                return _insert_one(alias, message, statuses), True
+                return _insert_keyed(alias, message), True
+        except _PeriodRuns as taken:
+            return taken.holder, False
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
@@ -238,15 +302,44 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
     raise AssertionError("unreachable")
 
 
+def _insert_rated(alias: str, cursor: Any, messages: Sequence[NewMessage]) -> list[int]:
+    """Rate keys' rows, then the messages, in one transaction."""
+    ensure_keys(cursor, messages)
+    return ([_insert_one(alias, messages[0])] if len(messages) == 1
+            else _insert_many(alias, messages))
+
+
 def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     """Insert messages in the caller's transaction (if any); return their ids in order.
 
-    Times are taken from the database clock. A message whose ``run_at`` lies in the
-    future is stored as scheduled and promoted to ready when it is due.
+    Each message goes to its queue's database (``routing.alias_for_queue``) and joins the
+    caller's transaction on that alias. Times are taken from the database clock. A
+    message whose ``run_at`` lies in the future is stored as scheduled and promoted to
+    ready when it is due.
     """
     if not messages:
         return []
-    alias = default_alias()
+    if len(messages) > 1 and any(message.dedup_key is not None for message in messages):
+        # Each key needs its own check (a unique task's calls): one by one, in the
+        # caller's transaction.
+        return [enqueue([message])[0] for message in messages]
+    groups: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        groups.setdefault(alias_for_queue(message.queue), []).append(index)
+    if len(groups) == 1:
+        [alias] = groups
+        return _enqueue_on(alias, messages)
+    # Queues on several databases: one insert per database, each in its own transaction
+    # (there is no transaction across two servers); the ids in the given order.
+    ids: list[int] = [0] * len(messages)
+    for alias, indexes in groups.items():
+        for index, message_id in zip(indexes, _enqueue_on(alias, [messages[i] for i in indexes]),
+                                     strict=True):
+            ids[index] = message_id
+    return ids
+
+
+def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
         message_id, inserted = _insert_deduplicated(alias, messages[0])
@@ -255,6 +348,9 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     elif any(message.gate_key is not None for message in messages):
         ids, queues = _insert_gated(alias, messages)
         new_ids = ids
+    elif any(message.rate_key is not None for message in messages):
+        ids = new_ids = in_transaction(alias, lambda cursor: _insert_rated(alias, cursor,
+                                                                           messages))
     elif len(messages) == 1:
         ids = new_ids = [_insert_one(alias, messages[0])]
     else:
@@ -262,13 +358,14 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
     task_name = messages[0].task_name
     if new_ids:
-        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues), using=alias)
+        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues, alias),
+                              using=alias)
     return ids
 
 
-def _after_enqueue(task_name: str, ids: list[int], queues: list[str]) -> None:
+def _after_enqueue(task_name: str, ids: list[int], queues: list[str], alias: str) -> None:
     try:
-        wake(queues)
+        wake(queues, alias)
     except DatabaseError as exc:  # the messages are committed; workers will poll them
         logger.warning("Could not wake idle workers after an enqueue (%s).", exc)
     send_robust(message_enqueued, task_name, message_ids=ids)

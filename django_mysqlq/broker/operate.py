@@ -19,11 +19,13 @@ from django.db import DatabaseError, transaction
 from ..conf import get_settings
 from ..messages import NewMessage
 from ..models import CANCELLABLE_STATUSES, OPERABLE_STATUSES, Outcome
+from ..routing import alias_for_queue
 from . import subjects
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
     QUEUE_TABLE,
+    RUNNABLE_STATUS,
     connection_for,
     default_alias,
     in_transaction,
@@ -66,7 +68,7 @@ SELECT queue, gate_key, gate_mode FROM {MESSAGE_TABLE}
 #: max_attempts is computed from the attempts before the reset.
 REQUEUE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', run_at = UTC_TIMESTAMP(6),
+   SET status = {RUNNABLE_STATUS}, run_at = UTC_TIMESTAMP(6),
        max_attempts = IF(%s, max_attempts, GREATEST(max_attempts, attempts + 1)),
        attempts = IF(%s, 0, attempts)
  WHERE id IN ({{ids}})
@@ -330,12 +332,18 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
 TaskLimits = tuple[int, float, float | None]
 
 
-def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None) -> int:
+#: A replayed copy's rate-limit key, spacing (microseconds) and limit as declared.
+RateOfCopy = tuple[str, int, str]
+
+
+def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None,
+           rate: RateOfCopy | None = None) -> int:
     """Enqueue a copy of the message a history row finished; return the new message's id.
 
     Only final rows keep the payload (succeeded, failed, cancelled). ``limits`` are the
     task's current attempts, backoff and timeout (:func:`django_mysqlq.ops.replay` looks
-    them up); without them the settings' defaults apply.
+    them up); without them the settings' defaults apply. ``rate``: the copy's rate-limit
+    key, so that it waits for the task's limit like any message of it.
     """
     alias = default_alias()
     with connection_for(alias).cursor() as cursor:
@@ -354,7 +362,10 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
     max_attempts, backoff, timeout = limits
     message = NewMessage(task_name=task_name, queue=queue, priority=int(priority),
                          payload=payload, run_at=None, delay=0.0, max_attempts=max_attempts,
-                         retry_backoff=backoff, timeout=timeout, dedup_key=None)
+                         retry_backoff=backoff, timeout=timeout, dedup_key=None,
+                         rate_key=rate[0] if rate else None,
+                         rate_interval=rate[1] if rate else None,
+                         rate_limit=rate[2] if rate else "")
     with transaction.atomic(using=alias):
         [new_id] = enqueue([message])
         with connection_for(alias).cursor() as cursor:
@@ -370,20 +381,21 @@ def set_paused(queue: str, paused: bool, operator: Operator) -> None:
     """Pause or resume a queue.
 
     Busy workers re-read the paused set about every second; parked ones re-read it before
-    their next claim, and are woken here so that happens now.
+    their next claim, and are woken here so that happens now. On the queue's own database.
     """
-    with connection_for().cursor() as cursor:
+    alias = alias_for_queue(queue)
+    with connection_for(alias).cursor() as cursor:
         cursor.execute(SET_PAUSED_SQL, [queue, paused, operator.name[:200]])
 
     def wake_parked() -> None:
         try:
-            wake([queue], everyone=True)  # every parked worker must re-read the paused set
+            wake([queue], alias, everyone=True)  # every parked worker must re-read the paused set
         except DatabaseError as exc:
             logger.warning("Could not wake idle workers after %s %s (%s).",
                            "pausing" if paused else "resuming", queue, exc)
 
     # After the commit: a worker woken earlier would read the old state and park again.
-    transaction.on_commit(wake_parked, using=default_alias())
+    transaction.on_commit(wake_parked, using=alias)
 
 
 def paused_queues(alias: str | None = None) -> set[str]:

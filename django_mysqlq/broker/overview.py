@@ -104,7 +104,7 @@ SELECT queue, status, COUNT(*) FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
 #: within %s microseconds: whether a burst worker still has work to wait for.
 HAS_PENDING_SQL = f"""
 SELECT 1 FROM {MESSAGE_TABLE} WHERE queue IN ({{queues}})
-   AND (status IN (%s, %s)
+   AND (status IN (%s, %s, %s)
         OR (status = %s AND run_at <= UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND))
  LIMIT 1
 """
@@ -131,17 +131,22 @@ def queue_counts(queues: Sequence[str] | None = None) -> dict[str, dict[str, int
     return counts
 
 
-def has_pending(queues: Sequence[str], scheduled_within: float) -> bool:
-    """Whether these queues hold ready or claimed messages, or scheduled ones due soon.
+def has_pending(queues: Sequence[str], scheduled_within: float, *,
+                throttled: bool = True) -> bool:
+    """Whether these queues hold ready, throttled or claimed messages, or scheduled ones
+    due soon.
 
     ``--burst`` workers stop when this turns false; retries due within
-    ``scheduled_within`` seconds still count as work to wait for.
+    ``scheduled_within`` seconds still count as work to wait for. Throttled (rate-limited)
+    messages count unless ``throttled`` is False: a worker whose code has no rate-limited
+    task can't claim them.
     """
     with connection_for().cursor() as cursor:
         cursor.execute(
             HAS_PENDING_SQL.format(queues=placeholders(len(queues))),
-            [*queues, MessageStatus.READY, MessageStatus.CLAIMED, MessageStatus.SCHEDULED,
-             micros(scheduled_within)],
+            [*queues, MessageStatus.READY, MessageStatus.CLAIMED,
+             MessageStatus.THROTTLED if throttled else MessageStatus.READY,
+             MessageStatus.SCHEDULED, micros(scheduled_within)],
         )
         return cursor.fetchone() is not None
 

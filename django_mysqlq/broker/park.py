@@ -18,7 +18,7 @@ from typing import Any
 from django.db import DatabaseError, OperationalError
 
 from ..conf import get_settings
-from ..models import CLAIM_INDEX
+from ..models import CLAIM_INDEX, MessageStatus
 from . import leader
 from .base import (
     DEADLOCK,
@@ -38,6 +38,9 @@ from .base import (
 )
 from .isolation import transaction_prelude
 from .session import connection_session
+
+#: The rate-limit keys (``rates``).
+RATE_TABLE = "mysqlq_rate"
 
 LISTEN_SQL = f"""
 UPDATE {WORKER_TABLE} SET listening = %s, connection_id = CONNECTION_ID(), node = %s
@@ -67,6 +70,15 @@ _SCHEDULE_WAIT = f"""COALESCE((
                          MIN(COALESCE(next_run_at, UTC_TIMESTAMP(6)))) / 1000000
       FROM {SCHEDULE_TABLE} WHERE paused = 0 AND removed_at IS NULL AND error = ''),
     1000000000)"""
+#: Seconds until the earliest start a key of these queues with throttled messages may
+#: make (negative: now), or NULL: a parked worker's park ends then (``park``).
+RATE_WAIT = f"""(
+    SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(r.next_at)) / 1000000
+      FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
+     WHERE r.queue IN ({{rate_queues}})
+       AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} AS m FORCE INDEX (mysqlq_msg_rate)
+                    WHERE m.rate_key = r.rate_key AND m.queue = r.queue
+                      AND m.status = '{MessageStatus.THROTTLED}'))"""
 #: Parks an idle worker: returns at once if its queues have ready messages, a scheduled
 #: message or a schedule's occurrence is due, else sleeps (at most %s seconds, or until
 #: the next one is due) until a producer's KILL QUERY cuts the SLEEP short. The check and
@@ -84,7 +96,8 @@ SELECT CASE
        (SELECT COALESCE(GROUP_CONCAT(queue ORDER BY queue SEPARATOR ','), '')
           FROM {QUEUE_TABLE} WHERE paused = 1 AND queue IN ({{queues}}))
   FROM (SELECT LEAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(run_at))
-                              / 1000000, %s), {_SCHEDULE_WAIT}) AS wait
+                              / 1000000, %s), {_SCHEDULE_WAIT},
+                    COALESCE({{rate_wait}}, 1000000000)) AS wait
           FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
          WHERE status = 'scheduled') AS due
 """
@@ -107,8 +120,8 @@ def listen(worker_id: str, listening: bool) -> None:
 
 
 def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
-              watched: Sequence[str] = (), worker_id: str | None = None
-              ) -> tuple[str, str | None]:
+              watched: Sequence[str] = (), worker_id: str | None = None,
+              rates: bool = False) -> tuple[str, str | None]:
     """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
     (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
     with the paused ones among the ``watched`` queues as they were when it returned
@@ -120,6 +133,8 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
     own lease needs renewing), ``follower`` if the recovery lock is free (the leader is
     gone). Both are checked when the statement starts, before it sleeps. On a cluster,
     ``worker_id`` names the row the park holds for producers on other nodes to ring.
+    With ``rates`` (a worker that claims throttled messages) the park also ends when a
+    rate-limited key of its queues may start its next message (``RATE_WAIT``).
     """
     session = connection_session()
     leader_due, leader_params, follower_due, follower_params = leader.park_checks(session)
@@ -127,9 +142,11 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
     sql = _IDLE_WAIT_SQL.replace("{leader_due}", leader_due).replace(
         "{follower_due}", follower_due).replace(
         "{queues}", ", ".join(["%s"] * len(queues)), 1).replace(
-        "{queues}", ", ".join(["%s"] * len(watched)), 1)
+        "{queues}", ", ".join(["%s"] * len(watched)), 1).replace(
+        "{rate_wait}", RATE_WAIT.replace("{rate_queues}", ", ".join(["%s"] * len(queues)))
+        if rates else "NULL")
     params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
-              *watched, seconds]
+              *watched, seconds, *(queues if rates else [])]
     connection = connection_for()
     held = session.cluster and worker_id is not None
     try:
@@ -196,7 +213,8 @@ class _WakeState:
 
     def __init__(self) -> None:
         self.quiet_since: dict[tuple[str, str], float] = {}
-        self.disabled = False
+        #: Aliases where this user may not KILL: wake-ups are off there only.
+        self.disabled: set[str] = set()
 
 
 _wake_state = _WakeState()
@@ -216,7 +234,7 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
     alias = alias or default_alias()
     state = _wake_state
     conf = get_settings()
-    if state.disabled or not conf.WAKEUP:
+    if alias in state.disabled or not conf.WAKEUP:
         return 0
     now = time.monotonic()
     new_messages = Counter(queues)
@@ -266,12 +284,13 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
                 except OperationalError as exc:
                     if error_code(exc) == 1094:  # that worker is gone already
                         continue
-                    state.disabled = True
+                    state.disabled.add(alias)
                     logger.warning(
-                        "Can't wake idle workers (%s): this database user may not KILL "
-                        "their queries. Workers fall back to polling; give the user the "
+                        "Can't wake idle workers on database %s (%s): this database user "
+                        "may not KILL their queries. Its workers fall back to polling (the "
+                        "other databases' keep their wake-ups); give the user the "
                         "CONNECTION ADMIN privilege, run workers as the same user, or set "
-                        "MYSQLQ['WAKEUP'] = False.", exc)
+                        "MYSQLQ['WAKEUP'] = False.", alias, exc)
                     return len(woken)
                 woken.add(worker_id)
                 wanted -= 1

@@ -15,6 +15,7 @@ from ..models import GateMode
 from . import subjects
 from .base import (
     MESSAGE_TABLE,
+    RUNNABLE_STATUS,
     connection_for,
     default_alias,
     in_transaction,
@@ -26,7 +27,7 @@ from .locked import run_around_locks, short_wait
 #: Due scheduled messages, but not concurrency-limited ones (see ``promote_limited``).
 PROMOTE_SQL = f"""
 UPDATE {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_due)
-   SET status = 'ready'
+   SET status = {RUNNABLE_STATUS}
  WHERE status = 'scheduled' AND run_at <= UTC_TIMESTAMP(6)
    AND NOT gate_mode <=> '{GateMode.LIMIT}'
  ORDER BY run_at
@@ -56,7 +57,8 @@ UPDATE {MESSAGE_TABLE} SET status = 'blocked'
    AND gate_mode = '{GateMode.LIMIT}'
 """
 PROMOTE_IDS_SQL = f"""
-UPDATE {MESSAGE_TABLE} SET status = 'ready' WHERE id IN ({{ids}}) AND status = 'scheduled'
+UPDATE {MESSAGE_TABLE} SET status = {RUNNABLE_STATUS}
+ WHERE id IN ({{ids}}) AND status = 'scheduled'
 """
 
 

@@ -17,6 +17,7 @@ from . import leader, park, subjects
 from .base import (
     CLEAR_CLAIM,
     MESSAGE_TABLE,
+    RUNNABLE_STATUS,
     connection_for,
     default_alias,
     in_transaction,
@@ -38,7 +39,8 @@ LOSSES_MAX = 65535
 #: Claims under a worker's id that it no longer knows about (see ``release_strays``).
 RELEASE_STRAYS_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+   SET status = {RUNNABLE_STATUS}, attempts = IF(attempts > 0, attempts - 1, 0),
+       {CLEAR_CLAIM}
  WHERE worker_id = %s AND status = 'claimed' {{keep}}
 """
 
@@ -66,7 +68,8 @@ SELECT id, claim_token, owner_connection, owner_server_start,
 #: right: ``attempts`` and ``started_at`` change last.
 RECOVER_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = IF(started_at IS NOT NULL AND attempts >= max_attempts, 'dead', 'ready'),
+   SET status = IF(started_at IS NOT NULL AND attempts >= max_attempts, 'dead',
+                   {RUNNABLE_STATUS}),
        dedup_key = IF(started_at IS NOT NULL AND attempts >= max_attempts, NULL, dedup_key),
        run_at = IF(started_at IS NOT NULL AND attempts >= max_attempts, UTC_TIMESTAMP(6),
                    run_at),

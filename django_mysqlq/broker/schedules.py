@@ -28,6 +28,7 @@ from ..signals import message_enqueued
 from .base import (
     DEADLOCK,
     MESSAGE_TABLE,
+    NOW_SQL,
     SCHEDULE_TABLE,
     connection_for,
     default_alias,
@@ -69,7 +70,6 @@ UPDATE {SCHEDULE_TABLE} SET removed_at = UTC_TIMESTAMP(6)
  WHERE removed_at IS NULL {{keep}}
 """
 KNOWN_SQL = f"SELECT name, cron, timezone, removed_at IS NOT NULL FROM {SCHEDULE_TABLE}"
-NOW_SQL = "SELECT UTC_TIMESTAMP(6)"
 
 #: Schedules with an occurrence due (or a ``next_run_at`` to repair), and the time.
 DUE_SQL = f"""

@@ -1,5 +1,8 @@
 """The end of an attempt: ack (delete + history), retry, dead, or release unstarted.
 
+The ack of a message with ``unique_for`` keeps its dedup key taken for that period, in
+the same transaction (``unique``); a message that goes dead frees its key at once.
+
 A message of an ordered subject or a concurrency key frees its gate's slot in the same
 transaction as its end (``subjects``), which promotes the next blocked message: it is
 ready when the ack commits.
@@ -18,13 +21,14 @@ from django.db import DatabaseError
 from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import GateMode, Outcome
-from . import subjects
+from . import subjects, unique
 from .base import (
     CHECK_FAILED,
     CLEAR_CLAIM,
     CONNECTION_LOST,
     MESSAGE_TABLE,
     PACKET_TOO_LARGE,
+    RUNNABLE_STATUS,
     close_if_broken,
     connection_for,
     default_alias,
@@ -101,7 +105,7 @@ SIZE_RETRIES = 4
 
 RETRY_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = IF(%s > 0, 'scheduled', 'ready'),
+   SET status = IF(%s > 0, 'scheduled', {RUNNABLE_STATUS}),
        run_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
        last_error = %s, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
@@ -120,7 +124,7 @@ UPDATE {MESSAGE_TABLE}
 
 RELEASE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
-   SET status = 'ready', attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
+   SET status = {RUNNABLE_STATUS}, attempts = IF(attempts > 0, attempts - 1, 0), {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
 
@@ -217,6 +221,9 @@ class _AckAttempt:
         self.busy = [index for index, ref in gated.items() if ref not in locked]
         now = [index for index in range(len(self.messages)) if index not in set(self.busy)]
         owned = _delete_acked(cursor, [self.messages[index] for index in now], self.careful)
+        # Keys kept taken after success (``unique_for``): after the DELETEs (lock order).
+        unique.remember(cursor, [self.messages[index] for index in now
+                                 if self.messages[index].id in owned])
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
                  for message, params in zip(self.messages, self.rows, strict=True)]
@@ -300,6 +307,8 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
         gates = subjects.lock_or_create(cursor, [ref], {}) if ref is not None else {}
         cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
         owned = bool(cursor.rowcount)
+        if owned:
+            unique.remember(cursor, [message])
         cursor.execute(INSERT_ATTEMPT_SQL, params)
         if ref is not None and owned:
             # The task's own transaction may read an older snapshot (REPEATABLE READ).

@@ -25,6 +25,7 @@ from ..topicnames import delivery_task_name
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
+    NOW_SQL,
     connection_for,
     default_alias,
     in_transaction,
@@ -203,7 +204,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
                        list(by_task))
         for task_name, status, count in cursor.fetchall():
             by_task[str(task_name)].deliveries[str(status)] = int(count)
-        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        cursor.execute(NOW_SQL)
         now = _aware(cursor.fetchone()[0])
         assert now is not None
         for state in found:

@@ -14,8 +14,10 @@ from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 #: Windows of the publish-rate columns, in minutes.
 WINDOWS = (1, 5, 60)
 
+#: Topics the dashboard and ``queuestats`` rank (three counts each): a bound on the page.
+MAX_TOPICS = 200
 TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at "
-              f"FROM {TOPIC_TABLE} ORDER BY name")
+              f"FROM {TOPIC_TABLE} ORDER BY name LIMIT %s")
 #: Messages of a topic published since a time, along mysqlq_tmsg_published.
 PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                        "(mysqlq_tmsg_published) WHERE topic = %s "
@@ -27,7 +29,7 @@ SELECT id, queue, task_name, worker_id, claimed_at, timeout,
   FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_claim)
  WHERE queue LIKE %s AND status = 'claimed' AND timeout IS NOT NULL
    AND TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) > timeout * 1e6
- ORDER BY id LIMIT %s
+ LIMIT %s
 """
 
 
@@ -65,7 +67,7 @@ def _aware(value: dt.datetime | None) -> dt.datetime | None:
 def topic_volumes(alias: str | None = None) -> list[TopicVolume]:
     """Every topic with its publish volume, the busiest (last hour) first."""
     with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(TOPICS_SQL)
+        cursor.execute(TOPICS_SQL, [MAX_TOPICS])
         found = [TopicVolume(str(r[0]), int(r[1]), int(r[2]), _aware(r[3]))
                  for r in cursor.fetchall()]
         for topic in found:
@@ -91,6 +93,7 @@ class Overran:
 def overran_deliveries(limit: int = 100, alias: str | None = None) -> list[Overran]:
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(OVERRAN_SQL, [f"{GROUP_QUEUE_PREFIX}%", limit])
-        return [Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
-                        _aware(r[4]) or r[4], float(r[5]), float(r[6]))
-                for r in cursor.fetchall()]
+        # Sorted here: an ORDER BY id would sort every claimed delivery of every group.
+        return sorted((Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
+                               _aware(r[4]) or r[4], float(r[5]), float(r[6]))
+                       for r in cursor.fetchall()), key=lambda found: found.message_id)

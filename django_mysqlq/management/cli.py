@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import OutputWrapper
+from django.core.management.base import CommandError, OutputWrapper
 
-from .. import ops
+from .. import ops, routing
 from ..models import CANCELLABLE_STATUSES
 
 
@@ -72,3 +73,17 @@ def progress_printer(stream: OutputWrapper, verb: str) -> ops.Progress:
         stream.flush()
 
     return report
+
+
+def add_database_argument(parser: ArgumentParser) -> None:
+    parser.add_argument("--database", default=None, metavar="ALIAS",
+                        help="The queue database to act on (default: MYSQLQ['DATABASE']), "
+                             "when queues live on several (docs/scaling.md).")
+
+
+def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
+    """This command's statements go to ``alias`` (a queue database; never a replica)."""
+    if alias is not None and alias not in routing.queue_aliases():
+        raise CommandError(f"--database {alias!r} holds no queue (queue databases: "
+                           f"{', '.join(routing.queue_aliases())}).")
+    return routing.on_alias(alias)

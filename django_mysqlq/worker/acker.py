@@ -65,8 +65,10 @@ class Acker:
     def __init__(self, batch_size: int, delay: float, give_up: threading.Event,
                  report: Callable[..., None] = _no_report,
                  nudge: Callable[[], None] = lambda: None,
-                 idle: Callable[[], bool] = lambda: True) -> None:
+                 idle: Callable[[], bool] = lambda: True, alias: str | None = None) -> None:
         self.batch_size = batch_size
+        #: The worker's database: the acker thread's statements go there.
+        self.alias = alias
         self.delay = delay
         self._give_up = give_up
         #: Called as ``report(succeeded=n, unacked=m)`` after each batch.
@@ -264,6 +266,7 @@ class Acker:
             line.write(outcome, detail=detail)
 
     def _run(self) -> None:
+        broker.bind_alias(self.alias)
         broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:

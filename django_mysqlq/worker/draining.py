@@ -172,14 +172,15 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     os._exit(EXIT_TIMEOUT)
 
 
-def exit_now(worker: Worker) -> None:
+def exit_now(*workers: Worker) -> None:
     """A second signal: release what had not started, deregister, and exit at once.
 
-    Runs on a thread of its own (a connection of its own: the main thread may be in the
-    middle of a statement on its connection), bounded by ``FORCED_EXIT_SECONDS``. The
-    claims of running tasks are left: peers recover them.
+    Runs on a thread of its own per worker (one per database; a connection of its own:
+    the main thread may be in the middle of a statement on its connection), bounded by
+    ``FORCED_EXIT_SECONDS``. The claims of running tasks are left: peers recover them.
     """
-    def release_and_deregister() -> None:
+    def release_and_deregister(worker: Worker) -> None:
+        broker.bind_alias(worker.options.database)
         try:
             # Includes a release the first signal's drain had begun: the main thread,
             # now in this signal handler, will never finish it.
@@ -188,8 +189,12 @@ def exit_now(worker: Worker) -> None:
         finally:
             connections.close_all()
 
-    helper = threading.Thread(target=release_and_deregister, name="mysqlq-exit", daemon=True)
-    helper.start()
-    helper.join(FORCED_EXIT_SECONDS)
+    helpers = [threading.Thread(target=release_and_deregister, args=(worker,),
+                                name="mysqlq-exit", daemon=True) for worker in workers]
+    for helper in helpers:
+        helper.start()
+    deadline = time.monotonic() + FORCED_EXIT_SECONDS
+    for helper in helpers:
+        helper.join(max(0.0, deadline - time.monotonic()))
     logging.shutdown()
     os._exit(FORCED_EXIT_STATUS)

@@ -120,7 +120,8 @@ class ClaimLost(Exception):
 def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
                     message: ClaimedMessage, runner: Runner, started_at: dt.datetime) -> Any:
     """Run the body and the ack in one transaction: both commit, or neither does."""
-    with transaction.atomic(using=get_settings().DATABASE):
+    # (The worker's database: an atomic task's own writes there commit with its ack.)
+    with transaction.atomic(using=broker.default_alias()):
         value = func(*args, **kwargs)
         if not broker.ack_within(message, runner, AttemptResult(started_at, result=value)):
             raise ClaimLost

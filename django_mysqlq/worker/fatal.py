@@ -16,7 +16,6 @@ from __future__ import annotations
 from django.conf import settings
 
 from .. import broker
-from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
 
 #: Exit status of a worker the database can't serve until someone acts (``EX_CONFIG``).
@@ -32,7 +31,7 @@ def describe(exc: BaseException) -> str | None:
     code = broker.error_code(exc)
     if code is None or not (broker.is_schema_error(exc) or broker.is_setup_error(exc)):
         return None
-    alias = get_settings().DATABASE
+    alias = broker.default_alias()  # this thread's: a worker's database
     server_text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
     what = f"(error {code}: {server_text})"
     database = settings.DATABASES.get(alias, {})

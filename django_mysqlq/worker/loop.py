@@ -22,10 +22,11 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
-from ..registry import import_task_modules
+from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
 from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
 from .acker import Acker
+from .budget import TaskBudget
 from .gate import SoloGate
 from .holdings import Holdings
 from .options import WorkerOptions
@@ -89,8 +90,10 @@ class Due:
 class Worker:
     """Runs tasks from the given queues until stopped (or drained, in burst mode)."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, budget: TaskBudget | None = None) -> None:
         self.options = options
+        #: ``--max-tasks``: the process's, shared with the workers of its other databases.
+        self.budget = budget or TaskBudget(options.max_tasks)
         self.settings = get_settings()
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -99,12 +102,12 @@ class Worker:
         self.wakeup = threading.Event()
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
+        self._rated = False  # set once the task modules are imported (run())
         self.holdings = Holdings(self.stop_request.event, self.wakeup,
                                  fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS,
                                  clock=broker.database_now)
         self.gate = SoloGate(self.stop_request.event)
         self.threads: list[threading.Thread] = []
-        self._claimed_total = 0
         self._due = Due.starting_now(self.settings)
         self._poll = IDLE_BACKOFF_START
         self._park = PARK_START
@@ -120,7 +123,8 @@ class Worker:
         batch = self.settings.ACK_BATCH_SIZE
         self.acker = Acker(batch, self.settings.ACK_DELAY_SECONDS, self.give_up,
                            self.stats.add, nudge=self.wakeup.set,
-                           idle=self._nothing_waiting) if batch > 1 else None
+                           idle=self._nothing_waiting,
+                           alias=options.database) if batch > 1 else None
         #: Counts database outages seen by the control loop; task threads recheck on change.
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
@@ -137,8 +141,12 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
+        broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
         import_task_modules()
+        # Its code has rate-limited tasks: it claims throttled messages too, and its parks
+        # end when a rate key may start its next one.
+        self._rated = registry.rate_limited()
         self._start()  # raises WorkerCannotRun if the database can't serve it
         try:
             self._loop()
@@ -252,6 +260,7 @@ class Worker:
             retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
             topic_retention.prune()  # old topic messages
             broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
+            broker.repair_rate_keys()  # rate keys' rows deleted by hand
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
@@ -307,8 +316,14 @@ class Worker:
                            - now)
         if not parking:
             until_upkeep = min(until_upkeep, max(0.0, due.paused_check - now))
-            # Tasks finishing set the event; otherwise poll with a growing pause.
-            self.wakeup.wait(min(self._poll, until_upkeep))
+            # Tasks finishing set the event; otherwise poll with a growing pause, or until
+            # a rate-limited key may start its next message.
+            pause = min(self._poll, until_upkeep)
+            if self._rated and self._active:
+                soonest = broker.seconds_to_next_start(self._active)
+                if soonest is not None:
+                    pause = min(pause, max(0.0, soonest))
+            self.wakeup.wait(pause)
             self._poll = min(self._poll * 2, conf.POLL_SECONDS)
             return
         if not self._listening:
@@ -325,7 +340,7 @@ class Worker:
             return
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
-                                          worker_id=self.id)
+                                          worker_id=self.id, rates=self._rated)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
@@ -345,8 +360,9 @@ class Worker:
         else:
             # Slept through: nothing was ready or due when the park began, and a producer
             # or the due time would have cut it short. Parks watch the schedule, so the
-            # periodic promotion can wait too.
-            self._nothing_ready = True
+            # periodic promotion can wait too. A park that ends at a rate-limited key's
+            # next start also reads 'slept': a worker with such tasks claims right away.
+            self._nothing_ready = not self._rated
             due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
     def _claim(self) -> int:
@@ -357,27 +373,37 @@ class Worker:
             return 0
         room = max(options.concurrency, options.claim_batch) - in_flight
         wanted = min(options.claim_batch, room)
-        if options.max_tasks is not None:
-            wanted = min(wanted, options.max_tasks - self._claimed_total)
         if wanted <= 0 or not self._active:
             return 0
-        messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+        wanted = self.budget.reserve(wanted)
+        if wanted <= 0:
+            return 0
+        try:
+            messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+            if self._rated and len(messages) < wanted:
+                messages += broker.claim_throttled(self._active, wanted - len(messages),
+                                                   self.id, self.settings.LEASE_SECONDS,
+                                                   idle=in_flight == 0 and not messages)
+        except BaseException:
+            self.budget.give_back(wanted)
+            raise
+        self.budget.give_back(wanted - len(messages))
         if messages:
             self.holdings.add(messages)
-            self._claimed_total += len(messages)
         return len(messages)
 
     def _finished(self, claimed: int) -> bool:
         """Whether a burst or max-tasks worker has nothing left to do."""
         if self.holdings.in_flight > 0 or claimed:
             return False
-        if self.options.max_tasks is not None and self._claimed_total >= self.options.max_tasks:
+        if self.budget.spent:
             logger.info("Worker %s reached --max-tasks %d.", self.id, self.options.max_tasks)
             return True
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
-            return not self._active or not broker.has_pending(self._active,
-                                                              self.options.burst_wait)
+            # Throttled messages count only for a worker that can claim them.
+            return not self._active or not broker.has_pending(
+                self._active, self.options.burst_wait, throttled=self._rated)
         return False
 
     def held_tokens(self) -> list[str]:

@@ -38,6 +38,9 @@ class WorkerOptions:
     #: Warn at start of queues no task uses and of ready work no worker serves (a
     #: supervisor does it once for its children).
     report_queues: bool = True
+    #: The database alias whose queues this worker serves (None: ``MYSQLQ['DATABASE']``).
+    #: ``databases.Workers`` gives each alias of the asked-for queues a worker of its own.
+    database: str | None = None
 
     def __post_init__(self) -> None:
         if not self.queues:

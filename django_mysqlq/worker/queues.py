@@ -17,6 +17,7 @@ from ..backend.queues import declared_queues
 from ..conf import get_settings
 from ..log import one_line
 from ..registry import import_task_modules, registry
+from ..routing import group_by_alias
 from . import fatal
 
 logger = logging.getLogger("django_mysqlq")
@@ -55,6 +56,13 @@ def report(who: str, queues: Sequence[str]) -> None:
                 "%s: queue %r is served, but no task this worker knows uses it (known: %s); "
                 "only .using(queue=%r) or a Django task's queue_name sends work there. A "
                 "typo?", who, queue, ", ".join(sorted(known)), queue)
+    for alias, served in group_by_alias(queues).items():
+        with broker.on_alias(alias):
+            _report_unserved(who, served)
+
+
+def _report_unserved(who: str, queues: Sequence[str]) -> None:
+    """Warn of ready work no worker serves on this thread's queue database."""
     try:
         unserved = broker.unserved_queues(also_served=queues)
     except DatabaseError as exc:

@@ -1,4 +1,5 @@
-"""Automatic retention, run by the recovery leader: old dead messages and worker rows go.
+"""Automatic retention, run by the recovery leader: old dead messages and worker rows go,
+and so do unique keys whose ``unique_for`` period ended and idle rate-limit keys.
 
 ``MYSQLQ['DEAD_RETENTION_SECONDS']`` and ``MYSQLQ['WORKER_RETENTION_SECONDS']`` say how
 old; None keeps them. Each call deletes at most a few short batches, so a backlog (say,
@@ -41,9 +42,14 @@ def prune(worker_id: str, host: str, pid: int) -> tuple[int, int]:
     """
     conf = get_settings()
     dead_age, worker_age = conf.DEAD_RETENTION_SECONDS, conf.WORKER_RETENTION_SECONDS
+    now = broker.database_now()
+    # Unique keys whose period ended hold nothing: always deleted.
+    _batches(lambda: broker.purge_unique_keys_batch(now, BATCH))
+    # ... and so do rate keys without messages whose next start has passed.
+    idle_before = now - dt.timedelta(seconds=broker.IDLE_KEY_SECONDS)
+    _batches(lambda: broker.purge_idle_rate_keys(idle_before, BATCH))
     if dead_age is None and worker_age is None:
         return 0, 0
-    now = broker.database_now()
     dead = workers = 0
     if dead_age is not None:
         operator = broker.Operator(name=f"worker:{worker_id}", host=host, pid=pid)

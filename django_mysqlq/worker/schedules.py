@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from .. import broker, recurring
 from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
+from ..routing import alias_for_queue
 from .fatal import EXIT_CANNOT_RUN
 
 logger = logging.getLogger("django_mysqlq")
@@ -30,6 +31,9 @@ def start(worker_id: str) -> None:
     except recurring.ScheduleProblem as exc:
         raise WorkerCannotRun(f"Worker {worker_id} can't start: {exc}", EXIT_CANNOT_RUN) \
             from exc
+    # Each schedule lives beside its queue, so its occurrences are enqueued with it.
+    here = broker.default_alias()
+    declared = [each for each in declared if alias_for_queue(each.queue) == here]
     synced = broker.sync_schedules(declared)
     if declared:
         logger.info("Worker %s: %d schedule(s) declared: %s.", worker_id, len(declared),

@@ -26,9 +26,9 @@ from django.db import connections
 
 from ..exceptions import WorkerCannotRun
 from . import queues
+from .databases import Workers
 from .draining import EXIT_DEAD, EXIT_TIMEOUT
 from .fatal import EXIT_CANNOT_RUN
-from .loop import Worker
 from .options import WorkerOptions
 
 logger = logging.getLogger("django_mysqlq")
@@ -64,9 +64,9 @@ def _run_child(options: WorkerOptions, parent: int) -> int:
         signal.signal(signum, signal.SIG_DFL)
     _die_with_parent(parent)
     # The supervisor reported on the queues once for all its children.
-    worker = Worker(dataclasses.replace(options, kill_on_timeout=True, report_queues=False))
+    workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False))
     try:
-        return worker.run()
+        return workers.run()
     except WorkerCannotRun as exc:
         logger.critical("Worker process %d can't run: %s", os.getpid(), exc)
         return exc.exit_status

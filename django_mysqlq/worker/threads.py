@@ -34,6 +34,7 @@ COUNTERS: dict[str, str] = {
 
 def run_task_thread(worker: Worker) -> None:
     """Run messages until the worker closes the inbox."""
+    broker.bind_alias(worker.options.database)  # settle on the worker's database
     runner = Runner(worker_id=worker.id, host=worker.host, pid=worker.pid,
                     thread=threading.current_thread().name)
     last_used = time.monotonic()

@@ -373,4 +373,5 @@ def fails_verbosely(size: int) -> None:
     raise ValueError("first line\nsecond line " + "x" * size)
 
 
-from . import gated  # noqa: E402, F401  (ordered and limited tasks: workers register them)
+# Ordered, limited, unique and rate-limited tasks: workers register them.
+from . import gated, rated_tasks, unique_tasks  # noqa: E402, F401

@@ -92,3 +92,72 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"effect of #{self.message_id}"
+
+
+class Published(models.Model):
+    """One row per topic message, written by the producer in the transaction that
+    publishes it: it exists exactly when the message does."""
+
+    token = models.CharField(max_length=32, unique=True)
+    #: The message's key ("" for none).
+    key = models.CharField(max_length=16, blank=True, default="")
+    #: Published by ``publish_many`` (else ``publish``).
+    bulk = models.BooleanField(default=False)
+    producer = models.PositiveSmallIntegerField()
+    at = models.FloatField()
+
+    objects: ClassVar[models.Manager[Published]] = models.Manager()
+
+    class Meta:
+        db_table = "chaos_published"
+
+    def __str__(self) -> str:
+        return f"published {self.token}"
+
+
+class Handled(models.Model):
+    """A consumer group's handler at work: a ``start`` row, then an ``end`` row with its
+    outcome (``ok``, or ``failed`` for a failure drawn on purpose), on the ``ledger``
+    connection."""
+
+    run = models.CharField(max_length=32)
+    edge = models.CharField(max_length=5, choices=Edge.choices)
+    outcome = models.CharField(max_length=8, blank=True, default="")
+    token = models.CharField(max_length=32, db_index=True)
+    group = models.CharField(max_length=16)
+    offset = models.BigIntegerField()
+    #: The delivery (a queue message) and its attempt, from the ``task_started`` signal.
+    message_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    pid = models.PositiveIntegerField()
+    at = models.FloatField()
+
+    objects: ClassVar[models.Manager[Handled]] = models.Manager()
+
+    class Meta:
+        db_table = "chaos_handled"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "edge"], name="chaos_handled_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group} {self.edge} {self.token}"
+
+
+class Heard(models.Model):
+    """A broadcast handler's run: one row per process and message (a second is a
+    duplicate)."""
+
+    run = models.CharField(max_length=32, unique=True)
+    token = models.CharField(max_length=32, db_index=True)
+    offset = models.BigIntegerField()
+    pid = models.PositiveIntegerField()
+    at = models.FloatField()
+
+    objects: ClassVar[models.Manager[Heard]] = models.Manager()
+
+    class Meta:
+        db_table = "chaos_heard"
+
+    def __str__(self) -> str:
+        return f"{self.pid} heard {self.token}"

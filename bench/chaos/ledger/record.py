@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, models
 
 from .models import Edge, Execution
 
@@ -30,6 +30,12 @@ def remember(message_id: int, attempt: int) -> None:
     _current.message = (message_id, attempt)
 
 
+def current() -> tuple[int, int]:
+    """``(message id, attempt)`` this thread runs, as :func:`remember` noted it."""
+    message: tuple[int, int] = getattr(_current, "message", (0, 0))
+    return message
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     run: str
@@ -39,12 +45,14 @@ class Run:
     attempt: int
 
 
-def _write(row: Execution) -> None:
+def write(row: models.Model) -> None:
+    """Insert ``row`` on the ledger connection, retrying through outages (its unique run
+    key makes a retry of a write that landed harmless)."""
     deadline = time.monotonic() + PATIENCE_SECONDS
     delay = 0.05
     while True:
         try:
-            Execution.objects.using(LEDGER).bulk_create([row], ignore_conflicts=True)
+            type(row)._default_manager.using(LEDGER).bulk_create([row], ignore_conflicts=True)
             return
         except (OperationalError, InterfaceError):
             with contextlib.suppress(DatabaseError):
@@ -62,11 +70,11 @@ def _row(run: Run, edge: str) -> Execution:
 
 
 def start(token: str, kind: str) -> Run:
-    message_id, attempt = getattr(_current, "message", (0, 0))
+    message_id, attempt = current()
     run = Run(uuid.uuid4().hex, token, kind, message_id, attempt)
-    _write(_row(run, Edge.START))
+    write(_row(run, Edge.START))
     return run
 
 
 def end(run: Run) -> None:
-    _write(_row(run, Edge.END))
+    write(_row(run, Edge.END))

@@ -16,7 +16,7 @@ from django_mysqlq import queue_task
 from django_mysqlq.signals import task_started
 
 from ..config import GATE_LIMIT
-from . import record
+from . import record, stream  # noqa: F401  (stream: the topic's subscriptions)
 from .models import Effect, Kind
 
 

@@ -54,6 +54,15 @@ def ordered_noop(subject: str) -> None:
     """Does nothing, one at a time per subject, in order (bench/perf/workloads/ordered.py)."""
 
 
+#: The rate limit of ``rated_noop``, per key: starts per second.
+RATED_NOOP_PER_SECOND = 100
+
+
+@queue_task(max_attempts=1, rate_limit=f"{RATED_NOOP_PER_SECOND}/s", rate_limit_key="key")
+def rated_noop(key: str) -> None:
+    """Does nothing, at most ``RATED_NOOP_PER_SECOND`` starts a second per key."""
+
+
 @queue_task(max_attempts=1, concurrency_key="key", concurrency_limit=LIMITED_NOOP_LIMIT)
 def limited_noop(key: str) -> None:
     """Does nothing, at most ``LIMITED_NOOP_LIMIT`` at once per key."""

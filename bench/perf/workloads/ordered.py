@@ -12,7 +12,10 @@ history):
   run one after another; its figures are the rate and the mean and p95 gap between one
   message's ack (its history row's ``finished_at``) and the next one's start;
 * ``limited``: ``ordered_limited_keys`` x ``ordered_limited_per_key`` messages of a task
-  with ``concurrency_limit=4`` per key.
+  with ``concurrency_limit=4`` per key;
+* ``rated``: ``ordered_rated_keys`` x ``ordered_rated_per_key`` messages of a task with
+  ``rate_limit="100/s"`` per key; the ``rated/limit`` figure is the rate each key reached
+  over its limit (at most 1: the limit holds; near 1: workers keep up with it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ import time
 from typing import Any
 
 from .. import db
-from ..benchapp.tasks import LIMITED_NOOP_LIMIT, limited_noop, noop, ordered_noop
+from ..benchapp.tasks import (
+    LIMITED_NOOP_LIMIT,
+    RATED_NOOP_PER_SECOND,
+    limited_noop,
+    noop,
+    ordered_noop,
+    rated_noop,
+)
 from ..context import Context
 from ..errors import BenchError
 from ..results import percentile
@@ -62,6 +72,12 @@ def run(ctx: Context) -> None:
         drain(ctx, "limited", repeat, lambda: fill(limited_noop, [
             (f"k{k}",) for _ in range(sizes.ordered_limited_per_key)
             for k in range(sizes.ordered_limited_keys)]))
+        rated = drain(ctx, "rated", repeat, lambda: fill(rated_noop, [
+            (f"k{k}",) for _ in range(sizes.ordered_rated_per_key)
+            for k in range(sizes.ordered_rated_keys)]))
+        share = ctx.results.figure("ordered", "rated/limit", "ratio", "x")
+        share.add(rated / (RATED_NOOP_PER_SECOND * sizes.ordered_rated_keys), repeat=repeat)
+        share.note = "each key's start rate over its limit: at most 1"
 
 
 def fill(task: Any, calls: list[tuple[Any, ...]]) -> None:

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from ...broker import database_now
 from ...broker import pipeline as statements
 from ...models import Outcome
+from ...routing import read_alias
 from .database import database
 from .errors import PipelineError
 from .output import write_outputs
@@ -166,7 +167,8 @@ def report(spark: SparkSession, output: str, *, since: dt.datetime | None = None
     Writes ``summary.json``, Parquet datasets and ``report.html`` (see
     :func:`.output.write_outputs`).
     """
-    db = database(database_alias)
+    # Only reads: from the queue database's replica when MYSQLQ['READ_DATABASE'] names one.
+    db = database(read_alias(database_alias))
     since, until = _window(since, until, db.alias)
     frame, live, archived = history(spark, db, since, until, statements.REPORT_COLUMNS,
                                     archive, partition_rows, max_connections)

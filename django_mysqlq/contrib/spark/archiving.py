@@ -156,7 +156,7 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
             control.store.delete(control.staging(batch.name))
             return 0
         try:
-            stats = batches.verify(control, batch, db.alias)
+            written = batches.verify(control, batch, db.alias)
         except BatchMismatch:
             control.store.delete(control.staging(batch.name))
             if attempt == BATCH_TRIES - 1:
@@ -164,12 +164,10 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
             continue
         finally:
             timer.step("verify")
-        record = batches.commit(control, batch, stats)
-        finals = batches.move(control, record)
+        record = batches.commit(control, batch, written.stats)
+        batches.move(control, record)
         timer.step("commit and move")
-        ids = batches.archived_ids(control, record, finals)
-        timer.step("read back ids")
-        deleter.submit(record, ids)
+        deleter.submit(record, written.ids)
         timer.step("wait for the previous batch's delete")
         return int(record["rows"])
     raise AssertionError("unreachable")

@@ -26,6 +26,11 @@ DEFAULT_CONF = {
 }
 #: Shuffle partitions on one machine: the reports' groups are small (queues by tasks).
 LOCAL_SHUFFLE_PARTITIONS = "8"
+#: The driver JVM on one machine (it runs the executors too) compiles with C1 only: a
+#: job lasts seconds to minutes, and C2's compiler threads cost more CPU than its faster
+#: code saves (measured on the archive of 1M rows on 2 cores: JVM start 9-10 -> 4.7 CPU
+#: seconds, JDBC read + Parquet write 24-27 -> 20 CPU seconds; docs/performance.md).
+LOCAL_DRIVER_JAVA_OPTIONS = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"
 
 
 def parse_conf(items: list[str]) -> dict[str, str]:
@@ -46,6 +51,7 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
     merged = dict(DEFAULT_CONF)
     if master.startswith("local"):
         merged["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
+        merged["spark.driver.extraJavaOptions"] = LOCAL_DRIVER_JAVA_OPTIONS
     if settings.SPARK_JDBC_JAR:
         merged["spark.jars"] = settings.SPARK_JDBC_JAR
     merged.update(conf or {})

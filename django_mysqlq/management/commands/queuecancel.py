@@ -16,9 +16,14 @@ class Command(BaseCommand):
             "never empties the queue. Running messages are never touched.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_database_argument(parser)
         cli.add_filter_arguments(parser, default_status=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with cli.on_database(options["database"]):
+            self._handle(**options)
+
+    def _handle(self, **options: Any) -> None:
         if not options["status"]:
             raise CommandError("Say which messages to cancel with --status (ready, scheduled, "
                                "dead; comma-separated), e.g. --status dead --task app.send.")

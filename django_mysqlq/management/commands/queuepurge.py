@@ -35,6 +35,7 @@ class Command(BaseCommand):
             "only briefly.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_database_argument(parser)
         parser.add_argument("--older-than", type=cli.duration,
                             help="Delete history rows that finished longer ago: 30d, 12h, "
                                  "2w ...")
@@ -49,6 +50,10 @@ class Command(BaseCommand):
                             help="Say how many rows would go; delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with cli.on_database(options["database"]):
+            self._handle(**options)
+
+    def _handle(self, **options: Any) -> None:
         given = [kind for kind in _KINDS if options[kind] is not None]
         if not given:
             raise CommandError("Give at least one of --older-than (history), "

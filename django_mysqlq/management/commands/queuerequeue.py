@@ -16,11 +16,16 @@ class Command(BaseCommand):
             "Running messages are never touched; each change is recorded in history.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_database_argument(parser)
         cli.add_filter_arguments(parser, default_status="dead")
         parser.add_argument("--reset-attempts", action="store_true",
                             help="Give each message a full set of attempts again.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with cli.on_database(options["database"]):
+            self._handle(**options)
+
+    def _handle(self, **options: Any) -> None:
         selection = cli.message_filter(options)
         if options["dry_run"]:
             self.stdout.write(f"{ops.count_matching(selection)} message(s) would be requeued.")

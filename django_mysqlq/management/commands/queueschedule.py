@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_mysqlq import ops, scheduling
+from django_mysqlq.management import cli
 
 COLUMNS = ("schedule", "task", "cron", "zone", "catch-up", "state", "last run", "next run")
 
@@ -33,6 +34,7 @@ class Command(BaseCommand):
             "up); prune those no worker declares any more; run one now.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_database_argument(parser)
         parser.add_argument("action", nargs="?", default="list",
                             choices=("list", "pause", "resume", "prune", "run"),
                             help="list (default), pause, resume, prune, or run (enqueue "
@@ -42,6 +44,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="list: print JSON instead.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with cli.on_database(options["database"]):
+            self._handle(**options)
+
+    def _handle(self, **options: Any) -> None:
         action, names = options["action"], options["names"]
         if action == "list":
             if names:

@@ -9,13 +9,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_mysqlq import ops
+from django_mysqlq import ops, views
+from django_mysqlq.conf import get_settings
 
 from .queueschedule import table as schedule_table
 from .queuetopic import groups_table
 
-COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "dead", "oldest", "1m", "5m",
-           "60m", "fail%")
+COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "throttled", "dead", "oldest",
+           "1m", "5m", "60m", "fail%")
 
 
 def _table(data: ops.Dashboard) -> str:
@@ -25,7 +26,8 @@ def _table(data: ops.Dashboard) -> str:
         rate = "-" if q.failure_rate is None else f"{100 * q.failure_rate:.0f}"
         marks = (" (paused)" if q.paused else "") + (" (no worker)" if q.unserved else "")
         rows.append((q.name + marks, str(q.ready),
-                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.dead), oldest,
+                     str(q.scheduled), str(q.claimed), str(q.blocked), str(q.throttled),
+                     str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -71,19 +73,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead.")
+        parser.add_argument("--database", default=None, metavar="ALIAS",
+                            help="Only this queue database (default: every alias that "
+                                 "holds queues, each read from its MYSQLQ['READ_DATABASE'] "
+                                 "replica if it has one).")
         parser.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
                             metavar="SECONDS",
                             help="Print again every SECONDS (default 2) until Ctrl-C.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         while True:
-            data = ops.dashboard()
+            found = views.dashboards(only=options["database"])
+            several = len(found) > 1 or found[0].lag is not None or found[0].alias != \
+                get_settings().DATABASE
             if options["json"]:
-                self.stdout.write(json.dumps(data.as_json()))
+                self.stdout.write(json.dumps(
+                    {"databases": [view.as_json() for view in found]} if len(found) > 1
+                    else found[0].as_json()))
             else:
                 if options["watch"]:
                     self.stdout.write("\x1b[2J\x1b[H", ending="")
-                self.stdout.write(_table(data))
+                self.stdout.write("\n\n".join(
+                    (f"== {view.title}\n" if several else "") + _table(view.dashboard)
+                    for view in found))
             if not options["watch"]:
                 return
             try:

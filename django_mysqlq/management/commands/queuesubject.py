@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_mysqlq import ops
+from django_mysqlq.management import cli
 
 
 class Command(BaseCommand):
@@ -16,6 +17,7 @@ class Command(BaseCommand):
             "its dead head (which stays dead); 'requeue-head' runs that head again first.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.add_database_argument(parser)
         parser.add_argument("action", choices=("show", "release", "requeue-head"))
         parser.add_argument("key", help="The subject (or concurrency key), exactly.")
         parser.add_argument("--queue", default=None,
@@ -24,6 +26,10 @@ class Command(BaseCommand):
                             help="KEY is a concurrency key, not an ordered subject (show only).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with cli.on_database(options["database"]):
+            self._handle(**options)
+
+    def _handle(self, **options: Any) -> None:
         from django_mysqlq.conf import get_settings
 
         queue = options["queue"] or get_settings().DEFAULT_QUEUE

@@ -14,7 +14,8 @@ from django.db import DatabaseError
 from django_mysqlq.conf import LOG_FORMATS, get_settings
 from django_mysqlq.exceptions import WorkerCannotRun
 from django_mysqlq.topicnames import group_queue
-from django_mysqlq.worker import Worker, WorkerOptions, fatal, logsetup
+from django_mysqlq.worker import WorkerOptions, fatal, logsetup
+from django_mysqlq.worker.databases import Workers
 from django_mysqlq.worker.draining import EXIT_DEAD
 from django_mysqlq.worker.supervisor import Supervisor
 
@@ -115,11 +116,15 @@ class Command(BaseCommand):
             if status:
                 sys.exit(status)
             return
-        worker = Worker(worker_options)
-        status = worker.run()
+        workers = Workers(worker_options)
+        status = workers.run()
         if options["json_summary"]:
-            self.stdout.write(json.dumps(worker.stats.as_dict()))
+            found = [worker.stats.as_dict() for worker in workers.workers]
+            self.stdout.write(json.dumps(found[0] if len(found) == 1 else {
+                worker.options.database: stats
+                for worker, stats in zip(workers.workers, found, strict=True)}))
         else:
-            self.stdout.write(f"Summary: {worker.stats.summary()}")
+            for line in workers.stats_lines:
+                self.stdout.write(f"Summary: {line}")
         if status:
             sys.exit(status)

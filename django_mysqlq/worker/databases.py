@@ -1,0 +1,103 @@
+"""One worker process serving queues on several databases: a worker per database.
+
+The asked-for queues are grouped by their database alias (``routing``); each alias gets a
+:class:`~.loop.Worker` of its own (control loop, task threads, acker), whose threads send
+every statement to that alias. With one alias this is the plain worker on the main thread.
+With several, each worker's control loop runs on a thread of its own and the main thread
+only waits and forwards signals: a first SIGTERM/SIGINT drains every worker, a second
+exits at once. Each worker registers, heartbeats, parks, recovers and sweeps on its own
+database, so recovery, wake-ups, pauses and the recovery leader are per database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+from types import FrameType
+
+from ..exceptions import WorkerCannotRun
+from ..routing import group_by_alias
+from . import draining
+from .budget import TaskBudget
+from .loop import Worker
+from .options import WorkerOptions
+
+logger = logging.getLogger("django_mysqlq")
+
+#: Seconds between two looks of the main thread at the workers' threads.
+JOIN_SECONDS = 0.2
+
+
+def split(options: WorkerOptions) -> list[WorkerOptions]:
+    """One worker's options per database alias of ``options.queues`` (claim order kept)."""
+    return [dataclasses.replace(options, queues=tuple(queues), database=alias)
+            for alias, queues in group_by_alias(options.queues).items()]
+
+
+class Workers:
+    """The workers of one process, one per database alias of its queues."""
+
+    def __init__(self, options: WorkerOptions) -> None:
+        budget = TaskBudget(options.max_tasks)  # --max-tasks is the process's
+        self.workers = [Worker(each, budget) for each in split(options)]
+        self._statuses: dict[int, int] = {}
+        self._cannot_run: list[WorkerCannotRun] = []
+        self._signals = 0
+
+    def run(self) -> int:
+        """Work until stopped; the exit status (the first non-zero of the workers')."""
+        if len(self.workers) == 1:
+            return self.workers[0].run()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        logger.info("Worker process serves %d databases: %s.", len(self.workers),
+                    "; ".join(f"{w.options.database}: {','.join(w.options.queues)}"
+                              for w in self.workers))
+        threads = [threading.Thread(target=self._run_one, args=(index, worker),
+                                    name=f"mysqlq-db-{worker.options.database}")
+                   for index, worker in enumerate(self.workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # short joins: the main thread must take signals
+                thread.join(JOIN_SECONDS)
+        if self._cannot_run:
+            raise self._cannot_run[0]
+        return next((status for status in self._statuses.values() if status), 0)
+
+    def _run_one(self, index: int, worker: Worker) -> None:
+        try:
+            self._statuses[index] = worker.run()
+        except WorkerCannotRun as exc:
+            # One database can't be served: the others stop too (as a worker would).
+            self._cannot_run.append(exc)
+            self.stop("cannot-run")
+        except BaseException:
+            logger.exception("Worker %s (database %s) crashed; stopping the others.",
+                             worker.id, worker.options.database)
+            self._statuses[index] = 1
+            self.stop("crash")
+
+    def stop(self, reason: str) -> None:
+        for worker in self.workers:
+            worker.stop_request.set(reason)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            logger.warning("Second %s: exiting now; claimed messages that had not started go "
+                           "back to their queues, peers will recover the running ones.", name)
+            draining.exit_now(*self.workers)
+        logger.info("%s received: no new claims on any database; finishing in-flight tasks "
+                    "(send it again to exit at once).", name)
+        self.stop(name)
+
+    @property
+    def stats_lines(self) -> list[str]:
+        """Each worker's summary line, with its database when there are several."""
+        if len(self.workers) == 1:
+            return [self.workers[0].stats.summary()]
+        return [f"[{w.options.database}] {w.stats.summary()}" for w in self.workers]

@@ -1,0 +1,318 @@
+"""Queues on several databases, on two real servers: the main one (alias ``default``) and
+a second ``mariadbd`` on port 3407 (alias ``queues_b``) that the session starts.
+
+The queue ``mdb_b`` lives on ``queues_b`` (``MYSQLQ['QUEUES']``), ``default`` where it
+always did. What must hold: enqueue joins the transaction of the queue's own alias; one
+worker process serves both; a kill -9 on the second database is recovered there; pauses
+are per database; a queue naming an unknown alias is a system check error.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.db import transaction
+from django.test import override_settings
+
+from django_mysqlq import broker, routing
+from django_mysqlq.models import Message
+from tests import multidb_support as mdb
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__"),
+              pytest.mark.worker]
+
+B = mdb.ALIAS_B
+QUEUE_B = "mdb_b"
+ON_B = {QUEUE_B: B}
+
+
+@pytest.fixture(scope="session")
+def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock():
+        mdb.start()
+
+
+@pytest.fixture(autouse=True)
+def queues_on_two_servers(second_server: None, settings: Any) -> Iterator[None]:
+    settings.MYSQLQ = {**settings.MYSQLQ,
+                       "QUEUES": {QUEUE_B: {"DATABASE": B}}}
+    yield
+
+
+@pytest.fixture
+def env_b() -> dict[str, str]:
+    return mdb.extra_env(ON_B)
+
+
+def count(alias: str, table: str, where: str = "1") -> int:
+    [(found,)] = mdb.query(alias, f"SELECT COUNT(*) FROM {table} WHERE {where}")
+    return int(found)
+
+
+# ------------------------------------------------------------------ routing, enqueue
+
+
+def test_the_second_alias_is_another_server() -> None:
+    [(port_a,)] = mdb.query("default", "SELECT @@port")
+    [(port_b,)] = mdb.query(B, "SELECT @@port")
+    assert (port_a, port_b) == (3306, 3407)
+
+
+def test_a_queue_is_placed_by_its_setting_then_a_router_then_the_default() -> None:
+    class Router:
+        def db_for_queue(self, queue: str) -> str | None:
+            return "routed" if queue.startswith("r_") else None
+
+        def db_for_write(self, model: object, **hints: object) -> str:
+            return "primary"  # never consulted for queues
+
+    assert routing.alias_for_queue(QUEUE_B) == B
+    assert routing.alias_for_queue("other") == "default"
+    with override_settings(DATABASE_ROUTERS=[Router()]):
+        assert routing.alias_for_queue("r_x") == "routed"
+        assert routing.alias_for_queue("other") == "default"
+        with override_settings(MYSQLQ={"QUEUES": {"r_x": {"DATABASE": B}}}):
+            assert routing.alias_for_queue("r_x") == B  # the setting wins
+    assert routing.queue_aliases() == ("default", B)
+    assert routing.QueueRouter().allow_migrate(B, "django_mysqlq") is True
+    assert routing.QueueRouter().allow_migrate("elsewhere", "django_mysqlq") is False
+    assert routing.QueueRouter().allow_migrate(B, "auth") is None
+
+
+def test_enqueue_joins_the_transaction_of_the_queues_own_database() -> None:
+    with transaction.atomic(using=B):
+        handle = tasks.record.using(queue=QUEUE_B).enqueue("rolled back")
+        assert count(B, "mysqlq_message") == 1  # inside the transaction on B
+        transaction.set_rollback(True, using=B)
+    assert count(B, "mysqlq_message") == 0
+    assert handle.database == B
+    # A transaction on the other alias does not hold it back: it commits at once.
+    with transaction.atomic(using="default"):
+        kept = tasks.record.using(queue=QUEUE_B).enqueue("kept")
+        transaction.set_rollback(True, using="default")
+    assert count(B, "mysqlq_message") == 1
+    assert count("default", "mysqlq_message") == 0
+    assert kept.state().queue == QUEUE_B and kept.status == "ready"
+
+
+def test_enqueue_many_over_two_databases_keeps_the_order_of_ids() -> None:
+    calls = [tasks.echo.call(index) for index in range(6)]
+    messages = [tasks.echo._new_message(call.args, call.kwargs) for call in calls]
+    for index, message in enumerate(messages):
+        if index % 2:
+            messages[index] = type(message)(**{**message.__dict__, "queue": QUEUE_B})
+    ids = broker.enqueue(messages)
+    on_b = {row[0] for row in mdb.query(B, "SELECT id FROM mysqlq_message")}
+    on_a = {row[0] for row in mdb.query("default", "SELECT id FROM mysqlq_message")}
+    assert {ids[i] for i in (1, 3, 5)} == on_b and {ids[i] for i in (0, 2, 4)} == on_a
+    queues_b = {row[0] for row in mdb.query(B, "SELECT queue FROM mysqlq_message")}
+    assert queues_b == {QUEUE_B}
+
+
+def test_a_queue_on_an_unknown_alias_is_a_system_check_error() -> None:
+    with override_settings(MYSQLQ={"QUEUES": {"x": {"DATABASE": "nowhere"}},
+                                   "READ_DATABASE": "nor_here"}):
+        ids = {message.id for message in run_checks()}
+        found = [message.msg for message in run_checks() if message.id == "django_mysqlq.E010"]
+    assert "django_mysqlq.E010" in ids and "django_mysqlq.E011" in ids
+    assert "'nowhere'" in found[0]
+    with override_settings(MYSQLQ={"QUEUES": {"x": {"DATABSE": B}}}):
+        assert any("unknown key(s) DATABSE" in message.msg for message in run_checks()
+                   if message.id == "django_mysqlq.E001")
+
+
+# ------------------------------------------------------------------ real workers
+
+
+def test_one_worker_process_serves_queues_on_both_servers(start_worker, env_b) -> None:
+    worker = start_worker("--queues", f"default,{QUEUE_B}", "--concurrency", "2",
+                          env=env_b)
+    wait_for(lambda: worker.output().count("started: queues=") == 2, timeout=30,
+             message="a worker per database")
+    tasks.record.enqueue_many([tasks.record.call(f"a{i}") for i in range(20)])
+    tasks.record.using(queue=QUEUE_B).enqueue_many(
+        [tasks.record.call(f"b{i}") for i in range(20)])
+    mdb.wait_rows("default", "SELECT COUNT(*) FROM mysqlq_attempt WHERE outcome='succeeded'",
+                  20)
+    mdb.wait_rows(B, "SELECT COUNT(*) FROM mysqlq_attempt WHERE outcome='succeeded'", 20)
+    assert Ledger.objects.count() == 40  # the tasks' own writes: on default, both times
+    assert count("default", "mysqlq_message") == count(B, "mysqlq_message") == 0
+    # One process, one worker row on each database, each serving its own queues.
+    [(_, pid_a, queues_a)] = mdb.query("default", "SELECT id, pid, queues FROM mysqlq_worker")
+    [(_, pid_b, queues_b)] = mdb.query(B, "SELECT id, pid, queues FROM mysqlq_worker")
+    assert pid_a == pid_b == worker.pid
+    assert (queues_a, queues_b) == ("default", QUEUE_B)
+    # No queue of one database was run from the other.
+    assert count(B, "mysqlq_attempt", "queue <> 'mdb_b'") == 0
+    assert count("default", "mysqlq_attempt", "queue <> 'default'") == 0
+    # A parked worker on B is woken by an enqueue on B (not left to its poll).
+    wait_for(lambda: count(B, "mysqlq_worker", "listening") == 1, timeout=15,
+             message="the worker to park on B")
+    tasks.record.using(queue=QUEUE_B).enqueue("late")
+    mdb.wait_rows(B, "SELECT COUNT(*) FROM mysqlq_attempt WHERE outcome='succeeded'", 21,
+                  timeout=5)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert "Summary: [default] processed=20" in worker.output()  # one line per database
+    assert f"Summary: [{B}] processed=21" in worker.output()
+    assert count(B, "mysqlq_worker", "stopped_at IS NULL") == 0
+    assert count("default", "mysqlq_worker", "stopped_at IS NULL") == 0
+
+
+def test_kill_9_on_the_second_database_is_recovered_there(start_worker, env_b) -> None:
+    first = start_worker("--queues", f"default,{QUEUE_B}", env=env_b)
+    handle = tasks.slow_first_time.using(queue=QUEUE_B).enqueue("k9", 30)
+    wait_for(lambda: Ledger.objects.filter(label="k9:start").exists(), timeout=30,
+             message="the task to start on B")
+    first.signal(signal.SIGKILL)
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    second = start_worker("--queues", QUEUE_B, env=env_b)
+    mdb.wait_rows(B, "SELECT COUNT(*) FROM mysqlq_attempt WHERE outcome='succeeded'", 1,
+                  timeout=40)
+    outcomes = [row[0] for row in mdb.query(
+        B, "SELECT outcome FROM mysqlq_attempt WHERE message_id=%s ORDER BY id", [handle.id])]
+    assert outcomes == ["lost", "succeeded"]
+    assert handle.state().status == "succeeded"
+    assert count("default", "mysqlq_attempt") == 0  # nothing of it on the other server
+    second.signal(signal.SIGTERM)
+    assert second.wait(timeout=30) == 0, second.output()
+
+
+def test_a_pause_holds_on_its_own_database_only(start_worker, env_b) -> None:
+    broker.set_paused(QUEUE_B, True, broker.Operator("test"))
+    assert broker.paused_queues(B) == {QUEUE_B}
+    assert broker.paused_queues("default") == set()
+    worker = start_worker("--queues", f"default,{QUEUE_B}", env=env_b)
+    tasks.record.using(queue=QUEUE_B).enqueue("paused")
+    tasks.record.enqueue("running")
+    wait_for(lambda: Ledger.objects.filter(label="running").exists(), timeout=30,
+             message="the task on default")
+    time.sleep(1.5)
+    assert not Ledger.objects.filter(label="paused").exists()
+    broker.set_paused(QUEUE_B, False, broker.Operator("test"))
+    wait_for(lambda: Ledger.objects.filter(label="paused").exists(), timeout=30,
+             message="the resumed queue to run")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
+
+
+# ------------------------------------------------------------------ operators, replicas
+
+
+def test_queuestats_and_the_admin_see_both_databases(root) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    tasks.record.enqueue("on a")
+    on_b = tasks.record.using(queue=QUEUE_B).enqueue("on b")
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    found = {view["database"]: {q["name"]: q["ready"] for q in view["queues"]}
+             for view in __import__("json").loads(out.getvalue())["databases"]}
+    assert found["default"].get("default") == 1 and found[B] == {QUEUE_B: 1}
+    page = root.get("/admin/django_mysqlq/queuestate/?database=" + B).content.decode()
+    assert QUEUE_B in page and 'id="databases"' in page
+    listing = root.get(f"/admin/django_mysqlq/message/?database={B}").content.decode()
+    assert f"/admin/django_mysqlq/message/{on_b.id}/change/" in listing
+    # Cancelling from the message's page acts on its own database, never a same-id message
+    # of the other one.
+    # A message with the same id on the default database (ids are per database; earlier
+    # tests may have moved the default's counter past B's, so make that id if it's free).
+    pad = tasks.record.enqueue("pad")
+    if not Message.objects.using("default").filter(pk=on_b.id).exists():
+        twin = Message.objects.using("default").get(pk=pad.id)
+        twin.pk = on_b.id
+        twin.save(using="default", force_insert=True)
+    response = root.post(f"/admin/django_mysqlq/message/{on_b.id}/act/cancel/?database={B}",
+                         {"confirmed": "yes"})
+    assert response.status_code == 302
+    assert count(B, "mysqlq_message") == 0
+    assert count(B, "mysqlq_attempt", "outcome='cancelled'") == 1
+    assert count("default", "mysqlq_message", f"id={on_b.id}") == 1  # untouched
+
+
+def test_reads_go_to_the_replica_and_claims_and_actions_never(start_worker, settings,
+                                                              ) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {B: mdb.ALIAS_R}}
+    replica = mdb.raw(mdb.ALIAS_R, database=False)
+    try:
+        replica.cursor().execute("STOP SLAVE SQL_THREAD")
+        handle = tasks.record.using(queue=QUEUE_B).enqueue("only on b")
+        # On B, not on its stopped replica: the views read the replica and say why.
+        out = StringIO()
+        call_command("queuestats", "--database", B, stdout=out)
+        text = out.getvalue()
+        assert f"read from replica {mdb.ALIAS_R}: lag unknown (replication is stopped" in text
+        assert QUEUE_B not in text  # nothing there yet
+        # A worker with the replica configured claims on B all the same.
+        worker = start_worker("--queues", QUEUE_B,
+                              env=mdb.extra_env(ON_B, read={B: mdb.ALIAS_R}))
+        wait_for(lambda: Ledger.objects.filter(label="only on b").exists(), timeout=30,
+                 message="the message to run from B")
+        assert mdb.query(mdb.ALIAS_R, "SELECT COUNT(*) FROM mysqlq_attempt") == [(0,)]
+        # (A handle reads the queue's own alias.)
+        wait_for(lambda: handle.state().status == "succeeded", timeout=10,
+                 message="the ack on B")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output()
+        # An operator action (a pause) writes B, never the replica.
+        broker.set_paused(QUEUE_B, True, broker.Operator("test"))
+        assert mdb.query(mdb.ALIAS_R, "SELECT COUNT(*) FROM mysqlq_queue") == [(0,)]
+        assert broker.paused_queues(B) == {QUEUE_B}
+    finally:
+        replica.cursor().execute("START SLAVE SQL_THREAD")
+        replica.close()
+    mdb.wait_replicated()
+    [view] = __import__("django_mysqlq.views", fromlist=["views"]).dashboards(only=B)
+    assert view.read == mdb.ALIAS_R and view.lag is not None and view.lag.seconds is not None
+    assert [q.name for q in view.dashboard.queues if q.paused] == [QUEUE_B]
+    broker.set_paused(QUEUE_B, False, broker.Operator("test"))
+
+
+def test_replica_lag_is_unknown_and_said_so_on_a_server_that_replicates_nothing() -> None:
+    from django_mysqlq.broker.replica import replica_lag
+
+    lag = replica_lag(B)
+    assert lag.seconds is None and "not a replica" in lag.problem
+
+
+def test_the_operator_commands_act_on_the_database_they_are_given() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    tasks.record.enqueue("stays on a")
+    tasks.record.using(queue=QUEUE_B).enqueue("cancelled on b")
+    call_command("queuecancel", "--status", "ready", "--database", B, stdout=StringIO())
+    assert count(B, "mysqlq_message") == 0
+    assert count("default", "mysqlq_message") == 1
+    with pytest.raises(CommandError, match="holds no queue"):
+        call_command("queuecancel", "--status", "ready", "--database", "nowhere")
+
+
+def test_max_tasks_counts_for_the_whole_process_over_both_databases(start_worker,
+                                                                    env_b) -> None:
+    tasks.record.enqueue_many([tasks.record.call(f"a{i}") for i in range(10)])
+    tasks.record.using(queue=QUEUE_B).enqueue_many(
+        [tasks.record.call(f"b{i}") for i in range(10)])
+    worker = start_worker("--queues", f"default,{QUEUE_B}", "--max-tasks", "7",
+                          "--concurrency", "2", env=env_b)
+    assert worker.wait(timeout=60) == 0, worker.output()
+    done = count("default", "mysqlq_attempt") + count(B, "mysqlq_attempt")
+    assert done == 7, worker.output()  # per process, not 7 per database
+    assert count("default", "mysqlq_message") + count(B, "mysqlq_message") == 13
+

@@ -1,0 +1,280 @@
+"""The admin with queues on two servers: every list shows the rows of the database its
+"database" filter names (ids are per database: a message #N may live on both), and every
+action acts on that database only, with no ``DATABASE_ROUTERS`` entry installed.
+
+The default database is the main server (3306), ``queues_b`` the second one (3407, started
+by the session as in tests/test_multidb.py). Rows with the same id are made on both
+wherever a list or an action could confuse them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.test import Client
+
+from django_mysqlq import broker, routing
+from django_mysqlq.messages import AttemptResult
+from django_mysqlq.models import Attempt, Message, Schedule
+from tests import multidb_support as mdb
+from tests.operator_support import RUNNER, claim_only, make_dead, user
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__")]
+
+B = mdb.ALIAS_B
+QUEUE_B = "mdb_b"
+ADMIN = "/admin/django_mysqlq"
+
+
+@pytest.fixture(scope="session")
+def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock():
+        mdb.start()
+
+
+@pytest.fixture(autouse=True)
+def queues_on_two_servers(second_server: None, settings: Any) -> Iterator[None]:
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
+    for table in ("message", "attempt", "worker", "schedule", "queue", "gate"):
+        mdb.query(B, f"DELETE FROM mysqlq_{table}")  # B is not flushed between tests
+    assert not any(isinstance(r, routing.QueueRouter) or "QueueRouter" in str(r)
+                   for r in django_settings.DATABASE_ROUTERS)  # no router needed
+    yield
+
+
+def page(client: Client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    return response.content.decode()
+
+
+def same_id_on_default(message_id: int, label: str = "twin") -> None:
+    """Make a ready message with ``message_id`` on the default database too."""
+    pad = tasks.record.enqueue(label)
+    if pad.id == message_id:
+        return
+    if not Message.objects.using("default").filter(pk=message_id).exists():
+        twin = Message.objects.using("default").get(pk=pad.id)
+        twin.pk = message_id
+        twin.save(using="default", force_insert=True)
+    Message.objects.using("default").filter(pk=pad.id).delete()
+
+
+def dead_on_b(label: str) -> int:
+    """A message on B that failed its last attempt, as a worker leaves it."""
+    handle = tasks.always_fails.using(queue=QUEUE_B).enqueue(label)
+    with routing.on_alias(B):
+        message = claim_only(handle.id, QUEUE_B)
+        broker.fail(message, RUNNER, AttemptResult(
+            started_at=broker.database_now(), error_class="ValueError",
+            error_message=f"boom {label}", traceback="Traceback ..."), retry=False)
+    return handle.id
+
+
+def link(message_id: int, database: str = "") -> str:
+    suffix = f"?database={database}" if database else ""
+    return f"{ADMIN}/message/{message_id}/change/{suffix}"
+
+
+def test_the_messages_list_and_its_filters_show_the_database_chosen(root: Client) -> None:
+    dead_on_b("only on b")
+    on_b = tasks.record.using(queue=QUEUE_B).enqueue("on b")
+    same_id_on_default(on_b.id)
+    listing = page(root, f"{ADMIN}/message/?database={B}")
+    assert f"{ADMIN}/message/{on_b.id}/change/?_changelist_filters=database%3D{B}" in listing \
+        or f"/message/{on_b.id}/change/" in listing
+    assert QUEUE_B in listing
+    # The queue filter offers B's queues, the database filter both aliases, B selected.
+    assert f"?database={B}&amp;queue={QUEUE_B}" in listing
+    assert 'queue=default"' not in listing
+    assert f'<li class="selected">\n    <a href="?database={B}"' in listing \
+        or f'class="selected"><a href="?database={B}"' in listing.replace("\n", "") \
+        or _selected_choice(listing) == B
+    default = page(root, f"{ADMIN}/message/")
+    assert QUEUE_B not in results(default) and "<td" in results(default)
+    assert _selected_choice(default) == "default"
+    # The task filter's choices come from B: a task only B holds is offered there only.
+    dead_list = page(root, f"{ADMIN}/deadmessage/?database={B}")
+    assert "task=tests.testapp.tasks.always_fails" in dead_list
+    assert "task=tests.testapp.tasks.always_fails" not in page(root, f"{ADMIN}/deadmessage/")
+    # Search on B finds B's row by id (one index lookup on B).
+    found = page(root, f"{ADMIN}/message/?database={B}&q={on_b.id}")
+    assert QUEUE_B in results(found) and f"/message/{on_b.id}/change/" in results(found)
+
+
+def results(html: str) -> str:
+    """The rows of a list page (its result table)."""
+    return html.split('id="result_list"')[1].split("</table>")[0] \
+        if 'id="result_list"' in html else ""
+
+
+def _selected_choice(html: str) -> str:
+    """The alias the database filter marks selected."""
+    import re
+
+    block = html.split("By database")[1].split("</ul>")[0] if "By database" in html \
+        else html.split(" database ")[1].split("</ul>")[0]
+    found = re.search(r'class="selected">\s*<a href="\?database=([\w]+)', block)
+    assert found, block
+    return found.group(1)
+
+
+def test_a_message_page_shows_its_own_databases_row_trace_and_buttons(root: Client) -> None:
+    dead = dead_on_b("trace on b")
+    same_id_on_default(dead, "a twin on default")
+    detail = page(root, link(dead, B))
+    assert QUEUE_B in detail and "boom trace on b" in detail  # B's row and B's trace
+    assert f"/message/{dead}/act/requeue/?database={B}" in detail
+    twin = page(root, link(dead))
+    assert "boom trace on b" not in twin and QUEUE_B not in twin
+    # The dead list's rows link to the message page on their own database.
+    entry = root.get(f"{ADMIN}/deadmessage/{dead}/change/?database={B}")
+    assert entry.status_code == 302 and entry["Location"] == link(dead, B)
+
+
+def test_bulk_actions_act_on_the_lists_database_only(root: Client) -> None:
+    dead_a = make_dead(label="stays dead on a")
+    dead = dead_on_b("requeued on b")
+    same_id_on_default(dead)
+    twin = Message.objects.using("default").get(pk=dead).status
+    response = root.post(f"{ADMIN}/deadmessage/?database={B}",
+                         {"action": "retry_dead", "_selected_action": [str(dead)],
+                          "database": B})
+    assert response.status_code == 302
+    assert mdb.query(B, "SELECT status FROM mysqlq_message WHERE id=%s", [dead]) == [("ready",)]
+    assert Message.objects.using("default").get(pk=dead).status == twin  # untouched
+    assert Message.objects.using("default").get(pk=dead_a).status == "dead"
+    # Cancel from B's list: only B's row goes.
+    response = root.post(f"{ADMIN}/message/?database={B}",
+                         {"action": "cancel", "_selected_action": [str(dead)],
+                          "confirmed": "yes", "database": B})
+    assert response.status_code in (200, 302)
+    assert mdb.query(B, "SELECT COUNT(*) FROM mysqlq_message WHERE id=%s", [dead]) == [(0,)]
+    assert Message.objects.using("default").filter(pk=dead).exists()
+    assert Attempt.objects.using(B).filter(message_id=dead, outcome="cancelled").exists()
+    assert not Attempt.objects.using("default").filter(message_id=dead,
+                                                       outcome="cancelled").exists()
+
+
+def test_the_stuck_list_and_release_act_on_b(root: Client) -> None:
+    handle = tasks.record.using(queue=QUEUE_B).enqueue("stuck on b")
+    with routing.on_alias(B):
+        claimed = claim_only(handle.id, QUEUE_B)
+        broker.mark_started([(claimed, broker.database_now())])
+    # Make its lease run out: the claim's connection (this thread's) is alive, so only
+    # an expired lease makes it stuck and releasable.
+    mdb.query(B, "UPDATE mysqlq_message SET lease_expires_at = NOW(6) - INTERVAL 1 MINUTE "
+              "WHERE id=%s", [handle.id])
+    stuck = page(root, f"{ADMIN}/stuckmessage/?database={B}")
+    assert f"/stuckmessage/{handle.id}/change/" in stuck
+    assert f"/stuckmessage/{handle.id}/change/" not in page(root, f"{ADMIN}/stuckmessage/")
+    response = root.post(f"{ADMIN}/stuckmessage/?database={B}",
+                         {"action": "release", "_selected_action": [str(handle.id)],
+                          "database": B})
+    assert response.status_code == 302
+    [(status,)] = mdb.query(B, "SELECT status FROM mysqlq_message WHERE id=%s", [handle.id])
+    assert status in ("ready", "scheduled")
+
+
+def test_a_live_claim_on_b_is_not_stuck_even_when_the_page_reads_a_replica(
+        root: Client, settings: Any) -> None:
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {B: mdb.ALIAS_R}}
+    handle = tasks.record.using(queue=QUEUE_B).enqueue("alive on b")
+    with routing.on_alias(B):
+        claim_only(handle.id, QUEUE_B)  # this thread's connection to B: alive
+    mdb.wait_replicated()
+    listing = page(root, f"{ADMIN}/message/?database={B}")
+    assert f"/message/{handle.id}/change/" in listing  # read from the replica
+    # Liveness is judged on B (the replica's process list does not hold B's connections).
+    assert f"/stuckmessage/{handle.id}/change/" not in page(
+        root, f"{ADMIN}/stuckmessage/?database={B}")
+    assert "act/release/" not in page(root, link(handle.id, B))
+
+
+def test_the_blocked_list_and_its_subject_actions_on_b(root: Client) -> None:
+    from tests.testapp import gated
+
+    first = gated.ordered_dies.using(queue=QUEUE_B).enqueue("k1", 1, "blk")
+    second = gated.ordered_dies.using(queue=QUEUE_B).enqueue("k1", 2, "blk")
+    with routing.on_alias(B):
+        claimed = claim_only(first.id, QUEUE_B)
+        broker.fail(claimed, RUNNER, AttemptResult(
+            started_at=broker.database_now(), error_class="ValueError",
+            error_message="dead head", traceback=""), retry=False)
+    blocked = page(root, f"{ADMIN}/blockedmessage/?database={B}")
+    assert f"/blockedmessage/{second.id}/change/" in blocked
+    # The holder's link keeps the database.
+    assert f"/message/{first.id}/change/?database={B}" in blocked
+    assert f"/blockedmessage/{second.id}/change/" not in page(root, f"{ADMIN}/blockedmessage/")
+    response = root.post(f"{ADMIN}/blockedmessage/?database={B}",
+                         {"action": "release_subject", "_selected_action": [str(second.id)],
+                          "confirmed": "yes", "database": B})
+    assert response.status_code in (200, 302)
+    assert mdb.query(B, "SELECT status FROM mysqlq_message WHERE id=%s", [second.id]) \
+        == [("ready",)]
+
+
+def test_history_workers_and_schedules_lists_on_b(root: Client) -> None:
+    dead = dead_on_b("history on b")
+    history = page(root, f"{ADMIN}/attempt/?database={B}")
+    assert "boom history on b" in history or f"{dead}" in history
+    assert f"queue={QUEUE_B}" in history  # the history's queue filter reads B
+    assert f"queue={QUEUE_B}" not in page(root, f"{ADMIN}/attempt/")
+    with routing.on_alias(B):
+        broker.register_worker("b-host:7:w", "b-host", 7, [QUEUE_B], 1)
+    workers = page(root, f"{ADMIN}/worker/?database={B}")
+    assert "b-host:7:w" in workers
+    assert "b-host:7:w" not in page(root, f"{ADMIN}/worker/")
+    now = dt.datetime.now(dt.UTC)
+    Schedule.objects.using(B).create(
+        name="nightly-b", source="code", task_name="tests.testapp.tasks.record",
+        queue=QUEUE_B, max_attempts=1, retry_backoff=1, payload="{}", cron="0 3 * * *",
+        timezone="UTC", catch_up="latest", created_at=now, declared_at=now,
+        last_message_id=dead)
+    schedules = page(root, f"{ADMIN}/schedule/?database={B}")
+    assert "nightly-b" in schedules
+    assert f"?message_id={dead}&amp;database={B}" in schedules
+    assert "nightly-b" not in page(root, f"{ADMIN}/schedule/")
+    response = root.post(f"{ADMIN}/schedule/?database={B}",
+                         {"action": "pause_selected", "_selected_action": ["nightly-b"],
+                          "database": B})
+    assert response.status_code == 302
+    assert Schedule.objects.using(B).get(name="nightly-b").paused is True
+
+
+def test_the_dashboards_pause_acts_on_the_queues_database_and_comes_back_to_it(
+        root: Client) -> None:
+    response = root.post(f"{ADMIN}/queuestate/pause/", {"queue": QUEUE_B, "paused": "1"})
+    assert response.status_code == 302 and response["Location"].endswith(f"?database={B}")
+    assert broker.paused_queues(B) == {QUEUE_B}
+    assert broker.paused_queues("default") == set()
+    assert "paused" in page(root, response["Location"])
+    broker.set_paused(QUEUE_B, False, broker.Operator("test"))
+
+
+def test_topic_pages_read_the_default_database(root: Client) -> None:
+    for url in ("topicstate", "topicmessage", "topicgroup"):
+        assert page(root, f"{ADMIN}/{url}/") != ""
+
+
+def test_a_user_with_view_permission_only_sees_b_but_cannot_act(client: Client) -> None:
+    dead = dead_on_b("viewer")
+    client.force_login(user("viewer_b"))
+    assert f"/deadmessage/{dead}/change/" in page(client, f"{ADMIN}/deadmessage/?database={B}")
+    response = client.post(f"{ADMIN}/message/{dead}/act/requeue/?database={B}", {})
+    assert response.status_code == 403
+    assert mdb.query(B, "SELECT status FROM mysqlq_message WHERE id=%s", [dead]) == [("dead",)]
+
+
+def test_a_consumer_group_queue_on_another_database_is_refused(settings: Any) -> None:
+    from django.core.checks import run_checks
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {"group:billing": {"DATABASE": B}}}
+    assert "django_mysqlq.E012" in {e.id for e in run_checks()}
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
+    assert "django_mysqlq.E012" not in {e.id for e in run_checks()}
