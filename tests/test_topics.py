@@ -13,7 +13,7 @@ from django.db import connection, connections, transaction
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic, broker
 from django_mysqlq.exceptions import InvalidTaskOptions
-from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage
+from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,10 +111,17 @@ def test_an_open_publisher_is_never_skipped_by_a_later_commit() -> None:
     assert [row[2] for row in broker.read_after("race", 1, 10)] == ['"early"']
 
 
-def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_order() -> None:
+@pytest.mark.parametrize("sequencers", [0, 3])
+def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_order(
+        sequencers: int) -> None:
     """4 publishers with transactions of random length and a rolled-back one now and then,
     a sequencer and a reader running all along: the reader, always reading after the last
-    offset it saw, gets every committed message exactly once, offsets dense 1..N."""
+    offset it saw, gets every committed message exactly once, offsets dense 1..N.
+
+    With ``sequencers``, the reader and that many more threads race with the members'
+    ways (the topic's row ``SKIP LOCKED``, the look for unsequenced rows first):
+    ``try_sequence``, and groups' pumps that sequence in their own transaction, as four
+    groups' members do: the offsets stay dense and in commit order."""
     rng = random.Random(7)
     plans = [[(rng.random() < 0.1, rng.uniform(0, 0.01), rng.randint(1, 3))
               for _ in range(40)] for _ in range(4)]
@@ -140,13 +147,36 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
             connections.close_all()
 
     seen: list[tuple[int, str]] = []
+    skipped: list[int] = []
+
+    def sequence() -> None:
+        if not sequencers:
+            broker.sequence("busy", batch=7)
+        elif broker.try_sequence("busy", batch=7) is None:
+            skipped.append(1)
+
+    def racer(number: int) -> None:
+        try:
+            group = spec("busy", f"racer{number}", start="earliest")
+            while not stop.is_set():
+                if number % 2:
+                    sequence()
+                elif broker.pump_group(group, batch=50, window=10**6, sequence=True).busy:
+                    skipped.append(1)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connections.close_all()
 
     def reader() -> None:
         try:
             position = 0
             while True:
                 finished = stop.is_set()
-                broker.sequence("busy", batch=7)
+                if finished:  # (a skipped round proves nothing is left: wait for it)
+                    broker.sequence("busy", batch=7)
+                else:
+                    sequence()
                 rows = broker.read_after("busy", position, 50)
                 for offset, _, text, _ in rows:
                     seen.append((offset, text.strip('"')))
@@ -158,22 +188,128 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
         finally:
             connections.close_all()
 
+    if sequencers:
+        broker.sequence("busy")  # the topic's row, as a worker's start makes it
+        for number in range(sequencers):
+            broker.create_group(spec("busy", f"racer{number}", start="earliest"))
     threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+    racers = [threading.Thread(target=racer, args=(n,)) for n in range(sequencers)]
     reading = threading.Thread(target=reader)
     reading.start()
-    for thread in threads:
+    for thread in threads + racers:
         thread.start()
     for thread in threads:
         thread.join()
     stop.set()
+    for thread in racers:
+        thread.join(60)
     reading.join(60)
     assert not errors
+    assert bool(skipped) == bool(sequencers)  # (hundreds of busy rounds, measured)
+    for number in range(0, sequencers, 2):  # the groups that sequenced in their pumps
+        pumped = sorted(TopicDelivery.objects.filter(
+            topic="busy", group_name=f"racer{number}").values_list("offset", flat=True))
+        assert pumped and pumped == list(range(1, len(pumped) + 1))
     assert [offset for offset, _ in seen] == list(range(1, len(committed) + 1))
     assert sorted(text for _, text in seen) == sorted(committed)
     # One publisher's messages keep its order.
     for number in range(4):
         mine = [text for _, text in seen if text.startswith(f"p{number}-")]
         assert mine == [text for text in committed if text.startswith(f"p{number}-")]
+
+
+def test_try_sequence_looks_first_and_never_waits_for_the_topic_row() -> None:
+    """The members' sequencing: 0 without a transaction when nothing lacks an offset,
+    None at once while another round holds the topic's row, and the topic's row made
+    when there is none yet."""
+    topic = Topic("skipping")
+    topic.publish("first")
+    assert broker.try_sequence("skipping") == 1  # no row yet: the waiting round made it
+    assert broker.try_sequence("skipping") == 0
+    topic.publish_many(["a", "b"])
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            TopicState.objects.select_for_update().get(name="skipping")
+            locked.set()
+            release.wait(20)
+        connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(20)
+    started = time.monotonic()
+    assert broker.try_sequence("skipping") is None  # busy: not waited for
+    assert time.monotonic() - started < 1
+    assert broker.last_offset("skipping") == 1
+    release.set()
+    thread.join()
+    assert broker.try_sequence("skipping") == 2
+    assert sorted(offsets("skipping").values()) == [1, 2, 3]
+
+
+def test_a_draining_pump_waits_for_room_for_half_a_batch() -> None:
+    """``least``: while deliveries wait, the pump waits until there is room for that
+    many, then fills it in one go; an empty queue is always filled. pump_group says
+    whether the group was behind its topic's last offset."""
+    topic = Topic("halves")
+    group = spec("halves", "drain")
+    broker.create_group(group)
+    topic.publish_many(list(range(10)))
+    broker.sequence("halves")
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)  # room 6
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, True, False)  # room 2
+    first = Message.objects.filter(queue="group:drain").order_by("id")[:5]
+    Message.objects.filter(pk__in=[m.pk for m in first]).delete()
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (2, True, False)
+    assert broker.position("halves", "drain") == 10
+    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, False, False)
+    assert broker.pump_group(spec("halves", "nobody"), batch=4, window=10) == (0, False, False)
+
+
+def test_a_caught_up_group_sequences_and_pumps_in_one_transaction() -> None:
+    """pump_group(sequence=True): a group with every sequenced message stamps the new
+    ones and pumps them at once; while another round holds the topic's row it says busy
+    (without waiting) and makes nothing; a group still behind never sequences."""
+    topic = Topic("oneshot")
+    first, second = spec("oneshot", "first"), spec("oneshot", "second")
+    broker.sequence("oneshot")
+    broker.create_group(first)
+    broker.create_group(second)
+    topic.publish_many(["a", "b", "c"])
+    assert broker.pump_group(first, batch=10, window=10) == (0, False, False)  # not asked
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (3, False, False)
+    assert broker.last_offset("oneshot") == 3 and broker.position("oneshot", "first") == 3
+    topic.publish("d")
+    # "second" is behind (offsets 1-3): it pumps those and leaves "d" unsequenced.
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (3, True, False)
+    assert broker.last_offset("oneshot") == 3
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            TopicState.objects.select_for_update().get(name="oneshot")
+            locked.set()
+            release.wait(20)
+        connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(20)
+    started = time.monotonic()
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (0, False, True)
+    assert time.monotonic() - started < 1
+    assert broker.position("oneshot", "first") == 3  # rolled back with nothing done
+    release.set()
+    thread.join()
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (1, False, False)
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (1, True, False)
+    assert sorted(TopicDelivery.objects.filter(topic="oneshot").values_list(
+        "group_name", "offset")) == [("first", 1), ("first", 2), ("first", 3), ("first", 4),
+                                     ("second", 1), ("second", 2), ("second", 3),
+                                     ("second", 4)]
 
 
 def test_the_pump_makes_one_delivery_per_group_and_moves_the_position() -> None:

@@ -65,6 +65,22 @@ def test_wake_skips_dead_listeners_and_reports_woken_ones():
     assert not park._wake_state.disabled
 
 
+def test_wake_passes_over_its_own_connection():
+    """A member that says it listens and then pumps (so wakes its own group's queue) must
+    not KILL QUERY its own connection: that ended the KILL itself with error 1317, and
+    wake() took it for a missing privilege and turned every later wake-up of the process
+    off."""
+    own = broker.connection_session().connection_id
+    broker.register_worker("me", "h", 1, ["default"], 1)
+    Worker.objects.filter(pk="me").update(listening=True, connection_id=own)
+    park._wake_state.quiet_since.clear()
+    try:
+        assert broker.wake(["default"]) == 1  # counted: it claims next anyway
+        assert not park._wake_state.disabled
+    finally:
+        park._wake_state.disabled.clear()
+
+
 def test_a_worker_parks_while_a_plain_success_waits_for_its_ack(start_worker):
     """An ack waiting in the acker's batch doesn't keep the worker awake polling (only a
     gated one does, for the gate's next message): the next producer's wake-up reaches it."""

@@ -65,7 +65,15 @@ from .base import (
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
-from .deliveries import GroupSpec, create_group, dead_deliveries, position, pump, requeue_dead
+from .deliveries import (
+    GroupSpec,
+    create_group,
+    dead_deliveries,
+    position,
+    pump,
+    pump_group,
+    requeue_dead,
+)
 from .enqueue import enqueue
 from .held import (
     Holder,
@@ -157,7 +165,7 @@ from .topic_ops import (
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
-from .topics import last_offset, publish, read_after, sequence
+from .topics import last_offset, publish, read_after, sequence, try_sequence
 from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
@@ -265,6 +273,7 @@ __all__ = [
     "prune_topic_batch",
     "publish",
     "pump",
+    "pump_group",
     "purge_dead_batch",
     "purge_history_batch",
     "purge_idle_rate_keys",
@@ -308,6 +317,7 @@ __all__ = [
     "topic_volumes",
     "trace",
     "transaction_left_open",
+    "try_sequence",
     "unchanged_since",
     "unserved_from",
     "unserved_queues",

@@ -5,7 +5,10 @@ A delivery is an ordinary queue message (queue ``group:<group>``, task
 The pump takes the group's row lock (``SKIP LOCKED``: one member pumps at a time, the
 others go on claiming), reads the sequenced messages after the group's position, inserts
 them as deliveries with their ``mysqlq_topic_delivery`` links, and moves the position, all
-in one transaction: each offset becomes a delivery of each group exactly once.
+in one transaction: each offset becomes a delivery of each group exactly once. A look
+(one autocommit statement) comes first, so a round with nothing to do opens no
+transaction; a group that has every sequenced message may stamp its topic's new ones
+in that same transaction (``pump_group(sequence=True)``, see ``topics.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError
 
@@ -33,7 +36,14 @@ from .base import (
 from .enqueue import gate_statuses, insert_rows
 from .operate import Operator, requeue
 from .park import wake
-from .topics import READ_AFTER_SQL, TOPIC_TABLE
+from .topics import (
+    OFFSET_INDEX,
+    READ_AFTER_SQL,
+    SEQUENCE_BATCH,
+    TOPIC_MESSAGE_TABLE,
+    TOPIC_TABLE,
+    sequence_round,
+)
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
@@ -51,9 +61,19 @@ CREATE_GROUP_SQL = (
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
-#: Ready deliveries waiting in the group's queue, counted up to the window.
-WINDOW_SQL = (f"SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
-              " WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting")
+#: The pump's look before its transaction (autocommit, no lock): whether the group is
+#: behind its topic's last offset, its ready deliveries counted up to the window, and
+#: (only when it is not behind: the look walks the offset index's NULL end, slow while
+#: purge lags behind the stamping) whether committed messages lack an offset.
+#: Most looks of a busy member end here, one statement instead of a transaction.
+LOOK_SQL = (
+    f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
+    f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
+    f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
+    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL)"
+    f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
+    " WHERE g.topic = %s AND g.group_name = %s"
+)
 #: The next sequenced messages after the group's position.
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
@@ -108,7 +128,8 @@ def _payload(value: str, offset: int, key: str | None, published_at: dt.datetime
     return f'{{"args":[{value}],"kwargs":{meta}}}'
 
 
-def _delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
+def delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
+    """The delivery of one topic row ``(offset, key, payload JSON, published_at)``."""
     offset, key, value, published_at = int(row[0]), row[1], str(row[2]), row[3]
     return NewMessage(
         task_name=spec.task_name, queue=spec.queue, priority=0,
@@ -122,10 +143,60 @@ def _delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
     )
 
 
-def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> int:
+def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
+         least: int = 1) -> int:
     """Turn up to ``batch`` messages after the group's position into deliveries; return
-    how many. Nothing when another member is pumping, or ``window`` deliveries wait."""
+    how many. Nothing when another member is pumping, or ``window`` deliveries wait, or
+    deliveries wait and there is room for fewer than ``least`` more (a draining member
+    then pumps one big batch now and then, not a few rows every round)."""
+    return pump_group(spec, batch, window, alias, least).made
+
+
+class Pumped(NamedTuple):
+    """What :func:`pump_group` did."""
+
+    #: Deliveries made.
+    made: int
+    #: The group was behind its topic's last offset (False: it had every sequenced
+    #: message; only sequencing gives it more).
+    behind: bool
+    #: Another caller held the topic's sequencing lock: look again shortly (its commit
+    #: wakes nobody).
+    busy: bool = False
+
+
+def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
+               least: int = 1, sequence: bool = False, keep: int = 0) -> Pumped:
+    """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
+    is not behind while committed messages of its topic lack an offset stamps them and
+    pumps them in one transaction (the group's row, then the topic's, both ``SKIP
+    LOCKED``: one fsync and no wait on the way from a publish to its delivery).
+
+    The window is the look's count: two members pumping one after the other off the same
+    look may pass it by one batch. ``keep``: deliveries the caller claims itself right
+    after (a member that pumped one message wakes no other member for it)."""
     alias = alias or default_alias()
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
+        look = cursor.fetchone()
+    if look is None:
+        return Pumped(0, False)  # no such group
+    behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
+    if waiting >= window or (waiting and window - waiting < least):
+        return Pumped(0, behind)
+    wanted = min(batch, window - waiting)
+    if behind:
+        return Pumped(_pump(spec, wanted, alias, keep=keep), True)
+    if not (sequence and unsequenced):
+        return Pumped(0, False)
+    made = _pump(spec, wanted, alias, sequence_first=True, keep=keep)
+    return Pumped(max(made, 0), False, busy=made < 0)
+
+
+def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
+          keep: int = 0) -> int:
+    """The pump's transaction: up to ``wanted`` deliveries; -1 when ``sequence_first``
+    found the topic's row held."""
 
     def body(cursor: Any) -> tuple[int, list[str]]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
@@ -133,15 +204,17 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> 
         if row is None:
             return 0, []
         group_id, current = int(row[0]), int(row[1])
-        cursor.execute(WINDOW_SQL, [spec.queue, window])
-        room = window - int(cursor.fetchone()[0])
-        if room <= 0:
-            return 0, []
-        cursor.execute(READ_AFTER_SQL, [spec.topic, current, min(batch, room)])
+        if sequence_first:
+            # The sequencer's own round (topic row, then its consistent read): the
+            # offsets it gives stay a gap-free prefix; this transaction sees its stamps.
+            stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
+            if stamped is None:
+                return -1, []
+        cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
         rows = cursor.fetchall()
         if not rows:
             return 0, []
-        messages = [_delivery(spec, found) for found in rows]
+        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids = insert_rows(alias, messages, statuses)
         params: list[Any] = []
@@ -155,9 +228,10 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None) -> 
         return len(rows), ready
 
     pumped, queues = in_transaction(alias, body)
-    if pumped:
+    if pumped > 0:
         try:
-            wake(queues, alias)
+            if queues[keep:]:
+                wake(queues[keep:], alias)
         except DatabaseError as exc:  # the deliveries are committed; members poll them
             logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)

@@ -268,6 +268,12 @@ def wake(queues: Sequence[str], alias: str | None = None, *, everyone: bool = Fa
                 if worker_id in woken:  # woken for another queue: it claims from both
                     wanted -= 1
                     continue
+                if connection_id == session.connection_id and node == session.node:
+                    # Ourselves (a member pumping just before its park): not asleep, and a
+                    # KILL QUERY of our own connection would end this statement instead.
+                    woken.add(worker_id)
+                    wanted -= 1
+                    continue
                 if node != session.node:  # parked on another node: its id means nothing here
                     if _ring(alias, worker_id):
                         woken.add(worker_id)

@@ -18,8 +18,7 @@ from django.db import DatabaseError
 
 from ..models import MessageStatus
 from .base import connection_for, default_alias, in_transaction, logger
-from .deliveries import LINK_SQL, GroupSpec
-from .deliveries import _delivery as delivery_of
+from .deliveries import LINK_SQL, GroupSpec, delivery
 from .enqueue import gate_statuses, insert_rows
 from .operate import Operator
 from .park import wake
@@ -96,7 +95,7 @@ def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
         rows = cursor.fetchall()
         if not rows:
             return 0, last, []
-        messages = [delivery_of(spec, found) for found in rows]
+        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids = insert_rows(alias, messages, statuses)
         params: list[Any] = []

@@ -33,7 +33,7 @@ from .options import WorkerOptions
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
-from .topics import TopicDuty
+from .topics import PUMP_SECONDS, TopicDuty
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -129,7 +129,8 @@ class Worker:
         self.outages = 0
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
         import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
-        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings)
+        self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings,
+                                keep=options.claim_batch)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""
@@ -329,10 +330,13 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
-        if self.topics.pump(force=True):
-            # Listening first: a publish committed after this pump wakes the park.
+        if self.topics.pump(force=True) or self.topics.sequencer_busy:
+            # Listening first: a publish committed after this pump wakes the park. Another
+            # member stamping offsets wakes nobody: look again after a short pause.
             broker.listen(self.id, False)
             self._listening = False
+            if self.topics.sequencer_busy:
+                self.wakeup.wait(PUMP_SECONDS)
             return
         result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
                                           sweep_check, watched=self.options.queues,
@@ -345,6 +349,7 @@ class Worker:
         if result == "sweep" or (result == "interrupted" and sweep_check):
             self._sweep(time.monotonic())
         if result in ("ready", "woken", "interrupted", "due"):
+            self.topics.woken()
             if result == "due":
                 due.promote = 0.0
             broker.listen(self.id, False)

@@ -2,9 +2,12 @@
 
 Members of a group are the workers whose queues include ``group:<group>`` (``--groups``,
 or every known queue by default). The control loop calls :meth:`TopicDuty.pump` before
-it claims: the topics get their offsets (``broker.sequence``), then each group's next
-messages become deliveries in its queue (``broker.pump``), which the claim then takes
-like any message. Broadcast subscriptions run in a thread of every worker process.
+it claims: each group's next messages become deliveries in its queue
+(``broker.pump_group``: a look first, then a transaction only when the group is behind,
+in batches of at least half the window once deliveries wait; a group that has every
+sequenced message gives its topic's new ones their offsets in the same transaction,
+never waiting for another member's round), which the claim then takes like any message.
+Broadcast subscriptions run in a thread of every worker process.
 """
 
 from __future__ import annotations
@@ -46,13 +49,19 @@ class TopicDuty:
     """Pumps the groups this worker serves; runs its broadcast reader."""
 
     def __init__(self, queues: Sequence[str], stop: threading.Event,
-                 settings: QueueSettings) -> None:
+                 settings: QueueSettings, keep: int = 0) -> None:
         served = [s for s in subscriptions.groups() if s.queue in set(queues)]
         self.specs = [_spec(s) for s in served]
         self.topics = sorted({spec.topic for spec in self.specs})
         self.settings = settings
+        #: Deliveries a pump leaves to this worker's next claim (its claim batch) rather
+        #: than waking other members for them.
+        self.keep = keep
         self.stop = stop
         self._last_pump = 0.0
+        #: Another member held a topic's sequencing lock at the last pump: its commit
+        #: wakes nobody here, so the worker looks again shortly instead of parking.
+        self.sequencer_busy = False
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -77,11 +86,23 @@ class TopicDuty:
         if not force and now - self._last_pump < PUMP_SECONDS:
             return 0
         self._last_pump = now
-        for topic in self.topics:
-            broker.sequence(topic)
         conf = self.settings
-        return sum(broker.pump(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW)
-                   for spec in self.specs)
+        least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
+        made, busy = 0, False
+        for spec in self.specs:
+            # A group that has every sequenced message sequences its topic's new ones in
+            # its pump's transaction; one still behind has work without them.
+            pumped = broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
+                                       least=least, sequence=True, keep=self.keep)
+            made += pumped.made
+            busy = busy or pumped.busy
+        self.sequencer_busy = busy
+        return made
+
+    def woken(self) -> None:
+        """A wake-up came (a publish, or another member's pump): the next pump runs at
+        once, not after the rest of the pause between two pumps."""
+        self._last_pump = 0.0
 
 
 class BroadcastReader(threading.Thread):
@@ -124,7 +145,7 @@ class BroadcastReader(threading.Thread):
     def read_once(self) -> int:
         read = 0
         for topic, listeners in self.listeners.items():
-            broker.sequence(topic)
+            broker.try_sequence(topic)  # (held: a member is stamping; read what is there)
             rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH)
             for offset, key, text, published_at in rows:
                 self._handle(topic, listeners, offset, key, text, published_at)

@@ -146,7 +146,14 @@ def latency(ctx: Context, repeat: int) -> None:
     worker = _member("lat", 4, None, f"streams-latency-r{repeat}", ctx.log_dir,
                      {"MYSQLQ_BENCH_STAMP_DIR": str(stamp_dir)})
     ctx.wait_registered(worker, 1)
-    time.sleep(1.0)  # parked
+    # Its group made (a member creates it after registering; with start "latest", what
+    # is published before that is not the group's to handle), then parked.
+    deadline = time.monotonic() + 60.0
+    while broker.position("benchlat", "lat") is None:
+        if time.monotonic() > deadline:
+            raise BenchError("streams latency: the member never created its group")
+        time.sleep(0.05)
+    time.sleep(1.0)
     count = int(rate * ctx.sizes.streams_latency_seconds)
     committed: list[int] = []
     t0 = time.monotonic()
