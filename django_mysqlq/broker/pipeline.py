@@ -14,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 from .base import ATTEMPT_TABLE, MESSAGE_TABLE, connection_for, naive_utc
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: Microseconds since 1970-01-01 of a DATETIME(6) holding UTC (NULL stays NULL).
 _MICROS = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {column})"
@@ -45,6 +46,12 @@ DEAD_COLUMNS = (
     "losses, deferrals, "
     "last_error"
 )
+#: Every column of a topic message, for ``archive --source topics``.
+TOPIC_COLUMNS = (
+    "id, topic, msg_offset, msg_key, payload, "
+    f"{_MICROS.format(column='published_at')} AS published_us, "
+    f"{_MICROS.format(column='sequenced_at')} AS sequenced_us"
+)
 
 #: The id range of history finished in a window, along mysqlq_att_finished (it holds
 #: the primary key: no row is read).
@@ -73,6 +80,9 @@ HISTORY_SELECT = (f"(SELECT {{columns}} FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMAR
                   "WHERE {where}) AS history")
 DEAD_SELECT = (f"(SELECT {{columns}} FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY) "
                "WHERE {where}) AS dead")
+#: One topic's messages; each partition adds its slice of ``msg_offset``.
+TOPIC_SELECT = (f"(SELECT {TOPIC_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                f"({OFFSET_INDEX}) WHERE topic = {{topic}}) AS topic_messages")
 REPLAYED_SELECT = (f"(SELECT id, replayed_from FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) "
                    "WHERE replayed_from IS NOT NULL) AS replayed")
 
@@ -80,6 +90,15 @@ REPLAYED_SELECT = (f"(SELECT id, replayed_from FROM {ATTEMPT_TABLE} FORCE INDEX 
 def datetime_literal(value: dt.datetime) -> str:
     """A UTC DATETIME(6) literal for a statement Spark sends (digits only: no escaping)."""
     return f"'{naive_utc(value):%Y-%m-%d %H:%M:%S.%f}'"
+
+
+def text_literal(value: str) -> str:
+    """A utf8mb4 string literal for a statement Spark sends: hex digits, no escaping."""
+    return f"CONVERT(X'{value.encode().hex()}' USING utf8mb4)"
+
+
+def topic_select(topic: str) -> str:
+    return TOPIC_SELECT.format(topic=text_literal(topic))
 
 
 def window_where(since: dt.datetime, until: dt.datetime) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .base import connection_for, default_alias, in_transaction, naive_utc
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
-from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from .topics import LAST_OFFSET_SQL, OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_NAMES_SQL = f"SELECT name FROM {TOPIC_TABLE} ORDER BY name"
 FIRST_OFFSET_SQL = f"SELECT first_offset FROM {TOPIC_TABLE} WHERE name = %s"
@@ -80,9 +80,108 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
         return deleted
 
     deleted = in_transaction(alias, body)
-    while True:  # the links of what was deleted, in batches of their own
+    _delete_links(topic, last + 1, limit, alias)
+    return deleted
+
+
+def _delete_links(topic: str, below: int, limit: int, alias: str) -> None:
+    """Delete the delivery links of ``topic``'s offsets below ``below``, in batches."""
+    while True:
         with connection_for(alias).cursor() as cursor:
-            cursor.execute(DELETE_LINKS_SQL, [topic, last + 1, int(limit)])
+            cursor.execute(DELETE_LINKS_SQL, [topic, below, int(limit)])
             if cursor.rowcount < limit:
                 break
+
+
+# The archive (``queuepipeline archive --source topics``) takes exactly what retention
+# would delete with ``wait_for_groups``: a prefix of the kept offsets, each published
+# before the cut-off and at or below every group's position, and deletes it the same way.
+
+#: The first offset in a range published at or after the cut-off: the prefix ends before.
+FIRST_TOO_NEW_SQL = (f"SELECT MIN(msg_offset) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                     f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s "
+                     "AND msg_offset <= %s AND published_at >= %s")
+#: Rows of an offset range (along the index, which holds the primary key: no row read).
+RANGE_COUNT_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+                   "WHERE topic = %s AND msg_offset >= %s AND msg_offset < %s")
+#: What the source holds of one archive batch (an offset range of one topic), per day:
+#: rows, and sum, first and last of their ids.
+TOPIC_STATS_SQL = (f"SELECT DATE(published_at) AS day, COUNT(*), SUM(id), MIN(id), MAX(id) "
+                   f"FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+                   "WHERE topic = %s AND msg_offset >= %s AND msg_offset < %s GROUP BY day")
+CHUNK_LAST_OFFSET_SQL = (f"SELECT MAX(msg_offset) FROM {TOPIC_MESSAGE_TABLE} "
+                         "WHERE topic = %s AND id IN ({ids})")
+
+
+def archivable_offsets(topic: str, before: dt.datetime,
+                       alias: str | None = None) -> tuple[int, int, int] | None:
+    """``(first offset, last offset, rows)`` of the prefix of ``topic``'s kept messages
+    retention would delete now (published before ``before``, passed by every group), or
+    None when there is none."""
+    alias = alias or default_alias()
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(FIRST_OFFSET_SQL, [topic])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        first = int(row[0])
+        cursor.execute(LAST_OFFSET_SQL, [topic])
+        last = int(cursor.fetchone()[0])
+        cursor.execute(SLOWEST_GROUP_SQL, [topic])
+        slowest = cursor.fetchone()[0]
+        if slowest is not None:
+            last = min(last, int(slowest))
+        if last < first:
+            return None
+        cursor.execute(FIRST_TOO_NEW_SQL, [topic, first, last, naive_utc(before)])
+        too_new = cursor.fetchone()[0]
+        if too_new is not None:
+            last = int(too_new) - 1
+        if last < first:
+            return None
+        cursor.execute(RANGE_COUNT_SQL, [topic, first, last + 1])
+        rows = int(cursor.fetchone()[0])
+    return None if rows == 0 else (first, last, rows)
+
+
+#: ``{(day "YYYY-MM-DD", topic): (rows, sum of ids, first id, last id)}``
+TopicStats = dict[tuple[str, str], tuple[int, int, int, int]]
+
+
+def topic_partition_stats(topic: str, low: int, high: int,
+                          alias: str | None = None) -> TopicStats:
+    """Per ``(day, topic)``: rows, sum, first and last id of ``topic``'s messages with
+    ``low <= offset < high`` (what an archive batch over that range must have written)."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TOPIC_STATS_SQL, [topic, low, high])
+        rows = cursor.fetchall()
+    return {(day.isoformat(), topic): (int(count), int(total), int(first), int(last))
+            for day, count, total, first, last in rows}
+
+
+def delete_archived(topic: str, ids: list[int], alias: str | None = None,
+                    links_batch: int = 1000) -> int:
+    """Delete these archived messages of ``topic`` (a prefix of its kept offsets, in
+    offset order) as retention does: by primary key, moving ``first_offset`` past them
+    in the same short transaction, then their delivery links. Return how many went
+    (a message already gone, deleted by an earlier run or by retention, counts 0)."""
+    if not ids:
+        return 0
+    alias = alias or default_alias()
+
+    def body(cursor: Any) -> tuple[int, int | None]:
+        cursor.execute(CHUNK_LAST_OFFSET_SQL.format(ids=", ".join(["%s"] * len(ids))),
+                       [topic, *ids])
+        last = cursor.fetchone()[0]
+        deleted = 0
+        for message_id in ids:
+            cursor.execute(DELETE_SQL, [message_id])
+            deleted += int(cursor.rowcount)
+        if last is not None:
+            cursor.execute(MOVE_FIRST_SQL, [int(last) + 1, topic])
+        return deleted, None if last is None else int(last)
+
+    deleted, last = in_transaction(alias, body)
+    if last is not None:
+        _delete_links(topic, last + 1, links_batch, alias)
     return deleted

@@ -28,11 +28,11 @@ from pyspark.sql import functions as F
 from ...broker import database_now
 from ...broker import pipeline as statements
 from ...models import Outcome
-from ...routing import read_alias
+from ...routing import queue_aliases, read_alias
 from .database import database
 from .errors import PipelineError
 from .output import write_outputs
-from .sources import history
+from .sources import history, live_history
 
 ACCURACY = 10_000
 RELATIVE_ERROR = 1 / ACCURACY
@@ -156,27 +156,74 @@ def _window(since: dt.datetime | None, until: dt.datetime | None,
     return since, until
 
 
+def by_database(frame: DataFrame) -> list[dict[str, Any]]:
+    """Per database: attempts and outcomes (the report's counts, split)."""
+    attempt = F.col("outcome").isin(*ATTEMPTS)
+    rows = (frame.groupBy("database")
+            .agg(F.sum(F.when(attempt, 1).otherwise(0)).alias("attempts"),
+                 *[F.sum(_is(outcome)).alias(outcome) for outcome in COUNTED])
+            .orderBy("database").collect())
+    return [{key: (value if key == "database" else int(value or 0))
+             for key, value in row.asDict().items()} for row in rows]
+
+
+def _all_live(spark: SparkSession, since: dt.datetime, until: dt.datetime,
+              partition_rows: int | None,
+              max_connections: int | None) -> tuple[DataFrame | None, list[str]]:
+    """Live history of the window from every database that holds queues (each read from
+    its replica when it has one), with a ``database`` column naming the queue alias."""
+    frame: DataFrame | None = None
+    aliases = list(queue_aliases())
+    for alias in aliases:
+        live = live_history(spark, database(read_alias(alias)), since, until,
+                            statements.REPORT_COLUMNS, partition_rows, max_connections)
+        if live is None:
+            continue
+        live = live.withColumn("database", F.lit(alias))
+        frame = live if frame is None else frame.unionByName(live)
+    return frame, aliases
+
+
 def report(spark: SparkSession, output: str, *, since: dt.datetime | None = None,
            until: dt.datetime | None = None, queues: Sequence[str] = (),
            tasks: Sequence[str] = (), archive: str | None = None,
            database_alias: str | None = None, partition_rows: int | None = None,
-           max_connections: int | None = None) -> ReportResult:
+           max_connections: int | None = None,
+           all_databases: bool = False) -> ReportResult:
     """Analytics over ``[since, until)`` (default: the last 24 hours) into ``output``.
 
     Reads live history and, with ``archive``, the Parquet archive at that path.
     Writes ``summary.json``, Parquet datasets and ``report.html`` (see
     :func:`.output.write_outputs`).
+
+    ``all_databases`` reads the live history of every database that holds queues
+    (``MYSQLQ['DATABASE']`` and the aliases of ``MYSQLQ['QUEUES']``) and reports them
+    together; ``summary.json``'s ``by_database`` splits the counts per alias. It reads no
+    archive (an archive root holds one database's history).
     """
+    if all_databases and (database_alias or archive):
+        raise PipelineError("--all-databases reads every queue database's live history: "
+                            "it takes neither --database nor --archive (an archive holds "
+                            "one database's history; report it with --database ALIAS).")
     # Only reads: from the queue database's replica when MYSQLQ['READ_DATABASE'] names one.
-    db = database(read_alias(database_alias))
+    alias = database_alias or queue_aliases()[0]
+    db = database(read_alias(alias))
     since, until = _window(since, until, db.alias)
-    frame, live, archived = history(spark, db, since, until, statements.REPORT_COLUMNS,
-                                    archive, partition_rows, max_connections)
+    if all_databases:
+        frame, aliases = _all_live(spark, since, until, partition_rows, max_connections)
+        live, archived = frame is not None, False
+    else:
+        frame, live, archived = history(spark, db, since, until, statements.REPORT_COLUMNS,
+                                        archive, partition_rows, max_connections)
+        aliases = [alias]
+        if frame is not None:
+            frame = frame.withColumn("database", F.lit(alias))
     if frame is None:
         frame = spark.createDataFrame([], "id long, message_id long, queue string, "
                                       "task_name string, attempt long, outcome string, "
                                       "error_class string, enqueued_us long, "
-                                      "started_us long, finished_us long")
+                                      "started_us long, finished_us long, "
+                                      "database string")
     if queues:
         frame = frame.where(F.col("queue").isin(*queues))
     if tasks:
@@ -199,7 +246,9 @@ def report(spark: SparkSession, output: str, *, since: dt.datetime | None = None
         }
         meta = {"window": {"since": since.isoformat(), "until": until.isoformat()},
                 "filters": {"queues": list(queues), "tasks": list(tasks)},
-                "sources": {"live": live, "archive": archive if archived else None},
+                "sources": {"live": live, "archive": archive if archived else None,
+                            "databases": aliases},
+                "by_database": by_database(frame),
                 "bucket": unit,
                 "percentiles": {"function": "percentile_approx", "accuracy": ACCURACY,
                                 "relative_rank_error": RELATIVE_ERROR}}

@@ -1,4 +1,5 @@
-"""``archive``: move history older than a cut-off to Parquet, exactly once.
+"""``archive``: move history (and dead messages, topic messages) older than a cut-off to
+Parquet, exactly once.
 
 Rows go in batches of ``batch_rows`` ids (see :mod:`.batches` for one batch's steps and
 why a kill at any of them loses or doubles nothing). While Spark stages and verifies
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import queue
 import threading
 import time
@@ -22,13 +24,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ...broker import archive as statements
-from ...broker import count_dead_before, count_history_before, database_now
+from ...broker import database_now, topic_retention
 from ...broker import pipeline as reads
 from . import batches
 from .batches import Batch, BatchMismatch, Control, Recovered
 from .database import Database, database
 from .errors import PipelineError
-from .layout import DEAD, HISTORY, SCHEMAS
+from .layout import DEAD, HISTORY, SCHEMAS, TOPICS
 from .reading import micros_to_timestamp, plan, read
 
 #: Ids per batch: small enough that deleting one batch overlaps writing the next most of
@@ -38,6 +40,8 @@ DEFAULT_BATCH_ROWS = 200_000
 DEFAULT_DELETE_BATCH = 2_000
 #: Times a batch is staged again when the source changed under it.
 BATCH_TRIES = 3
+#: What ``sources`` may name.
+SOURCES = (HISTORY, TOPICS)
 
 Progress = Callable[[str], None]
 
@@ -62,7 +66,14 @@ class ArchiveResult:
 
 def _frame(spark: SparkSession, db: Database, batch: Batch, partition_rows: int | None,
            max_connections: int | None) -> DataFrame:
-    if batch.kind == HISTORY:
+    key = "id"
+    if batch.kind == TOPICS:
+        assert batch.topic is not None
+        table = reads.topic_select(batch.topic)
+        times = {"published_us": "published_at", "sequenced_us": "sequenced_at"}
+        day = "published_at"
+        key = "msg_offset"
+    elif batch.kind == HISTORY:
         where = f"{reads.older_where(batch.cutoff)}"
         table = reads.HISTORY_SELECT.format(columns=reads.HISTORY_COLUMNS, where=where)
         times = {"enqueued_us": "enqueued_at", "started_us": "started_at",
@@ -74,8 +85,11 @@ def _frame(spark: SparkSession, db: Database, batch: Batch, partition_rows: int 
         times = {"enqueued_us": "enqueued_at", "died_us": "died_at"}
         day = "died_at"
     frame = read(spark, db, table, plan(batch.low, batch.high - 1, partition_rows,
-                                        max_connections))
+                                        max_connections), key=key)
     frame = micros_to_timestamp(frame, times).withColumn("day", F.to_date(F.col(day)))
+    if batch.kind == TOPICS:
+        frame = frame.withColumnRenamed("msg_offset", "offset").withColumnRenamed(
+            "msg_key", "key")
     schema = SCHEMAS[batch.kind]
     return frame.select(*[F.col(field.name).cast(field.dataType).alias(field.name)
                           for field in schema.fields])
@@ -173,14 +187,56 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
     raise AssertionError("unreachable")
 
 
+def _plans(kind: str, cutoff: dt.datetime, alias: str, batch_rows: int,
+           stamp: str) -> list[Batch]:
+    """The batches of one kind: id ranges (history, dead), or for topics the offset
+    ranges of each topic's archivable prefix."""
+    if kind == TOPICS:
+        found = []
+        for topic in topic_retention.topic_names(alias):
+            bounds = topic_retention.archivable_offsets(topic, cutoff, alias)
+            if bounds is None:
+                continue
+            tag = hashlib.sha1(topic.encode()).hexdigest()[:12]
+            found += [Batch(TOPICS, low, high, cutoff,
+                            f"{TOPICS}-{tag}-{low:012d}-{high:012d}-{stamp}", topic)
+                      for low, high in _ranges(bounds[0], bounds[1], batch_rows)]
+        return found
+    bounds = (reads.older_bounds(cutoff, alias) if kind == HISTORY
+              else reads.dead_bounds(cutoff, alias))
+    if bounds is None:
+        return []
+    return [Batch(kind, low, high, cutoff, f"{kind}-{low:012d}-{high:012d}-{stamp}")
+            for low, high in _ranges(bounds[0], bounds[1], batch_rows)]
+
+
+def _dry_counts(kinds: list[str], cutoff: dt.datetime, alias: str) -> dict[str, int]:
+    counts = {}
+    for kind in kinds:
+        if kind in (HISTORY, DEAD):
+            bounds = (reads.older_bounds(cutoff, alias) if kind == HISTORY
+                      else reads.dead_bounds(cutoff, alias))
+            counts[kind] = 0 if bounds is None else bounds[2]
+        else:
+            counts[kind] = sum(
+                bounds[2] for topic in topic_retention.topic_names(alias)
+                if (bounds := topic_retention.archivable_offsets(topic, cutoff, alias)))
+    return counts
+
+
 def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
-            include_dead: bool = False, dry_run: bool = False,
+            include_dead: bool = False, sources: tuple[str, ...] | list[str] = (HISTORY,),
+            dry_run: bool = False,
             database_alias: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
             delete_batch: int = DEFAULT_DELETE_BATCH, partition_rows: int | None = None,
             max_connections: int | None = None,
             progress: Progress | None = None) -> ArchiveResult:
     """Move history finished before now - ``older_than`` (and, with ``include_dead``,
     messages dead since before then) to Parquet under ``to``, then delete them.
+
+    ``sources`` names what to archive: ``history`` (and with it, ``include_dead``, dead
+    messages) and/or ``topics``: topic messages published before the cut-off and passed
+    by every consumer group of their topic, the prefix topic retention would delete.
 
     First finishes what an interrupted run left. ``dry_run`` counts, changes nothing.
     """
@@ -189,15 +245,20 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         raise PipelineError(f"--older-than must not be negative, not {older_than}.")
     if batch_rows < 1 or delete_batch < 1:
         raise PipelineError("--batch-rows and --delete-batch must be at least 1.")
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown or not sources:
+        raise PipelineError(f"--source takes {' and/or '.join(SOURCES)}, not "
+                            f"{','.join(unknown) or 'nothing'}.")
+    if include_dead and HISTORY not in sources:
+        raise PipelineError("--include-dead goes with --source history.")
     db = database(database_alias)
     cutoff = database_now() - older_than
     control = Control(spark, to)
-    kinds = [HISTORY, DEAD] if include_dead else [HISTORY]
+    kinds = [kind for kind in (HISTORY, DEAD, TOPICS)
+             if kind in sources or (kind == DEAD and include_dead)]
     if dry_run:
-        counts = {HISTORY: count_history_before(cutoff)}
-        if include_dead:
-            counts[DEAD] = count_dead_before(cutoff)
-        return ArchiveResult(cutoff=cutoff, dry_run=True, rows=counts,
+        return ArchiveResult(cutoff=cutoff, dry_run=True,
+                             rows=_dry_counts(kinds, cutoff, db.alias),
                              pending=batches.pending(control))
     if connections[db.alias].in_atomic_block:
         raise PipelineError("archive() deletes in autocommit batches: call it outside "
@@ -209,6 +270,9 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
     deleter = Deleter(control, db.alias, delete_batch, progress)
     try:
         timer = Timer(result.timings)
+        args = db.connect_args
+        control.claim_database(f"{args.get('unix_socket') or args.get('host')}:"
+                               f"{args.get('port', '')}/{args['database']}")
         result.recovered = batches.recover(control, db.alias, delete_batch)
         timer.step("recover")
         if progress is not None and (result.recovered.finished or result.recovered.dropped):
@@ -218,15 +282,10 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         deleter.start()
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
         for kind in kinds:
-            bounds = (reads.older_bounds(cutoff, db.alias) if kind == HISTORY
-                      else reads.dead_bounds(cutoff, db.alias))
+            planned = _plans(kind, cutoff, db.alias, batch_rows, stamp)
             timer.step("plan")
             result.rows[kind] = 0
-            if bounds is None:
-                continue
-            for low, high in _ranges(bounds[0], bounds[1], batch_rows):
-                batch = Batch(kind, low, high, cutoff,
-                              f"{kind}-{low:012d}-{high:012d}-{stamp}")
+            for batch in planned:
                 rows = _archive_batch(spark, control, db, batch, deleter, partition_rows,
                                       max_connections, timer)
                 if rows:

@@ -32,9 +32,10 @@ from django.db import connections
 from pyspark.sql import DataFrame, SparkSession
 
 from ...broker import archive as statements
+from ...broker import topic_retention
 from .errors import PipelineError
 from .hooks import checkpoint
-from .layout import CONTROL, HISTORY, PARTITION_COLUMNS, SCHEMAS, join
+from .layout import CONTROL, HISTORY, PARTITIONS, SCHEMAS, TOPICS, join
 from .store import Store
 
 STAGING = "staging"
@@ -49,9 +50,12 @@ class Batch:
     high: int  # exclusive
     cutoff: dt.datetime
     name: str
+    #: For ``topics``: the topic, and ``low``/``high`` are offsets, not ids.
+    topic: str | None = None
 
     def record(self, files: list[tuple[str, str]], stats: PartitionStats) -> dict[str, Any]:
-        return {"batch": self.name, "kind": self.kind, "low": self.low, "high": self.high,
+        return {"batch": self.name, "kind": self.kind, "topic": self.topic,
+                "low": self.low, "high": self.high,
                 "cutoff": self.cutoff.isoformat(), "rows": sum(s[0] for s in stats.values()),
                 "partitions": [[day, queue, *figures]
                                for (day, queue), figures in sorted(stats.items())],
@@ -84,6 +88,18 @@ class Control:
         done = {name[:-5] for name in names if name.endswith(".done")}
         return {name[:-5]: name[:-5] in done for name in names if name.endswith(".json")}
 
+    def claim_database(self, identity: str) -> None:
+        """Tie this archive root to one database (ids of two databases overlap: a run on
+        one must never finish, and delete, a batch of the other's); refuse another."""
+        path = join(self.root, CONTROL, "database")
+        if self.store.exists(path):
+            owner = self.store.read_text(path).strip()
+            if owner != identity:
+                raise PipelineError(f"The archive at {self.root} holds the database {owner}, "
+                                    f"not {identity}: give each database its own --to.")
+            return
+        self.store.write_text(path, identity + "\n")
+
     def read_record(self, name: str) -> dict[str, Any]:
         record: dict[str, Any] = json.loads(self.store.read_text(self.record_path(name)))
         return record
@@ -94,7 +110,8 @@ class Control:
 #: write takes about a third less CPU (1M history rows: 10 -> 7 CPU seconds), and its
 #: files are no bigger (docs/performance.md).
 NO_DICTIONARY = ("id", "message_id", "enqueued_at", "started_at", "finished_at", "died_at",
-                 "payload", "error_message", "result", "traceback", "last_error")
+                 "offset", "published_at", "sequenced_at", "payload", "error_message",
+                 "result", "traceback", "last_error")
 
 
 def stage(control: Control, batch: Batch, rows: DataFrame) -> bool:
@@ -103,7 +120,7 @@ def stage(control: Control, batch: Batch, rows: DataFrame) -> bool:
     control.store.delete(staging)
     options = {f"parquet.enable.dictionary#{column}": "false" for column in NO_DICTIONARY
                if column in rows.columns}
-    rows.write.mode("overwrite").options(**options).partitionBy(*PARTITION_COLUMNS).parquet(
+    rows.write.mode("overwrite").options(**options).partitionBy(*PARTITIONS[batch.kind]).parquet(
         staging)
     checkpoint("written")
     return bool(staged_files(control, batch.name))
@@ -126,35 +143,47 @@ class Written:
     stats: PartitionStats
     #: First and last finish time of the history rows (None: no rows, or dead messages).
     span: tuple[dt.datetime, dt.datetime] | None
-    #: Every id the files hold, sorted: what the batch's delete removes, exactly.
+    #: Every id the files hold, sorted (topic messages: in offset order): what the
+    #: batch's delete removes, exactly.
     ids: list[int]
 
 
+def _sorted_ids(table: Any, kind: str) -> list[int]:
+    if kind == TOPICS:
+        order = table.sort_by([("offset", "ascending")])
+        return [int(i) for i in order.column("id").to_pylist()]
+    ids: list[int] = table.column("id").to_pylist()
+    ids.sort()
+    return ids
+
+
 def read_back(frame: DataFrame, kind: str) -> Written:
-    """Read the files' ids, partitions and times once (one Spark scan of two columns,
-    handed to the driver as Arrow) and sum them up per day and queue on the driver."""
+    """Read the files' ids, partitions and times once (one Spark scan of a few columns,
+    handed to the driver as Arrow) and sum them up per partition on the driver."""
     import pyarrow.compute as pc
 
-    time = "finished_at" if kind == HISTORY else "died_at"
-    table = frame.select("id", "day", "queue", time).toArrow()
-    grouped = table.group_by(["day", "queue"]).aggregate(
+    group = PARTITIONS[kind][1]
+    extra = ["finished_at"] if kind == HISTORY else ["offset"] if kind == TOPICS else []
+    table = frame.select("id", "day", group, *extra).toArrow()
+    grouped = table.group_by(["day", group]).aggregate(
         [("id", "count"), ("id", "sum"), ("id", "min"), ("id", "max")]).to_pylist()
-    stats = {(row["day"].isoformat(), str(row["queue"])): (
+    stats = {(row["day"].isoformat(), str(row[group])): (
         int(row["id_count"]), int(row["id_sum"]), int(row["id_min"]), int(row["id_max"]))
         for row in grouped}
     span = None
     if table.num_rows and kind == HISTORY:
-        bounds = pc.min_max(table.column(time).cast("int64"))
+        bounds = pc.min_max(table.column("finished_at").cast("int64"))
         epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         span = (epoch + dt.timedelta(microseconds=bounds["min"].as_py()),
                 epoch + dt.timedelta(microseconds=bounds["max"].as_py()))
-    ids = table.column("id").to_pylist()
-    ids.sort()
-    return Written(stats, span, ids)
+    return Written(stats, span, _sorted_ids(table, kind))
 
 
 def source_stats(batch: Batch, alias: str,
                  span: tuple[dt.datetime, dt.datetime] | None) -> PartitionStats:
+    if batch.kind == TOPICS:
+        assert batch.topic is not None
+        return topic_retention.topic_partition_stats(batch.topic, batch.low, batch.high, alias)
     if batch.kind == HISTORY:
         if span is None:
             return {}
@@ -176,7 +205,8 @@ def verify(control: Control, batch: Batch, alias: str) -> Written:
         differing = sorted(set(written.stats.items()) ^ set(source.items()))[:4]
         raise BatchMismatch(
             f"Archive batch {batch.name}: the Parquet files written and the database "
-            f"disagree on {differing} (day, queue, (rows, sum of ids, first id, last id)). "
+            f"disagree on {differing} (day, queue or topic, (rows, sum of ids, first id, "
+            "last id)). "
             "The source changed during the batch (a purge, or a row committed late).")
     checkpoint("verified")
     return written
@@ -219,13 +249,12 @@ def move(control: Control, record: dict[str, Any]) -> list[str]:
 def archived_ids(control: Control, record: dict[str, Any], finals: list[str]) -> list[int]:
     """The ids a committed batch's files hold (what its delete must remove, exactly)."""
     base = join(control.root, record["kind"])
-    frame = _read(control.spark, record["kind"], base, finals).select("id")
-    table = frame.toArrow()
-    ids: list[int] = table.column("id").to_pylist()
+    columns = ["id", "offset"] if record["kind"] == TOPICS else ["id"]
+    table = _read(control.spark, record["kind"], base, finals).select(*columns).toArrow()
+    ids = _sorted_ids(table, record["kind"])
     if len(ids) != record["rows"]:
         raise PipelineError(f"Archive batch {record['batch']}: its files hold {len(ids)} rows "
                             f"but its record says {record['rows']}; nothing deleted.")
-    ids.sort()
     return ids
 
 
@@ -240,17 +269,22 @@ DELETE_THREADS = 2
 
 def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
            delete_batch: int) -> int:
-    """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections), mark it
-    done, drop its staging."""
+    """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections; topic
+    messages on one, in offset order, so that what is kept stays ``first_offset … last``),
+    mark it done, drop its staging."""
     cutoff = dt.datetime.fromisoformat(record["cutoff"])
     parts = list(chunks(ids, delete_batch))
-    counts = [0] * DELETE_THREADS
+    threads = 1 if record["kind"] == TOPICS else DELETE_THREADS
+    counts = [0] * threads
     errors: list[BaseException] = []
 
     def work(lane: int) -> None:
         try:
-            for part in parts[lane::DELETE_THREADS]:
-                if record["kind"] == HISTORY:
+            for part in parts[lane::threads]:
+                if record["kind"] == TOPICS:
+                    counts[lane] += topic_retention.delete_archived(record["topic"], part,
+                                                                    alias)
+                elif record["kind"] == HISTORY:
                     counts[lane] += statements.delete_history(part, alias, cutoff)
                 else:
                     counts[lane] += statements.delete_dead(part, cutoff, alias)
@@ -261,7 +295,7 @@ def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
             connections[alias].close()
 
     lanes = [threading.Thread(target=work, args=(lane,), name=f"mysqlq-archive-delete-{lane}")
-             for lane in range(DELETE_THREADS)]
+             for lane in range(threads)]
     for lane in lanes:
         lane.start()
     for lane in lanes:

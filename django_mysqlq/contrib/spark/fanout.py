@@ -29,6 +29,7 @@ from ...broker import wake
 from ...conf import get_settings
 from ...exceptions import UnknownTask
 from ...registry import import_task_modules, registry
+from ...routing import alias_for_queue
 from .arguments import Mapping as ArgumentMapping
 from .arguments import check_schema, converter, dedup_key, identity_text
 from .database import database
@@ -192,6 +193,17 @@ def _spread(frame: DataFrame, parts: int) -> DataFrame:
     return frame
 
 
+def _queue_database(queue: str, database_alias: str | None) -> str:
+    """The queue's own alias (``MYSQLQ['QUEUES']``, a router, ``MYSQLQ['DATABASE']``);
+    a ``--database`` that names another one is refused (the messages would sit where no
+    worker of the queue looks)."""
+    own = alias_for_queue(queue)
+    if database_alias is not None and database_alias != own:
+        raise PipelineError(f"Queue {queue!r} lives on database {own!r}, not "
+                            f"{database_alias!r}: leave out --database, or give {own!r}.")
+    return own
+
+
 def enqueue(frame: DataFrame, task: str, *, args: Sequence[str] = (),
             kwargs: Mapping[str, str] | None = None, queue: str | None = None,
             priority: int | None = None, delay: float | dt.timedelta = 0.0,
@@ -218,7 +230,7 @@ def enqueue(frame: DataFrame, task: str, *, args: Sequence[str] = (),
             raise PipelineError(problem)
     mapping = ArgumentMapping(tuple(args), tuple((kwargs or {}).items()), dedup_column)
     check_schema(frame.schema, mapping)
-    db = database(database_alias)
+    db = database(_queue_database(queue, database_alias))
     spec = _spec(task, queue, priority, seconds, mapping, frame, db.connect_args)
     parts = max_connections or get_settings().SPARK_MAX_CONNECTIONS
     selected = _spread(frame.select(*mapping.columns), parts)

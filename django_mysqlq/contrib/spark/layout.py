@@ -2,9 +2,10 @@
 
 ``<root>/history/day=YYYY-MM-DD/queue=<name>/part-<batch>-NNNNN.parquet`` holds archived
 history rows (one Parquet dataset: ``spark.read.parquet("<root>/history")`` reads it),
-``<root>/dead/…`` dead messages (``--include-dead``), and ``<root>/_mysqlq/`` the
-archive's own bookkeeping (staged batches and their commit records), hidden from
-readers by its leading underscore.
+``<root>/dead/…`` dead messages (``--include-dead``),
+``<root>/topics/day=YYYY-MM-DD/topic=<name>/…`` topic messages (``--source topics``),
+and ``<root>/_mysqlq/`` the archive's own bookkeeping (staged batches and their commit
+records), hidden from readers by its leading underscore.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from pyspark.sql.types import (
 
 HISTORY = "history"
 DEAD = "dead"
+TOPICS = "topics"
 CONTROL = "_mysqlq"
 PARTITION_COLUMNS = ("day", "queue")
+#: Per kind: the partition columns (the second one is the group a batch's stats name).
+PARTITIONS = {HISTORY: PARTITION_COLUMNS, DEAD: PARTITION_COLUMNS, TOPICS: ("day", "topic")}
+#: Per kind: the time the ``day`` partition comes from.
+DAY_OF = {HISTORY: "finished_at", DEAD: "died_at", TOPICS: "published_at"}
 
 
 def _fields(*items: tuple[str, object, bool]) -> list[StructField]:
@@ -59,9 +65,17 @@ DEAD_SCHEMA = StructType(_fields(
     ("last_error", StringType(), True),
     ("day", DateType(), True), ("queue", StringType(), True),
 ))
+#: The topic-message dataset: every column of ``mysqlq_topic_message`` (``offset`` and
+#: ``key`` named as in the model), partitioned by ``day`` (of ``published_at``) and
+#: ``topic``.
+TOPIC_SCHEMA = StructType(_fields(
+    ("id", LongType(), False), ("offset", LongType(), False), ("key", StringType(), True),
+    ("payload", StringType(), True), ("published_at", TimestampType(), True),
+    ("sequenced_at", TimestampType(), True),
+    ("day", DateType(), True), ("topic", StringType(), True),
+))
 
-
-SCHEMAS = {HISTORY: HISTORY_SCHEMA, DEAD: DEAD_SCHEMA}
+SCHEMAS = {HISTORY: HISTORY_SCHEMA, DEAD: DEAD_SCHEMA, TOPICS: TOPIC_SCHEMA}
 
 
 def join(root: str, *parts: str) -> str:

@@ -48,9 +48,10 @@ def plan(low: int, high: int, partition_rows: int | None = None,
                     max_connections or settings.SPARK_MAX_CONNECTIONS)
 
 
-def read(spark: SparkSession, db: Database, table_sql: str, read_plan: ReadPlan) -> DataFrame:
-    """Read ``table_sql`` (a derived table with an ``id`` column) slice by slice."""
-    predicates = [f"id >= {start} AND id < {end}" for start, end in read_plan.slices()]
+def read(spark: SparkSession, db: Database, table_sql: str, read_plan: ReadPlan,
+         key: str = "id") -> DataFrame:
+    """Read ``table_sql`` (a derived table with a ``key`` column, indexed) slice by slice."""
+    predicates = [f"{key} >= {start} AND {key} < {end}" for start, end in read_plan.slices()]
     frame = spark.read.jdbc(db.url, table_sql, predicates=predicates,
                             properties=db.jdbc_properties())
     if len(predicates) > read_plan.max_connections:

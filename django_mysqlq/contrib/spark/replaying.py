@@ -25,6 +25,7 @@ from ...conf import get_settings
 from ...exceptions import UnknownTask
 from ...models import Outcome
 from ...registry import import_task_modules, registry
+from ...routing import alias_for_queue
 from .database import Database, database
 from .errors import PipelineError
 from .executor import connect, setup_django
@@ -143,6 +144,18 @@ def _writer(spec: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     return write
 
 
+def _replay_database(queues: Sequence[str], database_alias: str | None) -> str | None:
+    """Where replay reads history and writes messages: ``--database``, else the queues'
+    own alias when ``--queue`` names queues of one database, else ``MYSQLQ['DATABASE']``."""
+    if database_alias is not None or not queues:
+        return database_alias
+    aliases = sorted({alias_for_queue(queue) for queue in queues})
+    if len(aliases) > 1:
+        raise PipelineError(f"--queue names queues on several databases ({', '.join(aliases)}):"
+                            " replay each database's queues in a run of their own.")
+    return aliases[0]
+
+
 def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[str] = (),
            outcomes: Sequence[str] = (Outcome.FAILED.value,),
            error_classes: Sequence[str] = (), since: dt.datetime | None = None,
@@ -160,7 +173,7 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
     if wrong or not outcomes:
         raise PipelineError(f"--outcome {','.join(wrong) or '(none)'}: only final rows keep "
                             f"a message's arguments; choose from {', '.join(FINAL)}.")
-    db = database(database_alias)
+    db = database(_replay_database(queues, database_alias))
     until = until or database_now() + dt.timedelta(seconds=1)
     since = since or EPOCH
     if since >= until:
@@ -183,6 +196,12 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
         import_task_modules()
         pairs = fresh.select("task_name", "queue").distinct().collect()
         names = sorted({row[0] for row in pairs})
+        moved = sorted({row[1] for row in pairs if alias_for_queue(row[1]) != db.alias})
+        if moved:
+            raise PipelineError(
+                f"Queue(s) {', '.join(moved)} of this history (database {db.alias!r}) now "
+                "live on another database: replay them with --queue and that queue's "
+                "history, or replay the rest with --queue. Nothing was enqueued.")
         who = operator or Operator(name="spark:replay")
         spec = {"connect": db.connect_args, "limits": _limits(names),
                 "operator": dataclasses.asdict(who)}

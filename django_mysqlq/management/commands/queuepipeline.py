@@ -36,6 +36,14 @@ def _kwargs(text: str) -> dict[str, str]:
     return pairs
 
 
+def _sources(text: str) -> list[str]:
+    names = cli._csv(text)
+    wrong = [name for name in names if name not in ("history", "topics")]
+    if wrong or not names:
+        raise ArgumentTypeError(f"expected history, topics or history,topics, not {text!r}")
+    return names
+
+
 def _priority(text: str) -> int:
     try:
         return int(text)
@@ -56,7 +64,8 @@ class Command(BaseCommand):
                             help="A Spark setting, repeatable: --conf spark.executor.memory=4g")
         shared.add_argument("--database", default=None, metavar="ALIAS",
                             help="The DATABASES alias to read and write (default: the "
-                                 "queue's, MYSQLQ['DATABASE'])")
+                                 "queue's own: MYSQLQ['QUEUES'][q]['DATABASE'], a router, "
+                                 "else MYSQLQ['DATABASE'])")
         shared.add_argument("--max-connections", type=_count(1, 1000), default=None,
                             help="Most database connections at once (default "
                                  "MYSQLQ['SPARK_MAX_CONNECTIONS'])")
@@ -72,13 +81,22 @@ class Command(BaseCommand):
         report.add_argument("--task", type=cli._csv, default=[], help="Only these tasks")
         report.add_argument("--archive", metavar="PATH",
                             help="Also read the Parquet archive written by archive --to PATH")
+        report.add_argument("--all-databases", action="store_true",
+                            help="Report the live history of every database that holds "
+                                 "queues together (summary.json: by_database)")
         report.add_argument("--output", required=True, metavar="DIR",
                             help="Where summary.json, report.html and the datasets go")
 
         archive = jobs.add_parser("archive", parents=[shared],
-                                  help="Move old history to Parquet, then delete it")
+                                  help="Move old history (or topic messages) to Parquet, "
+                                       "then delete it")
         archive.add_argument("--older-than", type=cli.duration, required=True,
-                             help="Archive history that finished longer ago: 30d, 12h, 2w")
+                             help="Archive history that finished (topic messages published) "
+                                  "longer ago: 30d, 12h, 2w")
+        archive.add_argument("--source", type=_sources, default=["history"],
+                             metavar="history,topics",
+                             help="What to archive: history (default), topics (messages "
+                                  "every consumer group has passed), or both")
         archive.add_argument("--to", required=True, metavar="PATH",
                              help="Archive root: a local path or a Hadoop URI (s3a://…)")
         archive.add_argument("--dry-run", action="store_true",
@@ -163,22 +181,27 @@ class Command(BaseCommand):
                                  until=options["until"], queues=options["queue"],
                                  tasks=options["task"], archive=options["archive"],
                                  partition_rows=options["partition_rows"],
+                                 all_databases=options["all_databases"],
                                  **self._common(options))
         self.stdout.write(result.text)
         self.stdout.write(f"Wrote {options['output']}: summary.json, report.html and the "
                           f"datasets {', '.join(result.summary['datasets'])}.")
+        if options["all_databases"]:
+            for row in result.summary["by_database"]:
+                self.stdout.write(f"  database {row['database']}: {row['attempts']} "
+                                  f"attempt(s), {row['failed']} failed")
 
     def _archive(self, session: Any, options: dict[str, Any]) -> None:
         result = pipeline.archive(
             session, options["to"], options["older_than"], include_dead=options["include_dead"],
-            dry_run=options["dry_run"], batch_rows=options["batch_rows"],
+            sources=options["source"], dry_run=options["dry_run"], batch_rows=options["batch_rows"],
             delete_batch=options["delete_batch"], partition_rows=options["partition_rows"],
             progress=lambda line: self.stderr.write(line), **self._common(options))
         cutoff = f"{result.cutoff:%Y-%m-%d %H:%M:%S} UTC"
         if result.dry_run:
             for kind, rows in result.rows.items():
-                self.stdout.write(f"{rows} {kind} row(s) finished before {cutoff} would move "
-                                  f"to {options['to']}.")
+                self.stdout.write(f"{rows} {kind} row(s) {_when(kind)} before {cutoff} would "
+                                  f"move to {options['to']}.")
             committed, staged = result.pending
             if committed or staged:
                 self.stdout.write(f"An interrupted run left {len(committed)} committed "
@@ -186,7 +209,7 @@ class Command(BaseCommand):
                                   "drop; the next run does that first.")
             return
         for kind, rows in result.rows.items():
-            self.stdout.write(f"Archived {rows} {kind} row(s) finished before {cutoff} to "
+            self.stdout.write(f"Archived {rows} {kind} row(s) {_when(kind)} before {cutoff} to "
                               f"{options['to']}; deleted {result.deleted.get(kind, 0)} from "
                               f"the database, in {result.seconds:.1f}s.")
         self.stdout.write("Seconds per step: " + ", ".join(
@@ -230,6 +253,10 @@ class Command(BaseCommand):
         self.stdout.write(f"Replayed {result.enqueued} message(s) ({result.matched} matched, "
                           f"{result.already_replayed} replayed before) in "
                           f"{result.seconds:.1f}s.")
+
+
+def _when(kind: str) -> str:
+    return {"history": "finished", "dead": "died", "topics": "published"}.get(kind, "")
 
 
 def _active_session() -> Any:

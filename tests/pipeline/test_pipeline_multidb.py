@@ -1,0 +1,100 @@
+"""The pipeline over queues on two database servers (tests/multidb_support.py): ``report
+--all-databases`` counts the history of both, and enqueue writes a queue's messages on
+its own database."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_mysqlq.models import Attempt
+from tests import multidb_support as mdb
+
+from .support import NOW, seed_history
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True, databases="__all__")]
+
+B = mdb.ALIAS_B
+QUEUE_B = "mdb_b"
+
+
+@pytest.fixture(scope="session")
+def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock():
+        mdb.start()
+
+
+def _clear_b() -> None:
+    for table in ("mysqlq_attempt", "mysqlq_message"):
+        mdb.query(B, f"DELETE FROM {table}")
+
+
+@pytest.fixture(autouse=True)
+def queues_on_two_servers(second_server: None, settings: Any) -> Iterator[None]:
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
+    _clear_b()
+    yield
+    _clear_b()
+
+
+def _count(alias: str, table: str, where: str = "1") -> int:
+    [(found,)] = mdb.query(alias, f"SELECT COUNT(*) FROM {table} WHERE {where}")
+    return int(found)
+
+
+def test_report_all_databases_counts_the_history_of_both_servers(spark, tmp_path: Path):
+    from django_mysqlq.contrib.spark import PipelineError, report
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(40, start=start, span=dt.timedelta(hours=1))
+    rows = [Attempt(message_id=9_000 + n, queue=QUEUE_B, task_name="shop.render", attempt=1,
+                    outcome="failed" if n % 4 == 0 else "succeeded", priority=0,
+                    enqueued_at=start, started_at=start, worker_id="w",
+                    finished_at=start + dt.timedelta(minutes=n)) for n in range(24)]
+    Attempt.objects.using(B).bulk_create(rows)
+    here = _count("default", "mysqlq_attempt", "outcome IN ('succeeded', 'retried', "
+                  "'failed', 'lost')")
+    assert _count(B, "mysqlq_attempt") == 24
+    result = report(spark, str(tmp_path / "all"), since=NOW - dt.timedelta(hours=4),
+                    until=NOW, all_databases=True)
+    split = {row["database"]: row for row in result.summary["by_database"]}
+    assert split["default"]["attempts"] == here
+    assert split[B]["attempts"] == 24 and split[B]["failed"] == 6
+    assert result.summary["totals"]["attempts"] == here + 24
+    assert result.summary["sources"]["databases"] == ["default", B]
+    assert any(row["queue"] == QUEUE_B for row in result.summary["by_task"])
+    # One database at a time, as before: only its rows.
+    one = report(spark, str(tmp_path / "b"), since=NOW - dt.timedelta(hours=4), until=NOW,
+                 database_alias=B)
+    assert one.summary["totals"]["attempts"] == 24
+    with pytest.raises(PipelineError, match="--all-databases reads every"):
+        report(spark, str(tmp_path / "x"), all_databases=True, archive=str(tmp_path))
+
+
+def test_enqueue_to_a_queue_on_the_second_server_writes_there(spark):
+    from django_mysqlq.contrib.spark import PipelineError, enqueue
+
+    frame = spark.createDataFrame([(f"row-{n}",) for n in range(30)], "label string")
+    result = enqueue(frame, "tests.testapp.tasks.record", args=["label"], queue=QUEUE_B)
+    assert result.enqueued == 30
+    assert _count(B, "mysqlq_message", f"queue = '{QUEUE_B}'") == 30
+    assert _count("default", "mysqlq_message") == 0
+    with pytest.raises(PipelineError, match="lives on database 'queues_b', not 'default'"):
+        enqueue(frame, "tests.testapp.tasks.record", args=["label"], queue=QUEUE_B,
+                database_alias="default")
+    assert _count(B, "mysqlq_message") == 30
+
+
+def test_an_archive_root_serves_one_database(spark, tmp_path: Path):
+    """Ids of two databases overlap: a root archived from one is refused for the other
+    (a run there would finish, and delete, the first one's batches)."""
+    from django_mysqlq.contrib.spark import PipelineError, archive
+
+    archive(spark, str(tmp_path), dt.timedelta(days=1))
+    with pytest.raises(PipelineError, match="give each database its own --to"):
+        archive(spark, str(tmp_path), dt.timedelta(days=1), database_alias=B)
+    archive(spark, str(tmp_path / "b"), dt.timedelta(days=1), database_alias=B)
