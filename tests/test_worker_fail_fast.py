@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -156,8 +157,13 @@ def test_an_outage_is_still_ridden_out(start_worker, migrated_scratch_db):
                        f"`{migrated_scratch_db}`.`mysqlq_worker` WHERE stopped_at IS NULL")
         [(control,)] = cursor.fetchall()
         cursor.execute(f"KILL {int(control)}")
-    wait_for(lambda: "Database error in the worker loop" in worker.output(), timeout=PATIENCE,
-             message="the worker to notice")
+    # It notices at its next statement (logged), unless that statement comes after a
+    # check that found the connection gone and opened another one quietly (seen once in
+    # CI): either way the claim is that it goes on.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and \
+            "Database error in the worker loop" not in worker.output():
+        time.sleep(0.1)
     assert worker.popen.poll() is None, worker.output()
     worker.signal(signal.SIGTERM)
     status, output = ended(worker)
