@@ -133,15 +133,14 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ]
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        context = dict(extra_context or {})
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         attempt = Attempt.objects.filter(pk=object_id).first() if object_id.isdigit() else None
-        context["can_replay"] = (attempt is not None and bool(attempt.payload)
-                                 and actions.allowed(request, actions.REPLAY))
-        context["message_exists"] = attempt is not None and Message.objects.filter(
-            pk=attempt.message_id).exists()
-        return super().change_view(request, object_id, form_url, context)
+        return {
+            "can_replay": (attempt is not None and bool(attempt.payload)
+                           and actions.allowed(request, actions.REPLAY)),
+            "message_exists": attempt is not None and Message.objects.filter(
+                pk=attempt.message_id).exists(),
+        }
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not (self.has_view_permission(request) and actions.allowed(request, actions.REPLAY)):

@@ -249,15 +249,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ])
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         # The message, its trace and whether it is stuck: all on the page's database.
-        return databases.within(request, lambda: self._change_view(
-            request, object_id, form_url, extra_context))
-
-    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
-                     extra_context: dict[str, Any] | None) -> HttpResponse:
-        context = dict(extra_context or {})
         try:
             message_id = int(object_id)
         except ValueError:
@@ -276,13 +269,12 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
                     buttons.append((action, reverse("admin:django_mysqlq_message_act",
                                                     args=[message_id, action.name])
                                     + databases.suffix(request)))
-        context.update(
-            trace=Attempt.objects.using(broker.default_alias()).for_message(message_id)[:500],
-            stuck=stuck,
-            buttons=buttons,
-            holders=gate_holders(message) if message is not None else None,
-        )
-        return super().change_view(request, object_id, form_url, context)
+        return {
+            "trace": Attempt.objects.using(broker.default_alias()).for_message(message_id)[:500],
+            "stuck": stuck,
+            "buttons": buttons,
+            "holders": gate_holders(message) if message is not None else None,
+        }
 
     def act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
         """One action on one message: GET shows the confirmation, POST runs it (on the
