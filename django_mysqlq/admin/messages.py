@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from django.utils.http import urlencode
 
 from .. import broker, ops, routing
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
-from . import actions, databases
+from . import actions, databases, payloads
 from .actions import ACTIONS, Action, outside_request_transaction
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
@@ -218,17 +217,9 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="arguments")
     def arguments(self, obj: Message) -> str:
-        try:
-            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False,
-                              sort_keys=True)
-        except ValueError:
-            text = f"(not valid JSON) {obj.payload}"
-        except RecursionError:
-            return format_html(
-                "<p class='help'>Nested too deeply to lay out (workers fail such a message: "
-                "cancel it, or enqueue it again with flatter arguments). The stored text:"
-                "</p><pre class='mysqlq-raw'>{}</pre>", obj.payload)
-        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+        return payloads.json_block(
+            obj.payload, sort_keys=True, deep_advice="workers fail such a message: cancel it, "
+            "or enqueue it again with flatter arguments")
 
     @admin.display(description="subject / concurrency key")
     def gate(self, obj: Message) -> str:

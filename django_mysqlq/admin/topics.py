@@ -4,7 +4,6 @@ groups handled it, when, on which worker, with which outcome (replays marked).""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -16,6 +15,7 @@ from django.utils.http import urlencode
 
 from .. import broker, topicops
 from ..models import TopicMessage, TopicState
+from . import payloads
 from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
 from .listing import CappedPaginator, given
@@ -102,11 +102,9 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
 
     @admin.display(description="payload")
     def payload_text(self, obj: TopicMessage) -> str:
-        try:
-            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False)
-        except (ValueError, RecursionError):
-            text = obj.payload
-        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+        return payloads.json_block(
+            obj.payload, deep_advice="handlers can't get it either: a group's delivery of it goes "
+            "dead at once (then its on_dead applies), broadcast listeners skip it")
 
     def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         message = TopicMessage.objects.filter(pk=object_id).first() \
