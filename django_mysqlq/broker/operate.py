@@ -344,6 +344,10 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
     task's current attempts, backoff and timeout (:func:`django_mysqlq.ops.replay` looks
     them up); without them the settings' defaults apply. ``rate``: the copy's rate-limit
     key, so that it waits for the task's limit like any message of it.
+
+    The row is read on this thread's alias (``routing.on_alias``, else
+    ``MYSQLQ['DATABASE']``); the copy, and the ``replayed`` history row beside it, go to
+    the queue's own database, which is another one if the queue moved since.
     """
     alias = default_alias()
     with connection_for(alias).cursor() as cursor:
@@ -366,13 +370,15 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
                          rate_key=rate[0] if rate else None,
                          rate_interval=rate[1] if rate else None,
                          rate_limit=rate[2] if rate else "")
-    with transaction.atomic(using=alias):
+    target = alias_for_queue(queue)
+    note = f"replay of history row {attempt_id} (message #{message_id}" + (
+        ")" if target == alias else f" on database {alias})")
+    with transaction.atomic(using=target):
         [new_id] = enqueue([message])
-        with connection_for(alias).cursor() as cursor:
+        with connection_for(target).cursor() as cursor:
             cursor.execute(
                 OPERATOR_HISTORY_SQL.format(ids="%s"),
-                [Outcome.REPLAYED, operator.host[:255], operator.pid,
-                 f"replay of history row {attempt_id} (message #{message_id})", False,
+                [Outcome.REPLAYED, operator.host[:255], operator.pid, note, False,
                  operator.name[:200], new_id])
     return new_id
 

@@ -1,6 +1,6 @@
 """The pipeline over queues on two database servers (tests/multidb_support.py): ``report
---all-databases`` counts the history of both, and enqueue writes a queue's messages on
-its own database."""
+--all-databases`` counts the history of both, and enqueue and replay write a queue's
+messages on its own database."""
 
 from __future__ import annotations
 
@@ -98,3 +98,33 @@ def test_an_archive_root_serves_one_database(spark, tmp_path: Path):
     with pytest.raises(PipelineError, match="give each database its own --to"):
         archive(spark, str(tmp_path), dt.timedelta(days=1), database_alias=B)
     archive(spark, str(tmp_path / "b"), dt.timedelta(days=1), database_alias=B)
+
+
+def test_replay_of_a_queue_on_the_second_server_writes_the_copies_there(spark, capsys):
+    """``queuepipeline replay --queue mdb_b``: B's history is read, the copies and their
+    ``replayed`` rows (``replayed_from``: the link to the original) are written on B."""
+    from django.core.management import call_command
+
+    start = NOW - dt.timedelta(hours=2)
+    rows = [Attempt(message_id=5_000 + n, queue=QUEUE_B, task_name="tests.testapp.tasks.record",
+                    attempt=1, outcome="failed" if n % 2 else "succeeded", priority=n % 3,
+                    enqueued_at=start, started_at=start, worker_id="w",
+                    finished_at=start + dt.timedelta(minutes=n),
+                    payload=f'{{"args": ["b{n}"], "kwargs": {{}}}}') for n in range(8)]
+    Attempt.objects.using(B).bulk_create(rows)
+    failed = {row.message_id: row for row in rows if row.outcome == "failed"}
+    here = _count("default", "mysqlq_message")
+    call_command("queuepipeline", "replay", "--queue", QUEUE_B, "--since", "1d")
+    assert f"Replayed {len(failed)} message(s)" in capsys.readouterr().out
+    copies = mdb.query(B, "SELECT id, dedup_key, queue, priority, payload FROM mysqlq_message")
+    assert sorted(int(key[len("replay:"):]) for _, key, *_ in copies) == sorted(failed)
+    for copy_id, key, queue, priority, payload in copies:
+        original = failed[int(key[len("replay:"):])]
+        assert (queue, priority, payload) == (QUEUE_B, original.priority, original.payload)
+        [(linked,)] = mdb.query(B, "SELECT replayed_from FROM mysqlq_attempt WHERE "
+                                "message_id = %s AND outcome = 'replayed'", [copy_id])
+        assert linked == original.message_id
+    assert _count("default", "mysqlq_message") == here  # nothing on the other server
+    assert _count("default", "mysqlq_attempt", "outcome = 'replayed'") == 0
+    call_command("queuepipeline", "replay", "--queue", QUEUE_B, "--since", "1d")
+    assert "Replayed 0 message(s)" in capsys.readouterr().out  # linked: never twice
