@@ -72,3 +72,42 @@ def test_only_final_outcomes_can_be_replayed(spark, failed):
     with pytest.raises(CommandError, match="only final rows keep"):
         call_command("queuepipeline", "replay", "--outcome", "retried")
     assert Message.objects.count() == 0
+
+
+def test_the_command_line_filters_and_partition_rows(spark, failed, capsys, monkeypatch):
+    """``--task``, ``--queue``, ``--error-class``, ``--since``/``--until`` pick what SQL
+    would; ``--partition-rows`` reaches the read of live history (it was dropped)."""
+    from django_mysqlq.contrib.spark import sources
+
+    plans: list[int] = []
+    real_plan = sources.plan
+
+    def spy(*args, **kwargs):
+        made = real_plan(*args, **kwargs)
+        plans.append(made.partition_rows)
+        return made
+
+    monkeypatch.setattr(sources, "plan", spy)
+    picked = next(row for row in failed if row.error_class)
+    expected = {row.message_id for row in failed
+                if (row.task_name, row.queue, row.error_class) == (
+                    picked.task_name, picked.queue, picked.error_class)}
+    until = (NOW + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    call_command("queuepipeline", "replay", "--task", picked.task_name, "--queue",
+                 picked.queue, "--error-class", picked.error_class, "--since", "1d",
+                 "--until", until, "--partition-rows", "1000", "--dry-run")
+    out = capsys.readouterr().out
+    assert f"{len(expected)} message(s) would be replayed" in out
+    assert plans and set(plans) == {1000}
+    assert Message.objects.count() == 0
+    # A window that ended before the failures picks none of them.
+    call_command("queuepipeline", "replay", "--error-class", picked.error_class,
+                 "--until", (NOW - dt.timedelta(hours=4)).strftime("%Y-%m-%dT%H:%M:%S"),
+                 "--dry-run")
+    assert "0 message(s) would be replayed" in capsys.readouterr().out
+
+
+def test_enqueue_refuses_partition_rows_it_would_ignore(tmp_path: Path):
+    with pytest.raises(CommandError, match="--partition-rows splits reads"):
+        call_command("queuepipeline", "enqueue", "--task", "tests.testapp.tasks.record",
+                     "--input", str(tmp_path / "x.parquet"), "--partition-rows", "5000")
