@@ -111,3 +111,41 @@ def test_enqueue_refuses_partition_rows_it_would_ignore(tmp_path: Path):
     with pytest.raises(CommandError, match="--partition-rows splits reads"):
         call_command("queuepipeline", "enqueue", "--task", "tests.testapp.tasks.record",
                      "--input", str(tmp_path / "x.parquet"), "--partition-rows", "5000")
+
+
+def _final(message_id: int, outcome: str, error_class: str, minutes: int) -> Attempt:
+    finished = NOW - dt.timedelta(minutes=minutes)
+    return Attempt(message_id=message_id, queue="default", task_name="tests.testapp.tasks.record",
+                   attempt=1, outcome=outcome, priority=0, enqueued_at=finished,
+                   started_at=None if outcome == "requeued" else finished,
+                   finished_at=finished, worker_id="w", error_class=error_class,
+                   error_message="boom" if error_class else "",
+                   payload=json.dumps({"args": [f"m{message_id}"], "kwargs": {}})
+                   if outcome != "requeued" else "")
+
+
+def test_error_classes_as_workers_store_them_and_only_the_latest_final_row(spark, capsys):
+    """Workers store ``builtins.TimeoutError``: ``--error-class TimeoutError`` (the docs'
+    example) matches it, as does the stored name; a message that failed, was requeued
+    and then succeeded is no longer a failed one."""
+    Attempt.objects.bulk_create([
+        _final(1, "failed", "builtins.TimeoutError", 50),
+        _final(2, "failed", "shop.errors.Declined", 50),
+        _final(3, "failed", "builtins.TimeoutError", 50),   # dead, requeued, then fine:
+        _final(3, "requeued", "", 40),
+        _final(3, "succeeded", "", 30),
+        _final(4, "failed", "builtins.ValueError", 50),
+    ])
+    call_command("queuepipeline", "replay", "--error-class", "TimeoutError", "--since", "1d",
+                 "--dry-run")
+    out = capsys.readouterr().out
+    assert "1 message(s) would be replayed (1 matched" in out, out
+    assert '"message_id": 1' in out
+    call_command("queuepipeline", "replay", "--error-class",
+                 "builtins.TimeoutError,Declined", "--since", "1d")
+    assert "Replayed 2 message(s)" in capsys.readouterr().out
+    assert sorted(json.loads(m.payload)["args"][0] for m in Message.objects.all()) == [
+        "m1", "m2"]
+    call_command("queuepipeline", "replay", "--outcome", "succeeded", "--since", "1d",
+                 "--dry-run")
+    assert "1 message(s) would be replayed" in capsys.readouterr().out

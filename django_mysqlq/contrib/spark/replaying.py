@@ -79,17 +79,24 @@ def replayed_originals(spark: SparkSession, db: Database, archive: str | None) -
 
 def select(frame: DataFrame, tasks: Sequence[str], queues: Sequence[str],
            outcomes: Sequence[str], error_classes: Sequence[str]) -> DataFrame:
-    """The latest final row of each message the filter picks."""
-    frame = frame.where(F.col("outcome").isin(*outcomes) & (F.col("payload") != ""))
+    """The latest final row of each message, where that row matches the filter (a message
+    that failed, was requeued and then succeeded is not a failed one).
+
+    An error class matches as stored (``builtins.TimeoutError``, ``shop.errors.Declined``)
+    or by its last dotted part (``TimeoutError``, ``Declined``)."""
+    frame = frame.where(F.col("outcome").isin(*FINAL) & (F.col("payload") != ""))
     if tasks:
         frame = frame.where(F.col("task_name").isin(*tasks))
     if queues:
         frame = frame.where(F.col("queue").isin(*queues))
-    if error_classes:
-        frame = frame.where(F.col("error_class").isin(*error_classes))
     latest = Window.partitionBy("message_id").orderBy(F.col("id").desc())
-    return (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
-            .drop("_n"))
+    frame = (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
+             .drop("_n").where(F.col("outcome").isin(*outcomes)))
+    if error_classes:
+        frame = frame.where(F.col("error_class").isin(*error_classes)
+                            | F.substring_index(F.col("error_class"), ".", -1)
+                            .isin(*error_classes))
+    return frame
 
 
 def _limits(names: list[str]) -> dict[str, tuple[int, float, float | None]]:

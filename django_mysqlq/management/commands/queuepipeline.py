@@ -141,7 +141,9 @@ class Command(BaseCommand):
                             help="Final outcomes to replay: failed (default), succeeded, "
                                  "cancelled")
         replay.add_argument("--error-class", type=cli._csv, default=[],
-                            help="Only messages whose final row has these error classes")
+                            help="Only messages whose final row has these error classes, "
+                                 "as stored (builtins.TimeoutError) or by their last part "
+                                 "(TimeoutError)")
         replay.add_argument("--archive", metavar="PATH",
                             help="Also read the Parquet archive at PATH")
         replay.add_argument("--dry-run", action="store_true",
