@@ -49,6 +49,12 @@ class Command(BaseCommand):
 
     def _handle(self, **options: Any) -> None:
         action, names = options["action"], options["names"]
+        from django_mysqlq import recurring
+
+        try:
+            scheduling.write_declared()
+        except recurring.ScheduleProblem as exc:  # the others can still be acted on
+            self.stderr.write(f"Declared schedules not written: {exc}")
         if action == "list":
             if names:
                 raise CommandError("list takes no names; it lists every schedule.")
