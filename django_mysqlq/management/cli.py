@@ -6,7 +6,8 @@ import contextlib
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.db import DatabaseError
 
 from .. import ops, routing
 from ..models import CANCELLABLE_STATUSES
@@ -87,3 +88,20 @@ def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
         raise CommandError(f"--database {alias!r} holds no queue (queue databases: "
                            f"{', '.join(routing.queue_aliases())}).")
     return routing.on_alias(alias)
+
+
+class SaysDatabaseErrors(BaseCommand):
+    """A command that says plainly what to do about a database error no retry can fix
+    (tables missing before ``migrate``, an unknown database, a refused login or grant)
+    instead of showing a traceback."""
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        from ..worker import fatal
+
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            problem = fatal.describe(exc, then="run this command again")
+            if problem is None:
+                raise
+            raise CommandError(problem, returncode=fatal.EXIT_CANNOT_RUN) from exc

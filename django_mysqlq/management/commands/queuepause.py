@@ -5,13 +5,14 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, limits, ops
+from django_mysqlq.management import cli
 from django_mysqlq.routing import queue_aliases
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Pause queues: workers stop claiming from them within about a second; their "
             "messages stay. --resume lets workers claim again.")
 

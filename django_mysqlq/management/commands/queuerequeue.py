@@ -5,13 +5,11 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from django_mysqlq import ops
 from django_mysqlq.management import cli
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Requeue messages matching the filters (default: every dead message). "
             "Running messages are never touched; each change is recorded in history.")
 

@@ -6,9 +6,10 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, ops, topicops
+from django_mysqlq.management import cli
 
 GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
 
@@ -28,7 +29,7 @@ def groups_table(states: list[broker.GroupState]) -> str:
                      .rstrip() for row in rows)
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
             "letter), 'reset' a group's position, 'replay' a range into one group, "
             "'lookup' messages by offset, key or time with their trace.")
