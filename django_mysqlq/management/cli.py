@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from django.db import DatabaseError
 
 from .. import ops, routing
-from ..models import CANCELLABLE_STATUSES
+from ..models import CANCELLABLE_STATUSES, MessageStatus
 
 
 def _csv(text: str) -> list[str]:
@@ -31,6 +31,17 @@ def _statuses(text: str) -> list[str]:
     return statuses
 
 
+def _requeue_statuses(text: str) -> list[str]:
+    statuses = _statuses(text)
+    if MessageStatus.BLOCKED in statuses:
+        raise ArgumentTypeError(
+            "blocked: a blocked message waits for its turn (its subject's head, a slot of "
+            "its concurrency key); a requeue would make it jump that order. Requeue the "
+            "dead head that holds it (queuesubject requeue-head), release the subject "
+            "(queuesubject release), or cancel it (queuecancel --status blocked)")
+    return statuses
+
+
 def _since(text: str) -> Any:
     try:
         return ops.parse_since(text)
@@ -45,15 +56,16 @@ def duration(text: str) -> Any:
         raise ArgumentTypeError(str(exc)) from None
 
 
-def add_filter_arguments(parser: ArgumentParser, default_status: str | None) -> None:
+def add_filter_arguments(parser: ArgumentParser, default_status: str | None,
+                         requeue: bool = False) -> None:
     parser.add_argument("--queue", type=_csv, default=[],
                         help="Only these queues (comma-separated).")
     parser.add_argument("--task", type=_csv, default=[],
                         help="Only these task names (comma-separated).")
-    parser.add_argument("--status", type=_statuses,
+    parser.add_argument("--status", type=_requeue_statuses if requeue else _statuses,
                         default=[default_status] if default_status else None,
-                        help="Statuses to match: ready, scheduled, dead, blocked "
-                             "(comma-separated)"
+                        help="Statuses to match: ready, scheduled, dead"
+                             + ("" if requeue else ", blocked") + " (comma-separated)"
                              + (f"; default {default_status}." if default_status else "."))
     parser.add_argument("--since", type=_since, default=None,
                         help="Only messages enqueued since then: a duration (2h, 3d) or an "

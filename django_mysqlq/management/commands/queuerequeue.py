@@ -15,7 +15,7 @@ class Command(cli.SaysDatabaseErrors):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         cli.add_database_argument(parser)
-        cli.add_filter_arguments(parser, default_status="dead")
+        cli.add_filter_arguments(parser, default_status="dead", requeue=True)
         parser.add_argument("--reset-attempts", action="store_true",
                             help="Give each message a full set of attempts again.")
 
