@@ -26,13 +26,18 @@ def _statuses(text: str) -> list[str]:
     if unknown:
         raise ArgumentTypeError(
             f"{', '.join(unknown)}: only {', '.join(CANCELLABLE_STATUSES)} messages can be "
-            "changed by an operator (running ones never are; blocked ones can be cancelled, "
-            "not requeued)")
+            "changed by an operator (running ones never are; blocked and throttled ones can be "
+            "cancelled, not requeued)")
     return statuses
 
 
 def _requeue_statuses(text: str) -> list[str]:
     statuses = _statuses(text)
+    if MessageStatus.THROTTLED in statuses:
+        raise ArgumentTypeError(
+            "throttled: a throttled message waits for its rate limit's next start; a "
+            "requeue would not make it start sooner. Cancel it (queuecancel --status "
+            "throttled) if it must not run")
     if MessageStatus.BLOCKED in statuses:
         raise ArgumentTypeError(
             "blocked: a blocked message waits for its turn (its subject's head, a slot of "
@@ -65,7 +70,8 @@ def add_filter_arguments(parser: ArgumentParser, default_status: str | None,
     parser.add_argument("--status", type=_requeue_statuses if requeue else _statuses,
                         default=[default_status] if default_status else None,
                         help="Statuses to match: ready, scheduled, dead"
-                             + ("" if requeue else ", blocked") + " (comma-separated)"
+                             + ("" if requeue else ", blocked, throttled")
+                             + " (comma-separated)"
                              + (f"; default {default_status}." if default_status else "."))
     parser.add_argument("--since", type=_since, default=None,
                         help="Only messages enqueued since then: a duration (2h, 3d) or an "
