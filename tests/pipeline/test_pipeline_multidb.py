@@ -153,3 +153,21 @@ def test_report_of_a_queue_on_the_second_server_reads_its_database(spark, tmp_pa
         call_command("queuepipeline", "report", "--queue", f"{QUEUE_B},emails",
                      "--output", str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
+
+
+def test_report_reads_the_replica_of_read_database(spark, settings, tmp_path: Path):
+    """``MYSQLQ['READ_DATABASE']``: the report's reads go to the replica alias (here the
+    second server stands in for one: its rows differ, so the counts tell which was read)."""
+    from django_mysqlq.contrib.spark import report
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(10, start=start, span=dt.timedelta(hours=1))
+    Attempt.objects.using(B).bulk_create([
+        Attempt(message_id=9_700 + n, queue="default", task_name="shop.render", attempt=1,
+                outcome="succeeded", priority=0, enqueued_at=start, started_at=start,
+                worker_id="w", finished_at=start + dt.timedelta(minutes=n))
+        for n in range(5)])
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {"default": B}}
+    result = report(spark, str(tmp_path / "r"), since=NOW - dt.timedelta(hours=4), until=NOW)
+    assert result.summary["totals"]["attempts"] == 5
+    assert [row["task_name"] for row in result.summary["by_task"]] == ["shop.render"]
