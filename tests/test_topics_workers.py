@@ -192,3 +192,10 @@ def test_groups_option_makes_a_worker_a_member_of_those_groups_only(start_worker
     assert "started: queues=default,group:audit " in output, output
     assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
                ) == {"billing", "audit"}
+    # '*' (every known queue) with --groups: all of them, each group once, no error.
+    counts, output = run_burst(start_worker, "--queues", "*", "--groups", "billing,audit",
+                               env=ENV)
+    started = next(line for line in output.splitlines() if "started: queues=" in line)
+    served = started.split("queues=")[1].split()[0].split(",")
+    assert {"default", "group:billing", "group:audit", "group:broken"} <= set(served)
+    assert len(served) == len(set(served)), started
