@@ -47,7 +47,8 @@ class Command(cli.SaysDatabaseErrors):
         where = reset.add_mutually_exclusive_group(required=True)
         where.add_argument("--to-offset", type=int, help="The next offset the group gets.")
         where.add_argument("--to-time", help="The first message published at or after this "
-                           "ISO time (UTC unless it has an offset).")
+                           "time: ISO (UTC unless it has an offset) or a duration ago (2h), "
+                           "as lookup --since takes.")
         where.add_argument("--earliest", action="store_true", help="The earliest kept message.")
         where.add_argument("--latest", action="store_true", help="Only messages from now on.")
         replay = sub.add_parser("replay", help="New deliveries of a range for one group.")
@@ -84,7 +85,7 @@ class Command(cli.SaysDatabaseErrors):
     def do_reset(self, options: dict[str, Any]) -> None:
         target = broker.ResetTarget(
             to_offset=options["to_offset"],
-            to_time=topicops.parse_time(options["to_time"]) if options["to_time"] else None,
+            to_time=ops.parse_since(options["to_time"]) if options["to_time"] else None,
             edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
         done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator())
         self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "
