@@ -218,14 +218,16 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
 
 def cancel(ids: Sequence[int], operator: Operator, *, note: str = "cancelled",
            statuses: Sequence[str] = CANCELLABLE_STATUSES) -> list[int]:
-    """Delete ready, scheduled, blocked or dead messages, keeping their payload in history.
+    """Delete ready, scheduled, blocked, throttled or dead messages, keeping their payload in
+    history.
 
     ``note`` is the history row's message; ``statuses`` narrows which messages qualify
     (retention deletes only dead ones). A cancelled head of an ordered subject (or a
     slot holder of a concurrency key) frees its slot for the next blocked message.
     """
     if not set(statuses) <= set(CANCELLABLE_STATUSES):
-        raise ValueError(f"Only ready, scheduled, blocked or dead messages can be cancelled, "
+        raise ValueError(f"Only ready, scheduled, blocked, throttled or dead messages can be "
+                         "cancelled, "
                          f"not {sorted(set(statuses) - set(CANCELLABLE_STATUSES))}.")
 
     def change(cursor: Any, locked: list[subjects.Target], gates: Gates

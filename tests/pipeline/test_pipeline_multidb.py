@@ -5,6 +5,7 @@ messages on its own database."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,45 @@ def test_replay_of_a_queue_on_the_second_server_writes_the_copies_there(spark, c
     assert _count("default", "mysqlq_attempt", "outcome = 'replayed'") == 0
     call_command("queuepipeline", "replay", "--queue", QUEUE_B, "--since", "1d")
     assert "Replayed 0 message(s)" in capsys.readouterr().out  # linked: never twice
+
+
+def test_report_of_a_queue_on_the_second_server_reads_its_database(spark, tmp_path: Path,
+                                                                    capsys):
+    """``--database`` defaults to the queue's own: ``report --queue`` of a queue that
+    lives on the second server reads that server's history, not ``MYSQLQ['DATABASE']``."""
+    from django.core.management import CommandError, call_command
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(10, start=start, span=dt.timedelta(hours=1))
+    Attempt.objects.using(B).bulk_create([
+        Attempt(message_id=9_500 + n, queue=QUEUE_B, task_name="shop.render", attempt=1,
+                outcome="succeeded", priority=0, enqueued_at=start, started_at=start,
+                worker_id="w", finished_at=start + dt.timedelta(minutes=n))
+        for n in range(7)])
+    call_command("queuepipeline", "report", "--since", "4h", "--queue", QUEUE_B,
+                 "--conf", "spark.ui.enabled=false", "--output", str(tmp_path / "b"))
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["totals"]["attempts"] == 7
+    assert [(row["queue"], row["succeeded"]) for row in summary["by_task"]] == [(QUEUE_B, 7)]
+    with pytest.raises(CommandError, match="several databases"):
+        call_command("queuepipeline", "report", "--queue", f"{QUEUE_B},emails",
+                     "--output", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_report_reads_the_replica_of_read_database(spark, settings, tmp_path: Path):
+    """``MYSQLQ['READ_DATABASE']``: the report's reads go to the replica alias (here the
+    second server stands in for one: its rows differ, so the counts tell which was read)."""
+    from django_mysqlq.contrib.spark import report
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(10, start=start, span=dt.timedelta(hours=1))
+    Attempt.objects.using(B).bulk_create([
+        Attempt(message_id=9_700 + n, queue="default", task_name="shop.render", attempt=1,
+                outcome="succeeded", priority=0, enqueued_at=start, started_at=start,
+                worker_id="w", finished_at=start + dt.timedelta(minutes=n))
+        for n in range(5)])
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {"default": B}}
+    result = report(spark, str(tmp_path / "r"), since=NOW - dt.timedelta(hours=4), until=NOW)
+    assert result.summary["totals"]["attempts"] == 5
+    assert [row["task_name"] for row in result.summary["by_task"]] == ["shop.render"]
