@@ -67,10 +67,13 @@ from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
+    PumpClaim,
     create_group,
     dead_deliveries,
     position,
     pump,
+    pump_claiming,
+    pump_claims_supported,
     pump_group,
     requeue_dead,
 )
@@ -201,6 +204,7 @@ __all__ = [
     "OldestTransaction",
     "Operator",
     "Overran",
+    "PumpClaim",
     "PurgeLag",
     "QueueOverview",
     "RateOfCopy",
@@ -273,6 +277,8 @@ __all__ = [
     "prune_topic_batch",
     "publish",
     "pump",
+    "pump_claiming",
+    "pump_claims_supported",
     "pump_group",
     "purge_dead_batch",
     "purge_history_batch",
