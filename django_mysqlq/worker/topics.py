@@ -81,6 +81,7 @@ class TopicDuty:
         #: Deliveries the last :meth:`pump` claimed for this worker.
         self.taken = 0
         self._claim_support: bool | None = None
+        self._turn = 0
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
@@ -113,13 +114,17 @@ class TopicDuty:
         self._last_pump = now
         conf = self.settings
         least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
-        made, busy, more = 0, False, False
-        for spec in self.specs:
+        made, busy, more, looked = 0, False, False, False
+        # Each round starts at the next group: the room a worker has goes to its groups
+        # in turn, not always to the first (a member of several groups serves them all).
+        self._turn = (self._turn + 1) % len(self.specs)
+        for spec in [*self.specs[self._turn:], *self.specs[:self._turn]]:
             # A group that has every sequenced message sequences its topic's new ones in
             # its pump's transaction; one still behind has work without them.
             room = claimer.pump_room(spec.queue) if claimer is not None else -1
             if room == 0 and self._claims():
                 continue  # no room: it pumps for itself once it has some
+            looked = True
             claim = (broker.PumpClaim(room, claimer.id, conf.LEASE_SECONDS)
                      if claimer is not None and room > 0 else None)
             claimed: list[ClaimedMessage] = []
@@ -135,7 +140,8 @@ class TopicDuty:
             busy = busy or pumped.busy
             more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
         self.sequencer_busy = busy
-        self._more = more
+        if looked:  # (a round with no room leaves it: the next one with room runs at once)
+            self._more = more
         return made
 
     def _claims(self) -> bool:
