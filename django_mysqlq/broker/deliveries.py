@@ -207,6 +207,18 @@ class PumpClaim:
     lease_seconds: float
 
 
+def group_behind(spec: GroupSpec, alias: str | None = None) -> bool:
+    """Whether the group has messages not pumped yet: it is behind its topic's last
+    offset, or it is not and committed messages of its topic lack an offset (the pump
+    stamps those). A ``--burst`` member ends only once this is false."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(LOOK_SQL, [spec.queue, 1, spec.topic, spec.group])
+        look = cursor.fetchone()
+    if look is None:
+        return False  # no such group
+    return look[0] is None or bool(look[0]) or bool(look[2])
+
+
 def pump_claims_supported(alias: str | None = None) -> bool:
     """Whether :func:`pump_claiming` can claim (MariaDB: ``INSERT … RETURNING``)."""
     return bool(connection_for(alias or default_alias()).mysql_is_mariadb)  # type: ignore[attr-defined]

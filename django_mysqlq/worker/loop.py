@@ -409,9 +409,11 @@ class Worker:
             return True
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
-            # Throttled messages count only for a worker that can claim them.
-            return not self._active or not broker.has_pending(
+            # Throttled messages count only for a worker that can claim them. A member
+            # of a consumer group ends once the group has caught up with its topic.
+            return not self._active or not (broker.has_pending(
                 self._active, self.options.burst_wait, throttled=self._rated)
+                or self.topics.behind(self._active))
         return False
 
     def held_tokens(self) -> list[str]:

@@ -144,6 +144,11 @@ class TopicDuty:
             self._more = more
         return made
 
+    def behind(self, active: Sequence[str]) -> bool:
+        """Whether a group of an ``active`` queue has messages not pumped yet (a
+        ``--burst`` member pumps until its groups have caught up with their topics)."""
+        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active)
+
     def _claims(self) -> bool:
         """Whether pumps claim for this worker (MariaDB: ``INSERT … RETURNING``)."""
         if self._claim_support is None:
