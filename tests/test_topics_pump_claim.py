@@ -98,3 +98,38 @@ def test_claimed_deliveries_of_a_vanished_member_are_recovered() -> None:
     assert sorted(broker.recover()) == sorted(m.id for m in claimed)
     assert set(Message.objects.filter(queue=made.queue).values_list("status", flat=True)
                ) == {"ready"}
+
+
+def test_the_worker_side_reserves_room_half_a_batch_ahead_and_keeps_queue_order() -> None:
+    """PumpClaimer: room up to the claim batch, from half a batch free; none for a group
+    a task queue precedes in the worker's claim order, or a paused one (-1: the window's
+    rules); what the pump did not claim goes back to the --max-tasks budget."""
+    from types import SimpleNamespace
+
+    from django_mysqlq.worker.budget import TaskBudget
+    from django_mysqlq.worker.pumpclaim import PumpClaimer
+
+    added: list[object] = []
+    worker = SimpleNamespace(
+        id="w", _active=["group:a", "group:b", "default", "group:c"],
+        options=SimpleNamespace(claim_batch=100, concurrency=8),
+        holdings=SimpleNamespace(in_flight=0, add=added.extend),
+        topics=SimpleNamespace(specs=[SimpleNamespace(queue=q)
+                                      for q in ("group:a", "group:b", "group:c")]),
+        gate=SimpleNamespace(solo_pending=False), budget=TaskBudget(150),
+        _over_memory=lambda: False)
+    claimer = PumpClaimer(worker)  # type: ignore[arg-type]
+    assert claimer.pump_room("group:a") == 100
+    claimer.pump_took([], 100)  # nothing claimed: all of it back
+    assert claimer.pump_room("group:b") == 100  # groups only before it
+    claimer.pump_took(["m"] * 30, 100)  # type: ignore[list-item]
+    assert added == ["m"] * 30
+    assert claimer.pump_room("group:c") == -1  # "default" is claimed first
+    assert claimer.pump_room("group:paused") == -1
+    worker.holdings.in_flight = 60  # more than the threads, under half a batch free
+    assert claimer.pump_room("group:a") == 0
+    worker.holdings.in_flight = 50
+    assert claimer.pump_room("group:a") == 50
+    claimer.pump_took([], 50)
+    worker.holdings.in_flight = 0
+    assert claimer.pump_room("group:a") == 100 and claimer.pump_room("group:b") == 20

@@ -4,7 +4,10 @@ A member with room to run deliveries lets its group's pump insert them already c
 (``broker.pump_claiming``) instead of claiming them afterwards. Its room is the claim's,
 taken half a batch ahead: a pump takes longer than a claim, and the task threads would
 otherwise run dry meanwhile; the claims held stay within the claim's bound
-(``max(concurrency, claim batch)``). Bookkeeping only, no SQL.
+(``max(concurrency, claim batch)``). Only for groups whose queue no task queue precedes
+in the worker's claim order (``--groups`` members; a worker of every queue claims
+``default`` first, so its groups' deliveries are pumped ready and claimed after it, as
+before). Bookkeeping only, no SQL.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ class PumpClaimer:
         ``--max-tasks`` budget); 0 without room; -1 when it claims nothing of ``queue``
         (paused): the group is then pumped by its window."""
         worker = self.worker
-        if queue not in worker._active:
+        active = worker._active
+        if queue not in active:
+            return -1
+        # Queues are claimed in the worker's order: a task queue served before this group
+        # keeps its turn (the group's deliveries are then pumped ready and claimed after).
+        groups = {spec.queue for spec in worker.topics.specs}
+        if any(ahead not in groups for ahead in active[:active.index(queue)]):
             return -1
         options, in_flight = worker.options, worker.holdings.in_flight
         wanted = min(options.claim_batch,
