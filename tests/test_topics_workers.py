@@ -55,9 +55,14 @@ def publish(label: str, count: int, first: int = 0, **extra: object) -> None:
                                                      range(first, first + count)])
 
 
-def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_worker):
+@pytest.mark.parametrize("members", [(), ("--groups", ",".join(GROUPS))],
+                         ids=["every-queue", "groups-only"])
+def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_worker,
+                                                                         members):
+    """Both member shapes: a worker of every queue (its groups' deliveries pumped ready,
+    then claimed) and --groups members (pumps that claim for their member)."""
     label = "topic-ledger"
-    first, second = (start_worker(*WORKER, env=ENV) for _ in range(2))
+    first, second = (start_worker(*WORKER, *members, env=ENV) for _ in range(2))
     started(first, second)
     assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
                ) == set(GROUPS)
@@ -69,7 +74,7 @@ def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_wor
              message="a fifth of billing's messages")
     first.signal(signal.SIGKILL)
     assert first.wait(timeout=10) == -signal.SIGKILL
-    third = start_worker(*WORKER, env=ENV)
+    third = start_worker(*WORKER, *members, env=ENV)
     started(third)
 
     def all_handled() -> bool:
