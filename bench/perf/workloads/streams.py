@@ -32,7 +32,7 @@ from ..benchapp import streams
 from ..context import Context
 from ..errors import BenchError
 from ..results import percentile
-from ..workers import WorkerProcess, worker_args
+from ..workers import WorkerProcess, cpu_seconds, worker_args
 from .latency import _read_stamps
 
 ENV = {"MYSQLQ_BENCH_STREAMS": "1"}
@@ -116,6 +116,7 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
     workers = [_member(group, threads, batch, f"streams-{len(groups)}g-{group}-r{repeat}",
                        ctx.log_dir) for group in groups]
     watch = ctx.watch()
+    server_before = db.server_cpu_seconds(ctx.conn)
     deadline = time.monotonic() + ctx.sizes.streams_seconds
     while True:
         done = [_group_rate(ctx, group)[0] for group in groups]
@@ -126,6 +127,8 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
                 raise BenchError(f"streams: worker {worker.name} exited:\n{worker.tail()}")
         watch.check()
         time.sleep(0.2)
+    worker_cpu = [cpu_seconds(worker.pid) for worker in workers]
+    server_after = db.server_cpu_seconds(ctx.conn)
     for worker in workers:
         worker.kill()
     rates = []
@@ -139,6 +142,16 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
                            note=f"1 process x {threads} threads per group, batch {batch}"
                            ).add(count / seconds, repeat=repeat, done=count,
                                  stopped_early=count < size)
+    handled = sum(_group_rate(ctx, group)[0] for group in groups)
+    if handled and None not in worker_cpu:
+        ctx.results.figure("streams", case, "worker CPU per delivery", "us",
+                           note="the member processes' CPU seconds / deliveries").add(
+            sum(c for c in worker_cpu if c is not None) / handled * 1e6, repeat=repeat)
+    if handled and server_before is not None and server_after is not None:
+        ctx.results.figure("streams", case, "server CPU per delivery", "us",
+                           note="mariadbd's CPU seconds / deliveries (every client's, "
+                           "if the server is shared)").add(
+            (server_after - server_before) / handled * 1e6, repeat=repeat)
     if single:
         ctx.results.figure("streams", case, "slowest group / single group", "ratio",
                            note="the issue asks >= 0.5").add(min(rates) / single)
