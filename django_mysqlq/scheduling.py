@@ -83,6 +83,21 @@ class ScheduleStatus:
                 "changed_by": self.changed_by, "changed_at": iso(self.changed_at)}
 
 
+def write_declared() -> list[str]:
+    """Write the schedules this code and settings declare that no worker has written yet
+    (on the queue database in use), so an operator can list, pause or run them before the
+    first worker starts. Existing rows stay as they are. Returns the names added; raises
+    :class:`recurring.ScheduleProblem` when a declaration is wrong."""
+    from . import recurring
+    from .registry import import_task_modules
+    from .routing import alias_for_queue
+
+    import_task_modules()
+    here = broker.default_alias()
+    declared = [each for each in recurring.declared() if alias_for_queue(each.queue) == here]
+    return broker.add_missing_schedules(declared, here)
+
+
 def statuses() -> list[ScheduleStatus]:
     """Every schedule row, by name (a few rows: read whole)."""
     return [ScheduleStatus.of(row)

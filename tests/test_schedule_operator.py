@@ -175,3 +175,28 @@ def test_run_now_enqueues_one_extra_run_and_moves_nothing(three_schedules, root)
     assert Message.objects.count() == 3
     with pytest.raises(CommandError, match="run needs the names"):
         call_command("queueschedule", "run")
+
+
+def test_a_settings_schedule_can_be_listed_paused_and_run_before_any_worker_started(
+        settings):
+    """``MYSQLQ['SCHEDULES']`` declared, no worker started yet: ``queueschedule`` writes the
+    missing rows as a starting worker would (existing ones untouched), so the docs'
+    ``queueschedule pause nightly-report`` works at once, and the worker keeps the pause."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "SCHEDULES": {
+        "nightly-report": {"task": "tests.testapp.tasks.record", "cron": "0 3 * * *",
+                           "tz": "Europe/Paris", "catch_up": "latest",
+                           "args": ["nightly"]}}}
+    assert not Schedule.objects.filter(name="nightly-report").exists()
+    assert run("queueschedule", "pause", "nightly-report") == "Paused: nightly-report.\n"
+    row = Schedule.objects.get(name="nightly-report")
+    assert (row.paused, row.cron, row.timezone, row.catch_up) == (
+        True, "0 3 * * *", "Europe/Paris", "latest")
+    listed = next(line for line in run("queueschedule").splitlines()
+                  if line.startswith("nightly-report"))
+    assert "paused" in listed
+    # A starting worker's sync keeps the operator's pause.
+    from django_mysqlq import recurring
+
+    broker.sync_schedules([s for s in recurring.declared() if s.name == "nightly-report"])
+    assert Schedule.objects.get(name="nightly-report").paused
+    assert run("queueschedule", "run", "nightly-report").startswith("Enqueued: nightly-report")

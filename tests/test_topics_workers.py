@@ -201,3 +201,33 @@ def test_a_burst_member_pumps_until_its_group_has_caught_up_then_exits(start_wor
     assert broker.position("ledger", "billing") == broker.last_offset("ledger") == total
     assert not Message.objects.filter(queue=group_queue("billing")).exists()
     assert order_violations(label) == []  # key order held
+
+
+def test_groups_option_makes_a_worker_a_member_of_those_groups_only(start_worker):
+    """``runqueueworker --groups billing`` serves the queue ``group:billing`` (and creates
+    that group at start), no other group; ``--queues default --groups audit`` serves both."""
+    from tests.burst import run_burst
+
+    label = "topic-groups-option"
+    counts, output = run_burst(start_worker, "--groups", "billing", env=ENV)
+    assert "started: queues=group:billing " in output, output
+    assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
+               ) == {"billing"}
+    publish(label, 6)
+    counts, output = run_burst(start_worker, "--groups", "billing", env=ENV)
+    assert counts["succeeded"] == 6, output
+    assert ok_seqs(label, "billing") == Counter(range(6))
+    assert not GateRun.objects.filter(label=label).exclude(key__startswith="billing:").exclude(
+        label__endswith="/broadcast").exists()
+    counts, output = run_burst(start_worker, "--queues", "default", "--groups", "audit",
+                               env=ENV)
+    assert "started: queues=default,group:audit " in output, output
+    assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
+               ) == {"billing", "audit"}
+    # '*' (every known queue) with --groups: all of them, each group once, no error.
+    counts, output = run_burst(start_worker, "--queues", "*", "--groups", "billing,audit",
+                               env=ENV)
+    started = next(line for line in output.splitlines() if "started: queues=" in line)
+    served = started.split("queues=")[1].split()[0].split(",")
+    assert {"default", "group:billing", "group:audit", "group:broken"} <= set(served)
+    assert len(served) == len(set(served)), started

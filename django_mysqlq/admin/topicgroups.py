@@ -28,7 +28,7 @@ from django.utils.http import urlencode
 from .. import broker, topicops
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
-from . import actions, databases
+from . import actions
 from .databases import DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
@@ -127,27 +127,18 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ])
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return databases.within(request, lambda: self._change_view(
-            request, object_id, form_url, extra_context))
-
-    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
-                     extra_context: dict[str, Any] | None) -> HttpResponse:
-        context = dict(extra_context or {})
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         row = self._row(object_id)
         found = broker.groups(row.topic, row.group_name)
-        state = found[0] if found else None
-        context.update(
-            state=state,
-            can_operate=actions.allowed(request, CHANGE_GROUP),
-            operate_url=reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
-            dead_url=reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
+        return {
+            "state": found[0] if found else None,
+            "can_operate": actions.allowed(request, CHANGE_GROUP),
+            "operate_url": reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
+            "dead_url": reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
                 {"task": delivery_task_name(row.topic, row.group_name)}),
-            messages_url=reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
+            "messages_url": reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
             + urlencode({"topic": row.topic}),
-        )
-        return super().change_view(request, object_id, form_url, context)
+        }
 
     def _row(self, object_id: str) -> TopicGroup:
         row = TopicGroup.objects.filter(pk=object_id).first() if object_id.isdigit() else None

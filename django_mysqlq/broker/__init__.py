@@ -139,6 +139,7 @@ from .rates import (
 )
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import add_missing as add_missing_schedules
 from .schedules import fire_due as fire_due_schedules
 from .schedules import prune as prune_schedules
 from .schedules import run_now as run_schedule_now
@@ -223,6 +224,7 @@ __all__ = [
     "ack_many",
     "ack_within",
     "activity_marks",
+    "add_missing_schedules",
     "bind_alias",
     "cancel",
     "claim",
