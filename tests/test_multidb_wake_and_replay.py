@@ -144,8 +144,8 @@ def copy_of(original: int, row: int, alias: str = B) -> tuple[int, str]:
     history row's note (both there)."""
     [(copy_id, note)] = mdb.query(
         alias, "SELECT message_id, error_message FROM mysqlq_attempt "
-        "WHERE outcome='replayed' AND error_message LIKE %s", [f"%history row {row} %"])
-    assert f"(message #{original}" in note
+        "WHERE outcome='replayed' AND error_message LIKE %s", [f"%(history row {row})"])
+    assert note.startswith(f"replayed from #{original}")
     return int(copy_id), str(note)
 
 
@@ -161,7 +161,10 @@ def test_broker_replay_of_history_on_the_second_server_enqueues_there() -> None:
         [new_id])
     assert (queue, task, status) == (QUEUE_B, tasks.always_fails.name, "ready")
     assert "replay me" in payload
-    assert note == f"replay of history row {row} (message #{original})"
+    assert note == f"replayed from #{original} (history row {row})"
+    # Linked as the pipeline's copies are: its replay on B skips this original.
+    assert mdb.query(B, "SELECT replayed_from FROM mysqlq_attempt WHERE message_id=%s "
+                     "AND outcome='replayed'", [new_id]) == [(original,)]
     assert count("default", "mysqlq_message") == before_default  # nothing on default
     assert count("default", "mysqlq_attempt", "outcome='replayed'") == 0
 
@@ -176,7 +179,10 @@ def test_history_of_a_queue_that_moved_replays_to_its_database_now() -> None:
         payload='{"args": ["moved"], "kwargs": {}}')
     new_id = ops.replay(made.pk, broker.Operator("test"))
     _, note = copy_of(777_777, made.pk)
-    assert note.endswith("on database default)")
+    assert note == f"replayed from #777777 on database default (history row {made.pk})"
+    # Not linked: #777777 is a message of default, not of B.
+    assert mdb.query(B, "SELECT replayed_from FROM mysqlq_attempt WHERE message_id=%s "
+                     "AND outcome='replayed'", [new_id]) == [(None,)]
     assert mdb.query(B, "SELECT queue FROM mysqlq_message WHERE id=%s", [new_id]) == [
         (QUEUE_B,)]
     assert not Message.objects.using("default").filter(queue=QUEUE_B).exists()

@@ -25,7 +25,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .. import broker, topicops
+from .. import broker, ops, topicops
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
 from . import actions
@@ -188,6 +188,9 @@ def _target(kind: str, value: str) -> broker.ResetTarget:
             return broker.ResetTarget(to_offset=int(value))
         except ValueError:
             raise ValueError(f"Give the offset as a whole number, not {value!r}.") from None
-    if kind == "time":
-        return broker.ResetTarget(to_time=topicops.parse_time(value))
+    if kind == "time":  # as queuetopic reset --to-time: a duration ago (2h) or ISO
+        try:
+            return broker.ResetTarget(to_time=ops.parse_since(value.strip()))
+        except ValueError as exc:
+            raise ValueError(f"Reset to a time: {exc}.") from None
     raise ValueError("Reset to an offset, a time, the earliest or the latest message.")

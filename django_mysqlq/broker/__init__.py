@@ -44,6 +44,10 @@ write ``broker.claim(...)``.
 """
 
 from ..messages import AttemptResult, ClaimedMessage, NewMessage, Runner
+
+# The bulk replay module first: importing it later (a Spark executor in this process, a
+# test) would bind ``broker.replay`` to it in place of the operator's replay() below.
+from . import replay as _bulk_replay  # noqa: F401
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,

@@ -51,6 +51,19 @@ SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
   FROM {MESSAGE_TABLE}
  WHERE id IN ({{ids}})
 """
+#: The ``replayed`` history row of an operator's copy, linked to its original
+#: (``replayed_from``) as ``queuepipeline replay`` links its copies: that job skips an
+#: original history shows replayed, whichever way it was.
+REPLAYED_HISTORY_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload, actor, replayed_from)
+SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
+       UTC_TIMESTAMP(6), '', %s, %s, NULL, '', '', %s, '', NULL, '', %s, %s
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s
+"""
 _LOCK_OPERABLE_SQL = f"""
 SELECT id, queue, status, gate_key, gate_mode FROM {MESSAGE_TABLE}
  WHERE id IN ({{ids}}) AND status IN ({{statuses}})
@@ -373,15 +386,19 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
                          rate_interval=rate[1] if rate else None,
                          rate_limit=rate[2] if rate else "")
     target = alias_for_queue(queue)
-    note = f"replay of history row {attempt_id} (message #{message_id}" + (
-        ")" if target == alias else f" on database {alias})")
+    # Linked like the pipeline's copies ("replayed from #N", ``replayed_from``), so its
+    # replay skips this original. A copy on another database (the queue moved) is not
+    # linked: the original's id means another message there.
+    same = target == alias
+    note = f"replayed from #{message_id}" + ("" if same else f" on database {alias}") \
+        + f" (history row {attempt_id})"
     with transaction.atomic(using=target):
         [new_id] = enqueue([message])
         with connection_for(target).cursor() as cursor:
             cursor.execute(
-                OPERATOR_HISTORY_SQL.format(ids="%s"),
-                [Outcome.REPLAYED, operator.host[:255], operator.pid, note, False,
-                 operator.name[:200], new_id])
+                REPLAYED_HISTORY_SQL,
+                [Outcome.REPLAYED, operator.host[:255], operator.pid, note,
+                 operator.name[:200], int(message_id) if same else None, new_id])
     return new_id
 
 

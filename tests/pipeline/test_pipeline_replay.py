@@ -149,3 +149,16 @@ def test_error_classes_as_workers_store_them_and_only_the_latest_final_row(spark
     call_command("queuepipeline", "replay", "--outcome", "succeeded", "--since", "1d",
                  "--dry-run")
     assert "1 message(s) would be replayed" in capsys.readouterr().out
+
+
+def test_a_message_an_operator_replayed_by_hand_is_skipped(spark, failed, capsys, root):
+    """The history page's Replay links its copy as the pipeline does: the pipeline's
+    replay counts that original as replayed before and makes no second copy."""
+    by_hand = failed[0]
+    root.post(f"/admin/django_mysqlq/attempt/{by_hand.pk}/replay/")
+    assert Message.objects.count() == 1
+    call_command("queuepipeline", "replay", "--since", "1d")
+    out = capsys.readouterr().out
+    assert f"Replayed {len(failed) - 1} message(s) ({len(failed)} matched, 1 replayed " \
+        "before)" in out, out
+    assert not Message.objects.filter(dedup_key=f"replay:{by_hand.message_id}").exists()

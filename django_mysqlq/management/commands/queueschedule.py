@@ -19,7 +19,7 @@ def table(rows: list[scheduling.ScheduleStatus]) -> str:
     if not rows:
         return "no schedules (declare one with @queue_task(cron=...) or MYSQLQ['SCHEDULES'])"
     lines: list[tuple[str, ...]] = [COLUMNS, *(
-        (s.name, s.task_name, s.cron, s.timezone, s.catch_up, s.state, s.last_local,
+        (s.name, s.task_name, s.cron, s.timezone, s.catch_up, s.state_text, s.last_local,
          s.next_local) for s in rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
