@@ -84,13 +84,13 @@ if profile_to:
     profile.enable()
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-cpu0, wall0, sent0 = cpu(), time.monotonic(), sent[0]
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
+(cpu0, switches0), wall0, sent0 = cpu(), time.monotonic(), sent[0]
 try:
     call_command("runqueueworker", *args)
 except SystemExit:
     pass
-cpu1, wall1, sent1 = cpu(), time.monotonic(), sent[0]
+(cpu1, switches1), wall1, sent1 = cpu(), time.monotonic(), sent[0]
 if profile is not None:
     profile.disable()
     profile.dump_stats(profile_to)
@@ -100,7 +100,7 @@ with connection.cursor() as cursor:
     cursor.execute("SELECT COUNT(*) FROM mysqlq_message")
     left = cursor.fetchone()[0]
 print(json.dumps({"cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0, "statements": sent1 - sent0,
-                  "done": done, "left": left}))
+                  "switches": switches1 - switches0, "done": done, "left": left}))
 """
 
 
@@ -143,6 +143,8 @@ def measure(checkout: Path, env: dict[str, str], tasks: int, worker_args: list[s
     return {
         "cpu_us_per_task": round((drain["cpu_s"] - empty["cpu_s"]) / tasks * 1e6, 1),
         "statements_per_task": round((drain["statements"] - empty["statements"]) / tasks, 3),
+        # Context switches of the process (voluntary and not): thread wake-ups, mostly.
+        "switches_per_task": round((drain["switches"] - empty["switches"]) / tasks, 2),
         "tasks_per_cpu_s": round(tasks / max(drain["cpu_s"] - empty["cpu_s"], 1e-9)),
         "wall_tasks_per_s": round(tasks / max(drain["wall_s"] - empty["wall_s"], 1e-9)),
         "drain": drain, "empty": empty,
@@ -191,17 +193,18 @@ def main(argv: list[str] | None = None) -> int:
             figures = row[label]
             print(f"[cpu] round {number + 1} {label}: {figures['cpu_us_per_task']} us/task, "
                   f"{figures['statements_per_task']} statements/task, "
+                  f"{figures['switches_per_task']} switches/task, "
                   f"{figures['wall_tasks_per_s']} tasks/s wall", flush=True)
         rounds.append(row)
     print(f"\n{args.tasks:,} no-op tasks, {args.threads} thread(s), --batch {args.batch}, "
           f"{args.rounds} round(s): medians")
-    print("| checkout | worker CPU µs/task | statements/task | tasks/s (wall) |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| checkout | worker CPU µs/task | statements/task | switches/task | tasks/s (wall) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for label, _ in checkouts:
         def med(key: str, label: str = label) -> float:
             return statistics.median(r[label][key] for r in rounds)
         print(f"| {label} | {med('cpu_us_per_task'):.1f} | {med('statements_per_task'):.3f} "
-              f"| {med('wall_tasks_per_s'):,.0f} |")
+              f"| {med('switches_per_task'):.2f} | {med('wall_tasks_per_s'):,.0f} |")
     if len(checkouts) > 1:
         first, last = checkouts[0][0], checkouts[-1][0]
         ratio = statistics.median(r[last]["cpu_us_per_task"] / r[first]["cpu_us_per_task"]
