@@ -76,6 +76,16 @@ def query(self, sql):
     sent[0] += 1
     return _query(self, sql)
 MySQLdb.connections.Connection.query = query
+# CPU of each thread by name (time.thread_time at its end; the main thread's at the end).
+thread_cpu = {}
+_run = threading.Thread.run
+def run(self):
+    try:
+        _run(self)
+    finally:
+        name = self.name.rstrip("0123456789")
+        thread_cpu[name] = thread_cpu.get(name, 0.0) + time.thread_time()
+threading.Thread.run = run
 profile = None
 if profile_to:
     # Python 3.12's cProfile sees every thread (sys.monitoring): one profiler for all.
@@ -86,11 +96,13 @@ def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
 (cpu0, switches0), wall0, sent0 = cpu(), time.monotonic(), sent[0]
+main0 = time.thread_time()
 try:
     call_command("runqueueworker", *args)
 except SystemExit:
     pass
 (cpu1, switches1), wall1, sent1 = cpu(), time.monotonic(), sent[0]
+thread_cpu["main"] = time.thread_time() - main0
 if profile is not None:
     profile.disable()
     profile.dump_stats(profile_to)
@@ -100,7 +112,8 @@ with connection.cursor() as cursor:
     cursor.execute("SELECT COUNT(*) FROM mysqlq_message")
     left = cursor.fetchone()[0]
 print(json.dumps({"cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0, "statements": sent1 - sent0,
-                  "switches": switches1 - switches0, "done": done, "left": left}))
+                  "switches": switches1 - switches0, "threads": thread_cpu, "done": done,
+                  "left": left}))
 """
 
 
@@ -145,6 +158,10 @@ def measure(checkout: Path, env: dict[str, str], tasks: int, worker_args: list[s
         "statements_per_task": round((drain["statements"] - empty["statements"]) / tasks, 3),
         # Context switches of the process (voluntary and not): thread wake-ups, mostly.
         "switches_per_task": round((drain["switches"] - empty["switches"]) / tasks, 2),
+        # CPU per task of each kind of thread (main: the control loop).
+        "threads_us_per_task": {
+            name: round((seconds - empty["threads"].get(name, 0.0)) / tasks * 1e6, 1)
+            for name, seconds in drain["threads"].items()},
         "tasks_per_cpu_s": round(tasks / max(drain["cpu_s"] - empty["cpu_s"], 1e-9)),
         "wall_tasks_per_s": round(tasks / max(drain["wall_s"] - empty["wall_s"], 1e-9)),
         "drain": drain, "empty": empty,
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[cpu] round {number + 1} {label}: {figures['cpu_us_per_task']} us/task, "
                   f"{figures['statements_per_task']} statements/task, "
                   f"{figures['switches_per_task']} switches/task, "
+                  f"threads {figures['threads_us_per_task']}, "
                   f"{figures['wall_tasks_per_s']} tasks/s wall", flush=True)
         rounds.append(row)
     print(f"\n{args.tasks:,} no-op tasks, {args.threads} thread(s), --batch {args.batch}, "
