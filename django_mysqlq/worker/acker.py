@@ -290,7 +290,8 @@ class Acker:
                     if self._abandoned:
                         continue  # stop() has counted and logged this batch already
                     later = {(f[0].id, f[0].claim_token) for f, _ in self._busy}
-                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later]
+                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later
+                               ] if later else batch
                     unacked = len(settled) - acked
                     if unacked > 0:
                         self._unacked_tokens.update(m.claim_token for m, _, _ in settled)
