@@ -42,7 +42,7 @@ def _partitioned_history(request: pytest.FixtureRequest) -> None:
     with request.getfixturevalue("django_db_blocker").unblock():
         from django_mysqlq.broker import partitions
 
-        partitions.partition(int(width), ahead=50)
+        partitions.partition(int(width), ahead=int(os.environ.get("MYSQLQ_TEST_AHEAD", "2")))
 
 
 @pytest.fixture(autouse=True)

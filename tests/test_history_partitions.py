@@ -196,3 +196,56 @@ def test_a_held_table_makes_the_drop_give_up_while_workers_keep_acking(unpartiti
         stranger.close()
         worker.signal(9)
         worker.wait(timeout=60)
+
+
+#: The one plan that differs on a partitioned history: the capped count (LIMIT 10001) of a
+#: date range that covers most of the table walks a smaller index and filters, instead
+#: of the range on mysqlq_att_finished; both stop after 10,001 rows (measured below).
+CAPPED_COUNT_WALK = ("history, finished past 7 days: ['mysqlq_attempt: walks "
+                     "mysqlq_att_outcome skipping the rows it filters out']")
+
+
+@pytest.mark.parametrize("width", [2_000, 500])
+def test_the_admin_reads_a_partitioned_history_along_its_indexes(root, unpartitioned, width):
+    """The admin's plan checks (tests/test_admin_plans.py) on the history partitioned into
+    10 or 40 partitions of the same data."""
+    from bench.dashboard import fill
+    from tests import test_admin_plans as plans
+
+    fill(20_000, 7.0, 10_000)
+    partitions.partition(width)
+    assert len(partitions.layout() or []) > 20_000 // width
+    try:
+        plans.test_every_admin_page_reads_along_an_index_and_stops(root, None)
+    except AssertionError as exc:
+        found = [line for line in str(exc).splitlines() if line.startswith("history")
+                 or line.startswith(("messages", "dead", "blocked"))]
+        assert found and all(line.startswith(CAPPED_COUNT_WALK) for line in found), exc
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ANALYZE FORMAT=JSON SELECT COUNT(*) FROM (SELECT id FROM mysqlq_attempt "
+                "WHERE finished_at >= UTC_TIMESTAMP() - INTERVAL 8 DAY LIMIT 10001) AS s")
+            plan = json.loads(cursor.fetchone()[0])
+        read = [t for t in _tables(plan) if t.get("key") == "mysqlq_att_outcome"]
+        assert read and read[0]["r_rows"] <= 10_001, plan
+    plans.test_each_list_takes_its_rows_from_its_filters_index(root, None)
+
+
+def _tables(node: object) -> Iterator[dict[str, object]]:
+    if isinstance(node, dict):
+        if "table_name" in node:
+            yield node
+        for value in node.values():
+            yield from _tables(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _tables(value)
+
+
+def test_the_indexes_made_explicit_are_the_models_with_id():
+    from django_mysqlq.models import Attempt as Model
+
+    model = {index.name: ", ".join([*index.fields, "id"]) for index in Model._meta.indexes
+             if "id" not in index.fields}
+    assert {name: model[name] for name in partitions.INDEXES_WITH_ID} == \
+        partitions.INDEXES_WITH_ID
