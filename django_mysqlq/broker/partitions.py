@@ -54,6 +54,8 @@ SELECT INDEX_NAME, MAX(INDEX_TYPE) FROM information_schema.STATISTICS
 HAVING (MIN(NON_UNIQUE) = 0 AND SUM(COLUMN_NAME = 'id') = 0)
     OR MAX(INDEX_TYPE) IN ('FULLTEXT', 'SPATIAL')
 """
+#: A Galera node says its cluster's size here (no row, or 0: no cluster).
+CLUSTER_SIZE_SQL = "SHOW GLOBAL STATUS LIKE 'wsrep_cluster_size'"
 #: The lowest and highest id (along the primary key: two index dives).
 ID_BOUNDS_SQL = f"SELECT MIN(id), MAX(id) FROM {ATTEMPT_TABLE}"
 #: The next id, for an empty table (MySQL caches it unless the session asks fresh).
@@ -176,7 +178,14 @@ def layout(alias: str | None = None) -> list[Partition] | None:
 
 
 def check_partitionable(alias: str | None = None) -> None:
-    """Raise :class:`PartitionError` unless InnoDB can partition the table by ``id``."""
+    """Raise :class:`PartitionError` unless InnoDB can partition the table by ``id``
+    (and the server is no Galera node: the archive's drop needs ``LOCK TABLES``, which
+    Galera does not support, and a DDL there stops the whole cluster's writes)."""
+    size = _rows(CLUSTER_SIZE_SQL, alias=alias)
+    if size and str(size[0][1]).isdigit() and int(size[0][1]) > 0:
+        raise PartitionError("The queue database is a node of a Galera cluster: the history "
+                             "table is not partitioned there (the archive's drop needs LOCK "
+                             "TABLES, which Galera does not support).")
     keys = _rows(FOREIGN_KEYS_SQL, alias=alias)
     if keys:
         raise PartitionError(
