@@ -120,6 +120,7 @@ LOCK_WAIT_SECONDS = 1
 DROP_TRIES = 3
 DROP_PAUSE = 2.0
 LOCK_WAIT_TIMEOUT = 1205
+UNKNOWN_VARIABLE = 1193
 _NAME = re.compile(r"^(p[0-9]{1,20}|pmax)$")
 
 Progress = Callable[[str], None]
@@ -211,7 +212,11 @@ def _next_id(alias: str | None) -> int:
         return bounds[1] + 1
     connection = connection_for(alias)
     if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        _rows(FRESH_STATS_MYSQL_SQL, alias=alias)
+        try:
+            _rows(FRESH_STATS_MYSQL_SQL, alias=alias)
+        except OperationalError as exc:
+            if error_code(exc) != UNKNOWN_VARIABLE:
+                raise  # (MariaDB spoken to as MySQL has no such variable: fresh already)
     value = _rows(AUTO_INCREMENT_SQL, alias=alias)[0][0]
     return int(value or 1)
 
