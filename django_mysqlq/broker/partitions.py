@@ -399,6 +399,7 @@ def _drop_once(name: str, high: int, expected: Totals, alias: str | None,
                 if error_code(exc) == LOCK_WAIT_TIMEOUT:
                     return "locked"
                 raise
+            locked = time.monotonic()
             try:
                 now = {p.name: p for p in layout(alias) or []}
                 if name not in now or now[name].high != high:
@@ -409,6 +410,8 @@ def _drop_once(name: str, high: int, expected: Totals, alias: str | None,
                 return "dropped"
             finally:
                 cursor.execute(UNLOCK_SQL)
+                logger.info("Partition %s of %s: checked under the table's lock, held %.3f s",
+                            name, ATTEMPT_TABLE, time.monotonic() - locked)
         finally:
             cursor.execute(LOCK_WAIT_DEFAULT_SQL)
 
