@@ -249,3 +249,21 @@ def test_the_indexes_made_explicit_are_the_models_with_id():
              if "id" not in index.fields}
     assert {name: model[name] for name in partitions.INDEXES_WITH_ID} == \
         partitions.INDEXES_WITH_ID
+
+
+@pytest.mark.parametrize("mariadb", [True, False])
+def test_an_empty_table_is_partitioned_from_its_next_id(unpartitioned, monkeypatch, mariadb):
+    """With no row, the bounds start at AUTO_INCREMENT (on MySQL read fresh: its session
+    asks for uncached statistics; MariaDB spoken to as MySQL has no such variable)."""
+    seed_history(30, start=NOW - dt.timedelta(days=1), span=dt.timedelta(hours=1))
+    Attempt.objects.all().delete()  # AUTO_INCREMENT stays past them
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE "
+                       "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'mysqlq_attempt'")
+        next_id = int(cursor.fetchone()[0])
+    monkeypatch.setattr(connection, "mysql_is_mariadb", mariadb)
+    partitions.partition(10)
+    found = partitions.layout() or []
+    assert [p.low >= next_id for p in found[:-1]][-2:] == [True, True]
+    assert found[0].high == (next_id // 10 + 1) * 10
+    assert found[-1].name == "pmax"
