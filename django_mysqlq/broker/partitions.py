@@ -386,6 +386,11 @@ def totals(name: str, alias: str | None = None) -> Totals:
             None if last is None else int(last))
 
 
+#: Seconds this process held the history table's lock for drops (summed; the archive
+#: reports it).
+held = {"seconds": 0.0}
+
+
 def _drop_once(name: str, high: int, expected: Totals, alias: str | None,
                lock_wait: int) -> str:
     """One try; returns what happened: ``dropped``, ``locked``, ``gone`` or ``changed``."""
@@ -410,8 +415,10 @@ def _drop_once(name: str, high: int, expected: Totals, alias: str | None,
                 return "dropped"
             finally:
                 cursor.execute(UNLOCK_SQL)
+                seconds = time.monotonic() - locked
+                held["seconds"] += seconds
                 logger.info("Partition %s of %s: checked under the table's lock, held %.3f s",
-                            name, ATTEMPT_TABLE, time.monotonic() - locked)
+                            name, ATTEMPT_TABLE, seconds)
         finally:
             cursor.execute(LOCK_WAIT_DEFAULT_SQL)
 
@@ -443,12 +450,14 @@ def drop_archived(name: str, high: int, expected: Totals, alias: str | None = No
 def drop_empty(before: dt.datetime, alias: str | None = None,
                lock_wait: int = LOCK_WAIT_SECONDS) -> list[str]:
     """Drop the empty bounded partitions below the highest id (left by row deletes, or a
-    purge); returns their names. One try each: a busy table leaves them for next time."""
+    purge); returns their names. One try: a busy table leaves them for next time."""
     dropped = []
     for old in old_partitions(before, alias):
         if old.first is None and old.partition.high is not None:
             outcome = _drop_once(old.partition.name, old.partition.high, (0, 0, None, None),
                                  alias, lock_wait)
+            if outcome == "locked":
+                break  # one wait for the lock is enough: the next run tries again
             if outcome == "dropped":
                 dropped.append(old.partition.name)
     return dropped

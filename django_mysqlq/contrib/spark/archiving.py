@@ -333,6 +333,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         raise PipelineError("Another archive is running on this database; wait for it to "
                             "finish (or for its driver to die) and run this one again.")
     result = ArchiveResult(cutoff=cutoff, dry_run=False)
+    held_before = partitions.held["seconds"]
     deleter = Deleter(control, db.alias, delete_batch, progress)
     try:
         timer = Timer(result.timings)
@@ -376,4 +377,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         statements.release_archive_lock(db.alias)
     result.seconds = time.monotonic() - started
     result.timings["delete (beside the next batch)"] = deleter.seconds
+    if control.drops:
+        result.timings["history table locked for drops"] = (partitions.held["seconds"]
+                                                            - held_before)
     return result
