@@ -113,19 +113,20 @@ class Deleter(threading.Thread):
         super().__init__(name="mysqlq-archive-deleter", daemon=True)
         self.control, self.alias, self.delete_batch = control, alias, delete_batch
         self.progress = progress
-        self.work: queue.Queue[tuple[dict[str, Any], list[int]] | None] = queue.Queue(1)
+        self.work: queue.Queue[tuple[dict[str, Any], list[int], bool] | None] = queue.Queue(1)
         self.deleted: dict[str, int] = {}
+        self.lock = threading.Lock()
         self.seconds = 0.0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while (item := self.work.get()) is not None:
-                record, ids = item
+                record, ids, try_drop = item
                 started = time.monotonic()
                 done = batches.delete(self.control, record, ids, self.alias,
-                                      self.delete_batch)
-                self.deleted[record["kind"]] = self.deleted.get(record["kind"], 0) + done
+                                      self.delete_batch, try_drop=try_drop)
+                self.add(record["kind"], done)
                 self.seconds += time.monotonic() - started
                 if self.progress is not None:
                     self.progress(f"batch {record['batch']}: deleted {done} of "
@@ -135,9 +136,14 @@ class Deleter(threading.Thread):
         finally:
             connections[self.alias].close()
 
-    def submit(self, record: dict[str, Any], ids: list[int]) -> None:
+    def add(self, kind: str, rows: int) -> None:
+        """Count rows gone (deleted here, or dropped with a partition by the driver)."""
+        with self.lock:
+            self.deleted[kind] = self.deleted.get(kind, 0) + rows
+
+    def submit(self, record: dict[str, Any], ids: list[int], try_drop: bool = True) -> None:
         self._check()
-        self.work.put((record, ids))
+        self.work.put((record, ids, try_drop))
 
     def finish(self) -> dict[str, int]:
         self.work.put(None)
@@ -194,7 +200,15 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
         record = batches.commit(control, batch, written.stats, drop)
         batches.move(control, record)
         timer.step("commit and move")
-        deleter.submit(record, written.ids)
+        if record.get("drop") is not None:
+            # Here, between Spark's jobs: a read of the next batch would hold the table's
+            # metadata lock for seconds, and the drop (and the acks behind it) wait for it.
+            dropped = batches.drop(control, record, db.alias)
+            timer.step("drop partitions")
+            if dropped is not None:
+                deleter.add(batch.kind, dropped)
+                return int(record["rows"])
+        deleter.submit(record, written.ids, try_drop=False)
         timer.step("wait for the previous batch's delete")
         return int(record["rows"])
     raise AssertionError("unreachable")

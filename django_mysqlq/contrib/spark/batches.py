@@ -296,21 +296,30 @@ def chunks(ids: list[int], size: int) -> Iterator[list[int]]:
 DELETE_THREADS = 2
 
 
+def drop(control: Control, record: dict[str, Any], alias: str) -> int | None:
+    """Drop the partition a batch's record names, if it still holds exactly the batch's
+    rows; the rows it held (then marks the batch done), or None: delete them instead."""
+    plan = record.get("drop")
+    if plan is None:
+        return None
+    checkpoint("dropping")
+    outcome = partitions.drop_archived(plan["partition"], plan["high"], tuple(plan["totals"]),
+                                       alias)
+    control.drops[plan["partition"]] = outcome
+    if outcome != "dropped":
+        return None
+    checkpoint("dropped")
+    return _done(control, record, int(plan["totals"][0]))
+
+
 def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
-           delete_batch: int) -> int:
+           delete_batch: int, *, try_drop: bool = True) -> int:
     """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections; topic
     messages on one, in offset order, so that what is kept stays ``first_offset … last``),
     mark it done, drop its staging. A batch whose record names a partition to drop
     drops it instead, if it still holds exactly the batch's rows."""
-    drop = record.get("drop")
-    if drop is not None:
-        checkpoint("dropping")
-        outcome = partitions.drop_archived(drop["partition"], drop["high"],
-                                           tuple(drop["totals"]), alias)
-        control.drops[drop["partition"]] = outcome
-        if outcome == "dropped":
-            checkpoint("dropped")
-            return _done(control, record, int(drop["totals"][0]))
+    if try_drop and (dropped := drop(control, record, alias)) is not None:
+        return dropped
     cutoff = dt.datetime.fromisoformat(record["cutoff"])
     parts = list(chunks(ids, delete_batch))
     threads = 1 if record["kind"] == TOPICS else DELETE_THREADS
