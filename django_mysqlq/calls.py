@@ -111,10 +111,26 @@ def check_call(task_name: str, func: Callable[..., Any], args: Sequence[Any],
     try:
         shape.signature.bind(*args, **kwargs)
     except TypeError as exc:
+        problem = _unknown_keywords(shape.signature, kwargs) or str(exc)
         raise TaskArgumentError(
-            f"{where}Task {task_name!r} can't be called with these arguments: {exc}. It "
+            f"{where}Task {task_name!r} can't be called with these arguments: {problem}. It "
             f"takes {_shown(shape.signature)}; nothing was enqueued."
         ) from None
+
+
+def _unknown_keywords(signature: inspect.Signature, kwargs: Mapping[str, Any]) -> str:
+    """Keywords the function has no parameter of that name for (bind names a missing
+    argument first, which hides a misspelt keyword: ``order=1`` for ``order_id``)."""
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return ""
+    unknown = [name for name in kwargs if name not in signature.parameters]
+    if not unknown:
+        return ""
+    listed = ", ".join(repr(name) for name in unknown)
+    if len(unknown) == 1:
+        return f"got an unexpected keyword argument {listed}"
+    return f"got unexpected keyword arguments {listed}"
 
 
 def _shown(signature: inspect.Signature) -> str:

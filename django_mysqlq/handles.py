@@ -110,6 +110,16 @@ class MessageResult:
     def succeeded(self) -> bool:
         return self.status == "succeeded"
 
+    @property
+    def outcome(self) -> str:
+        """The same as ``status``: how it ended (``succeeded``, ``dead`` or ``cancelled``)."""
+        return self.status
+
+    @property
+    def result(self) -> Any:
+        """The same as ``value`` (the name :class:`MessageState` uses)."""
+        return self.value
+
     @classmethod
     def of(cls, state: MessageState) -> MessageResult:
         succeeded = state.status == "succeeded"

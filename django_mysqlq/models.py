@@ -72,8 +72,9 @@ ATTEMPT_OUTCOMES = (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.FAILED, Outcome.
 #: Statuses an operator may requeue, cancel or re-prioritise: never a running message.
 OPERABLE_STATUSES = (MessageStatus.READY, MessageStatus.SCHEDULED, MessageStatus.DEAD)
 #: Statuses an operator may cancel or re-prioritise: a blocked message too (a requeue
-#: would make it jump the order it waits in).
-CANCELLABLE_STATUSES = (*OPERABLE_STATUSES, MessageStatus.BLOCKED)
+#: would make it jump the order it waits in), and a throttled one (waiting for its rate
+#: limit's next start: it holds nothing, so deleting it leaks nothing).
+CANCELLABLE_STATUSES = (*OPERABLE_STATUSES, MessageStatus.BLOCKED, MessageStatus.THROTTLED)
 
 
 class GateMode(models.TextChoices):

@@ -308,11 +308,14 @@ class Dashboard:
         }
 
 
-def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
+def dashboard(top: int = 10, count_cap: int | None = None,
+              queue_alias: str | None = None) -> Dashboard:
     """Read the queue's state: a handful of indexed statements (see docs/operations.md).
 
     With ``count_cap`` (the admin's page), message counts stop there, so the page costs the
     same however big the backlog; without it (``queuestats``) they are exact.
+    ``queue_alias`` is the queue database shown when it is read from a replica: the
+    schedules declared for its queues that no worker has written yet are listed too.
     """
     overview = broker.queue_overview(count_cap)
     history = broker.history_window(max(WINDOWS))
@@ -357,7 +360,7 @@ def dashboard(top: int = 10, count_cap: int | None = None) -> Dashboard:
                      stuck=len(broker.stuck_messages()), top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
                      purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
-                     schedules=scheduling.statuses(), topics=broker.topic_volumes(),
+                     schedules=scheduling.statuses(queue_alias), topics=broker.topic_volumes(),
                      groups=broker.groups(), overran=broker.overran_deliveries())
 
 

@@ -69,17 +69,37 @@ def from_settings(name: str, entry: dict[str, Any]) -> DeclaredSchedule:
 def declared() -> list[DeclaredSchedule]:
     """Every schedule declared here, by name; raise :class:`ScheduleProblem` on a bad one
     or on two with one name."""
+    return _declared(strict=True)
+
+
+def declared_leniently() -> list[DeclaredSchedule]:
+    """Every good schedule declared here, by name, the bad ones left out (the system check
+    ``django_mysqlq.E006`` names them): for the read-only views, which must not fail."""
+    return _declared(strict=False)
+
+
+def _declared(strict: bool) -> list[DeclaredSchedule]:
     rows: dict[str, DeclaredSchedule] = {}
     for task_name in registry.names():
         task = registry.get(task_name)
         if task.schedule is not None:
-            rows[task.name] = _row(task.name, CODE, task, task.schedule)
+            try:
+                rows[task.name] = _row(task.name, CODE, task, task.schedule)
+            except QueueError:  # over MAX_PAYLOAD_BYTES
+                if strict:
+                    raise
     for name, entry in get_settings().SCHEDULES.items():
         if name in rows:
+            if not strict:
+                continue
             raise ScheduleProblem(
                 f"MYSQLQ['SCHEDULES'][{name!r}] has the name of the task {name!r}, which "
                 "declares cron=... itself: give the settings schedule another name.")
-        rows[name] = from_settings(name, dict(entry))
+        try:
+            rows[name] = from_settings(name, dict(entry))
+        except ScheduleProblem:
+            if strict:
+                raise
     return [rows[name] for name in sorted(rows)]
 
 

@@ -10,8 +10,10 @@ import logging
 from collections.abc import Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import broker
-from .broker import Operator
+from django.core.exceptions import ImproperlyConfigured
+
+from . import broker, cron
+from .broker import DeclaredSchedule, Operator
 from .models import Schedule
 
 ACTIVE, PAUSED, REMOVED, BROKEN = "active", "paused", "removed", "broken"
@@ -40,6 +42,10 @@ class ScheduleStatus:
     error: str
     changed_by: str
     changed_at: dt.datetime | None
+    #: False for a schedule this code or settings declare that no worker (nor
+    #: ``queueschedule``) has written yet: its next run is computed from its expression,
+    #: it has never run, and it can't be paused until its row exists.
+    stored: bool = True
 
     @classmethod
     def of(cls, row: Schedule) -> ScheduleStatus:
@@ -52,6 +58,22 @@ class ScheduleStatus:
                    last_run_at=row.last_run_at, last_enqueued_at=row.last_enqueued_at,
                    last_message_id=row.last_message_id, error=row.error,
                    changed_by=row.changed_by, changed_at=row.changed_at)
+
+    @classmethod
+    def unstored(cls, schedule: DeclaredSchedule, now: dt.datetime) -> ScheduleStatus:
+        """A declared schedule with no row yet, as its first worker would write it."""
+        try:
+            following: dt.datetime | None = cron.Cron.parse(
+                schedule.cron, schedule.timezone).after(now)
+            state, error = ACTIVE, ""
+        except ValueError as exc:  # checked when declared: a zone this machine lost
+            following, state, error = None, BROKEN, str(exc)
+        return cls(name=schedule.name, source=schedule.source,
+                   task_name=schedule.task_name, queue=schedule.queue, cron=schedule.cron,
+                   timezone=schedule.timezone, catch_up=schedule.catch_up, state=state,
+                   next_run_at=following, last_run_at=None, last_enqueued_at=None,
+                   last_message_id=None, error=error, changed_by="", changed_at=None,
+                   stored=False)
 
     def local(self, moment: dt.datetime | None) -> str:
         """A time in the schedule's zone, ``2025-11-02 01:30 EDT``; ``-`` for none."""
@@ -68,7 +90,12 @@ class ScheduleStatus:
 
     @property
     def last_local(self) -> str:
-        return self.local(self.last_run_at)
+        return "never" if not self.stored else self.local(self.last_run_at)
+
+    @property
+    def state_text(self) -> str:
+        """The state, marked when no row holds the schedule yet."""
+        return self.state if self.stored else f"{self.state} (not written yet)"
 
     def as_json(self) -> dict[str, object]:
         def iso(moment: dt.datetime | None) -> str | None:
@@ -80,13 +107,51 @@ class ScheduleStatus:
                 "next_run_at": iso(self.next_run_at), "last_run_at": iso(self.last_run_at),
                 "last_enqueued_at": iso(self.last_enqueued_at),
                 "last_message_id": self.last_message_id, "error": self.error,
-                "changed_by": self.changed_by, "changed_at": iso(self.changed_at)}
+                "changed_by": self.changed_by, "changed_at": iso(self.changed_at),
+                "stored": self.stored}
 
 
-def statuses() -> list[ScheduleStatus]:
-    """Every schedule row, by name (a few rows: read whole)."""
-    return [ScheduleStatus.of(row)
+def write_declared() -> list[str]:
+    """Write the schedules this code and settings declare that no worker has written yet
+    (on the queue database in use), so an operator can list, pause or run them before the
+    first worker starts. Existing rows stay as they are. Returns the names added; raises
+    :class:`recurring.ScheduleProblem` when a declaration is wrong."""
+    from . import recurring
+    from .registry import import_task_modules
+    from .routing import alias_for_queue
+
+    import_task_modules()
+    here = broker.default_alias()
+    declared = [each for each in recurring.declared() if alias_for_queue(each.queue) == here]
+    return broker.add_missing_schedules(declared, here)
+
+
+def statuses(queue_alias: str | None = None) -> list[ScheduleStatus]:
+    """Every schedule row, and every schedule this code and settings declare for the queues
+    of ``queue_alias`` (default: the alias in use) that has no row yet (``stored`` False),
+    by name. Reads only (a few rows: read whole)."""
+    rows = [ScheduleStatus.of(row)
             for row in Schedule.objects.using(broker.default_alias()).order_by("name")]
+    rows.extend(unstored(queue_alias or broker.default_alias(), {row.name for row in rows}))
+    return sorted(rows, key=lambda status: status.name)
+
+
+def unstored(queue_alias: str, stored: set[str]) -> list[ScheduleStatus]:
+    """The schedules declared here for the queues of ``queue_alias`` whose names are not in
+    ``stored``, with their next run computed now; nothing read or written. A declaration
+    that is wrong is left out (the system check ``django_mysqlq.E006`` names it), as are
+    all of them when a task module can't be imported."""
+    from . import recurring
+    from .registry import import_task_modules
+    from .routing import alias_for_queue
+
+    try:
+        import_task_modules()
+    except ImproperlyConfigured:
+        return []
+    now = dt.datetime.now(dt.UTC)
+    return [ScheduleStatus.unstored(each, now) for each in recurring.declared_leniently()
+            if each.name not in stored and alias_for_queue(each.queue) == queue_alias]
 
 
 def known_names() -> set[str]:

@@ -26,7 +26,7 @@ worker_stopped = Signal()
 #: sender: the topic's name; kwargs: ``count`` (messages published by the transaction's
 #: ``publish()``/``publish_many()`` call, sent after it commits, by the publisher).
 topic_published = Signal()
-#: sender: the topic's name; kwargs: ``group``, ``offsets`` (turned into deliveries of the
+#: sender: the topic's name; kwargs: ``group``, ``count`` (messages turned into deliveries of the
 #: group by a worker's pump).
 topic_pumped = Signal()
 #: sender: the topic's name; kwargs: ``group``, ``message_id`` (the delivery), ``offset``,

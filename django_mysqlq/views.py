@@ -44,6 +44,6 @@ def dashboards(top: int = 10, count_cap: int | None = None,
         read = routing.read_alias(alias)
         lag = replica_lag(read) if read != alias else None
         with broker.on_alias(read):
-            data = ops.dashboard(top, count_cap)
+            data = ops.dashboard(top, count_cap, queue_alias=alias)
         views.append(DatabaseView(alias, read, data, lag))
     return views

@@ -1,5 +1,6 @@
-"""Admin pages that must not fail or leak: a payload nested too deeply, "Release stuck
-claim" under ``ATOMIC_REQUESTS``, and action pages for staff who may act but not view."""
+"""Admin pages that must not fail or leak: a payload nested too deeply, too long or not
+readable (a message's or a topic message's), "Release stuck claim" under
+``ATOMIC_REQUESTS``, and action pages for staff who may act but not view."""
 
 from __future__ import annotations
 
@@ -143,3 +144,63 @@ def test_bulk_confirmation_without_view_permission_is_403(actor):
     assert response.status_code == 403
     assert "always_fails" not in response.content.decode()
     assert status(dead) == "dead"
+
+
+# ------------------------------------------------------------------ topic message payloads
+
+
+def topic_message_page(root, payload: str) -> str:
+    from django_mysqlq.models import TopicMessage
+    from tests.topic_ops_support import publish
+
+    publish("hardening", 1)
+    row = TopicMessage.objects.get(topic="hardening")
+    assert TopicMessage.objects.filter(pk=row.pk).update(payload=payload) == 1
+    response = root.get(reverse("admin:django_mysqlq_topicmessage_change", args=[row.pk]))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Trace: deliveries to consumer groups" in body  # the rest of the page is there
+    return body
+
+
+def raw_block(body: str) -> str:
+    raw = body[body.index("<pre class='mysqlq-raw'>"):]
+    return raw[:raw.index("</pre>")]
+
+
+@pytest.mark.parametrize("payload", [
+    "[" * 100_000,
+    '{"order": ' + "[" * 100_000 + "]" * 100_000 + "}",
+])
+def test_a_topic_message_nested_too_deeply_shows_its_raw_text_and_a_note(root, payload):
+    body = topic_message_page(root, payload)
+    assert "Nested too deeply to lay out (handlers can&#x27;t get it either" in body
+    assert "[" * 100_000 in raw_block(body)
+
+
+def test_a_topic_message_too_long_to_lay_out_is_shown_as_stored(root):
+    from django_mysqlq.admin.payloads import LAYOUT_LIMIT
+
+    payload = '{"blob": "' + "x" * LAYOUT_LIMIT + '"}'
+    body = topic_message_page(root, payload)
+    assert f"Too long to lay out ({len(payload):,} characters" in body
+    assert raw_block(body).endswith("x" * 1000 + '&quot;}')
+    assert "<pre class='mysqlq-json'>" not in body
+
+
+def test_a_topic_message_with_a_number_too_long_to_read_says_why(root):
+    payload = '{"total": 1' + "0" * 5000 + "}"
+    body = topic_message_page(root, payload)
+    assert "Not valid JSON (Exceeds the limit" in body
+    assert "0" * 5000 in raw_block(body)
+
+
+def test_the_message_page_shares_the_notes(root):
+    """The message page's arguments go through the same helper: a long or unreadable
+    payload gets the same note (and a too-deep one its own advice, tested above)."""
+    handle = tasks.record.enqueue("long")
+    payload = '{"args": [1' + "0" * 5000 + '], "kwargs": {}}'
+    assert Message.objects.filter(pk=handle.id).update(payload=payload) == 1
+    body = root.get(page(handle.id)).content.decode()
+    assert "Not valid JSON (Exceeds the limit" in body
+    assert "0" * 5000 in raw_block(body)

@@ -40,10 +40,13 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert result_path.exists(), output
     result = json.loads(result_path.read_text())
     assert result["metrics"]["lost"] == 0, output
-    # Ordered and limited tasks ran through the same faults, in order and within limits.
+    # Ordered, limited and rate-limited tasks ran through the same faults, in order and
+    # within limits.
     metrics = result["metrics"]
     assert metrics["ordered_messages"] and metrics["limited_messages"], output
-    assert (metrics["order_violations"], metrics["limit_violations"]) == (0, 0), output
+    assert metrics["rated_messages"], output
+    assert (metrics["order_violations"], metrics["limit_violations"],
+            metrics["rate_violations"]) == (0, 0, 0), output
     # The topic went through them too: every group handled every committed message, a
     # rolled-back one by none, and the broadcast reached the processes that lived on.
     assert metrics["topic_published"] and metrics["broadcast_owed"], output

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.chaos import events as ev
-from bench.chaos.config import GATE_LIMIT
+from bench.chaos.config import GATE_LIMIT, RATE_LIMIT, RATE_SLACK, RATE_WINDOW_SECONDS
 from bench.chaos.ordering import audit
 
 
@@ -44,3 +44,18 @@ def test_a_key_past_its_limit_is_caught():
     result = audit(keyed, [])
     assert result["metrics"]["limit_violations"] == 1
     assert result["metrics"]["limit_peak"] == GATE_LIMIT + 1
+
+
+def test_a_rate_key_past_its_limit_in_a_window_is_caught():
+    """Starts spaced by the limit pass; the slack's worth more in one window fails, and a
+    run cut short by a kill -9 counts like any other start (its claim took a slot)."""
+    spacing = RATE_WINDOW_SECONDS / RATE_LIMIT * 1.001  # (exact multiples round either way)
+    keyed = [message(n, "rated", "r0", run(n * spacing, n * spacing + 0.1))
+             for n in range(3 * RATE_LIMIT)]
+    assert audit(keyed, [])["metrics"]["rate_violations"] == 0
+    assert audit(keyed, [])["metrics"]["rate_peak"] == RATE_LIMIT
+    crowd = [message(100 + n, "rated", "r1", run(10 + n * 0.01, None, pid=7))
+             for n in range(RATE_LIMIT + RATE_SLACK + 1)]
+    result = audit(keyed + crowd, [ev.Event(ev.KILL, 11, pid=7)])
+    assert result["metrics"]["rate_violations"] == 1
+    assert result["rate_peaks"] == {"r0": RATE_LIMIT, "r1": RATE_LIMIT + RATE_SLACK + 1}

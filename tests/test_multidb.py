@@ -316,3 +316,19 @@ def test_max_tasks_counts_for_the_whole_process_over_both_databases(start_worker
     assert done == 7, worker.output()  # per process, not 7 per database
     assert count("default", "mysqlq_message") + count(B, "mysqlq_message") == 13
 
+
+
+def test_queuepause_pauses_a_queue_on_its_own_database_and_lists_it() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("queuepause", QUEUE_B, "default", stdout=out)
+    try:
+        assert broker.paused_queues(B) == {QUEUE_B}
+        assert broker.paused_queues("default") == {"default"}
+        assert out.getvalue().splitlines()[-1] == f"Paused now: default, {QUEUE_B}."
+    finally:
+        call_command("queuepause", "--resume", QUEUE_B, "default", stdout=out)
+    assert out.getvalue().splitlines()[-1] == "Paused now: none."

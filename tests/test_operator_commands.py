@@ -183,3 +183,20 @@ def test_queuepause_refuses_names_that_can_never_be_queues(queue):
             run("queuepause", "ok", queue, *extra)
         assert "without commas or surrounding whitespace" in str(caught.value)
     assert broker.paused_queues() == set()
+
+
+def test_queuerequeue_refuses_blocked_with_what_to_do_instead():
+    """A blocked message can't be requeued (it would jump its subject's order): the
+    command said "0 would be requeued"-style results for a filter it then ignored."""
+    from tests.testapp import gated
+
+    first = gated.ordered_step.enqueue("k", 1, "blocked-cli")
+    second = gated.ordered_step.enqueue("k", 2, "blocked-cli")
+    assert Message.objects.get(pk=second.id).status == "blocked"
+    with pytest.raises(CommandError, match="queuesubject requeue-head"):
+        run("queuerequeue", "--status", "blocked", "--dry-run")
+    with pytest.raises(CommandError, match="a requeue would make it jump"):
+        run("queuerequeue", "--status", "dead,blocked")
+    assert statuses() == {first.id: "ready", second.id: "blocked"}
+    out, _ = run("queuecancel", "--status", "blocked", "--dry-run")
+    assert out.strip() == "1 message(s) would be cancelled."

@@ -327,3 +327,31 @@ def test_a_replayed_copy_waits_for_the_limit_too():
     row = Message.objects.get(pk=copy)
     assert (row.status, row.rate_key, row.rate_interval) == ("throttled", "replayed", 100_000)
     assert claim_plain() == []
+
+
+def test_an_operator_can_cancel_throttled_messages_but_not_requeue_them():
+    """``queuecancel --status throttled`` (and the broker's cancel) deletes waiting
+    rate-limited messages, keeping their arguments in history; a requeue is refused."""
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    from django_mysqlq.models import Attempt
+
+    rated = [per_minute.enqueue(i, "cancel-throttled").id for i in range(6)]
+    plain = unlimited.enqueue(0, "cancel-throttled").id
+    out = io.StringIO()
+    call_command("queuecancel", "--status", "throttled", "--dry-run", stdout=out)
+    assert out.getvalue().strip() == "6 message(s) would be cancelled."
+    call_command("queuecancel", "--status", "throttled", stdout=out, stderr=io.StringIO())
+    assert statuses() == {plain: "ready"}
+    cancelled = Attempt.objects.filter(message_id__in=rated, outcome="cancelled")
+    assert cancelled.count() == 6 and all('"cancel-throttled"' in row.payload
+                                          for row in cancelled)
+    with pytest.raises(CommandError, match="rate limit's next start"):
+        call_command("queuerequeue", "--status", "throttled")
+    # The key's row holds nothing: the next message of the key starts at once.
+    again = per_minute.enqueue(99, "cancel-throttled").id
+    assert [m.id for m in broker.claim_throttled(["default"], 1, "w", lease_seconds=30)] == [
+        again]
+    assert broker.cancel([again], Operator("t")) == []  # claimed (running): never touched

@@ -97,9 +97,9 @@ def test_queuestats_shows_the_schedules_in_its_table_and_json(three_schedules):
     table = run("queuestats")
     assert "schedule  task" in table and "nightly" in table and "- (paused)" in table
     data = json.loads(run("queuestats", "--json"))
-    assert [row["name"] for row in data["schedules"]] == ["broken", "gone", "hourly",
-                                                         "nightly"]
-    assert data["schedules"][3]["last_run_at"] == "2025-11-02T05:30:00+00:00"
+    stored = [row for row in data["schedules"] if row["stored"]]  # other tests' cron tasks
+    assert [row["name"] for row in stored] == ["broken", "gone", "hourly", "nightly"]
+    assert stored[3]["last_run_at"] == "2025-11-02T05:30:00+00:00"
 
 
 def test_the_admin_lists_schedules_and_filters_by_state(root, three_schedules):
@@ -175,3 +175,82 @@ def test_run_now_enqueues_one_extra_run_and_moves_nothing(three_schedules, root)
     assert Message.objects.count() == 3
     with pytest.raises(CommandError, match="run needs the names"):
         call_command("queueschedule", "run")
+
+
+def test_a_settings_schedule_can_be_listed_paused_and_run_before_any_worker_started(
+        settings):
+    """``MYSQLQ['SCHEDULES']`` declared, no worker started yet: ``queueschedule`` writes the
+    missing rows as a starting worker would (existing ones untouched), so the docs'
+    ``queueschedule pause nightly-report`` works at once, and the worker keeps the pause."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "SCHEDULES": {
+        "nightly-report": {"task": "tests.testapp.tasks.record", "cron": "0 3 * * *",
+                           "tz": "Europe/Paris", "catch_up": "latest",
+                           "args": ["nightly"]}}}
+    assert not Schedule.objects.filter(name="nightly-report").exists()
+    assert run("queueschedule", "pause", "nightly-report") == "Paused: nightly-report.\n"
+    row = Schedule.objects.get(name="nightly-report")
+    assert (row.paused, row.cron, row.timezone, row.catch_up) == (
+        True, "0 3 * * *", "Europe/Paris", "latest")
+    listed = next(line for line in run("queueschedule").splitlines()
+                  if line.startswith("nightly-report"))
+    assert "paused" in listed
+    # A starting worker's sync keeps the operator's pause.
+    from django_mysqlq import recurring
+
+    broker.sync_schedules([s for s in recurring.declared() if s.name == "nightly-report"])
+    assert Schedule.objects.get(name="nightly-report").paused
+    assert run("queueschedule", "run", "nightly-report").startswith("Enqueued: nightly-report")
+
+
+@pytest.fixture
+def declared_nowhere_stored(settings):
+    """A settings schedule and a cron task, before any worker (or ``queueschedule``) wrote
+    their rows."""
+    from django_mysqlq import queue_task
+    from django_mysqlq.registry import registry
+
+    def tidy() -> None: ...
+
+    queue_task(cron="15 4 * * *", cron_tz="UTC", name="tests.operator.tidy")(tidy)
+    settings.MYSQLQ = {**settings.MYSQLQ, "SCHEDULES": {
+        "nightly-report": {"task": "tests.testapp.tasks.record", "cron": "0 3 * * *",
+                           "tz": "Europe/Paris", "args": ["nightly"]}}}
+    yield
+    registry._tasks.pop("tests.operator.tidy", None)
+
+
+def next_at(expression: str, zone: str) -> str:
+    from zoneinfo import ZoneInfo
+
+    from django_mysqlq.cron import Cron
+
+    moment = Cron.parse(expression, zone).after(dt.datetime.now(dt.UTC))
+    return moment.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def test_declared_schedules_show_before_any_worker_wrote_them(declared_nowhere_stored, root):
+    table = run("queuestats")
+    report = next(line for line in table.splitlines() if line.startswith("nightly-report"))
+    tidy = next(line for line in table.splitlines() if line.startswith("tests.operator.tidy"))
+    assert "active (not written yet)" in report and "never" in report
+    assert next_at("0 3 * * *", "Europe/Paris") in report
+    assert "15 4 * * *" in tidy and next_at("15 4 * * *", "UTC") in tidy
+    data = {row["name"]: row for row in json.loads(run("queuestats", "--json"))["schedules"]}
+    assert data["nightly-report"]["stored"] is False
+    assert data["nightly-report"]["last_run_at"] is None
+    assert data["nightly-report"]["next_run_at"] is not None
+    assert data["tests.operator.tidy"]["source"] == "code"
+    page = root.get(SCHEDULES).content.decode()
+    assert 'id="unstored-nightly-report"' in page and 'id="unstored-testsoperatortidy"' in page
+    assert next_at("0 3 * * *", "Europe/Paris") in page and "never" in page
+    dashboard = root.get(DASHBOARD).content.decode()
+    assert 'id="schedule-nightly-report"' in dashboard
+    # Read-only views: nothing was written.
+    assert not Schedule.objects.exists()
+    # Once written (as a worker's start does), the row is shown, once, from the table.
+    run("queueschedule", "pause", "nightly-report")
+    page = root.get(SCHEDULES).content.decode()
+    assert 'id="unstored-nightly-report"' not in page and "nightly-report" in page
+    data = {row["name"]: row for row in json.loads(run("queuestats", "--json"))["schedules"]}
+    assert (data["nightly-report"]["stored"], data["nightly-report"]["state"]) == (
+        True, "paused")

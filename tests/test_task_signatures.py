@@ -155,3 +155,15 @@ def test_the_fast_check_takes_the_common_calls_itself():
     shape = _Shape.of(inspect.signature(tasks.record.func))
     assert shape.accepts(("x",), {"value": 1}) and shape.accepts((), {"label": "x"})
     assert not shape.accepts((), {})
+
+
+def test_a_misspelt_keyword_is_named_even_when_an_argument_is_missing_too():
+    """``enqueue(lable="a")``: Python's bind says "missing 'label'" first; the unknown
+    keyword is what the caller must see."""
+    with pytest.raises(TaskArgumentError, match=r"arguments: got an unexpected keyword "
+                                                r"argument 'lable'\. It takes \(label"):
+        tasks.record.enqueue(lable="a")
+    with pytest.raises(TaskArgumentError,
+                       match="got unexpected keyword arguments 'lable', 'valeu'"):
+        tasks.record.enqueue(lable="a", valeu=1)
+    assert not Message.objects.exists()

@@ -135,3 +135,24 @@ def test_dashboard_shows_topics_busiest_first_and_groups_lag(root, orders) -> No
     assert page.index('id="topic-orders"') < page.index('id="topic-quiet"')
     assert 'id="group-orders-billing"' in page and 'id="group-orders-audit"' in page
     assert "?task=topic%3Aorders%3Abilling" in page
+
+
+def test_reset_to_a_time_takes_a_duration_ago_as_the_cli_does(root, orders) -> None:
+    """``queuetopic reset --to-time`` takes ``2h`` (ago) as well as an ISO time: the group
+    page's form takes the same, through the same parser, and says what it expects."""
+    row = TopicGroup.objects.get(group_name="billing")
+    operate = reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk])
+    root.post(operate, {"op": "reset", "to": "latest"})
+    assert TopicGroup.objects.get(pk=row.pk).position == 6
+    response = root.post(operate, {"op": "reset", "to": "time", "value": " 2h "}, follow=True)
+    assert "position 6 -&gt; 0" in response.content.decode()  # all published < 2h ago
+    row.refresh_from_db()
+    assert row.position == 0 and row.changed_by == "admin:root"
+    for bad in ("2 hours", "h2", "yesterday", ""):
+        response = root.post(operate, {"op": "reset", "to": "time", "value": bad},
+                             follow=True)
+        text = response.content.decode()
+        assert "Reset to a time: expected a duration (2h, 3d) or an ISO date/time" in text
+        assert TopicGroup.objects.get(pk=row.pk).position == 0
+    page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    assert b"to time (2h ago, or ISO; UTC)" in page.content

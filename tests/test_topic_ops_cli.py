@@ -76,6 +76,9 @@ def test_reset_to_offset_time_earliest_latest_records_who_and_cancels_waiting() 
     future = (cut + dt.timedelta(days=1)).isoformat()
     run("reset", "billing", "--topic", "orders", "--to-time", future)
     assert TopicGroup.objects.get(group_name="billing").position == 7
+    # A duration ago, as lookup --since takes: every message is younger than an hour.
+    run("reset", "billing", "--topic", "orders", "--to-time", "1h")
+    assert TopicGroup.objects.get(group_name="billing").position == 0
 
 
 def test_reset_refuses_offsets_the_topic_does_not_keep_and_unknown_groups() -> None:

@@ -67,11 +67,13 @@ def test_reset_while_a_worker_consumes(start_worker) -> None:
     publish("skip", total, sleep_ms=20)
     wait_for(lambda: len(ended("skip")) >= 10, timeout=60, message="10 of the backlog")
     done = broker.reset_group("opsfeed", "ops", broker.ResetTarget(edge="latest"), OPERATOR)
-    assert done.new_position == 2 * total and done.cancelled > 0
+    assert done.new_position == 2 * total
     wait_for(lambda: not Message.objects.filter(queue="group:ops").exists(), timeout=30,
              message="the group's queue to empty")
+    # The member pumps only what it claims (its batch of 8) while nothing waits, so the
+    # backlog is mostly not pumped yet: skipped by the position, or cancelled if waiting.
     skipped = set(range(total)) - set(ended("skip"))
-    assert len(skipped) >= done.cancelled > 0
+    assert len(skipped) >= max(done.cancelled, total // 2), (len(skipped), done.cancelled)
     stop(worker)
     assert "Traceback" not in worker.output()
 

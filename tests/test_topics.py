@@ -421,3 +421,40 @@ def test_a_task_on_a_group_queue_is_a_system_check_error() -> None:
         assert "tests.intruder" in errors[0].msg
     finally:
         registry._tasks.pop("tests.intruder", None)
+
+
+def test_topic_published_after_commit_and_topic_pumped_with_their_documented_arguments(
+        ) -> None:
+    """docs/streams.md: ``topic_published`` (sender: the topic; ``count``) after the
+    publisher's commit, never for a rollback; ``topic_pumped`` (``group``, ``count``)."""
+    from django_mysqlq.signals import topic_published, topic_pumped
+
+    seen: list[tuple[str, str, dict]] = []
+
+    def published(sender, **kwargs):
+        seen.append(("published", sender, {k: v for k, v in kwargs.items() if k != "signal"}))
+
+    def pumped(sender, **kwargs):
+        seen.append(("pumped", sender, {k: v for k, v in kwargs.items() if k != "signal"}))
+
+    topic_published.connect(published)
+    topic_pumped.connect(pumped)
+    try:
+        signalled = Topic("signalled")
+        billing = spec("signalled", "billing")
+        broker.create_group(billing)
+        with transaction.atomic():
+            signalled.publish({"n": 0})
+            signalled.publish_many([{"n": 1}, {"n": 2}])
+            assert seen == []  # not before the commit
+        with transaction.atomic():
+            signalled.publish({"n": 3})
+            transaction.set_rollback(True)
+        assert seen == [("published", "signalled", {"count": 1}),
+                        ("published", "signalled", {"count": 2})]
+        broker.sequence("signalled")
+        assert broker.pump(billing, batch=10, window=100) == 3
+        assert seen[2:] == [("pumped", "signalled", {"group": "billing", "count": 3})]
+    finally:
+        topic_published.disconnect(published)
+        topic_pumped.disconnect(pumped)

@@ -14,6 +14,8 @@ import pytest
 from django_mysqlq import broker
 from django_mysqlq.broker import Operator
 from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup
+from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests.burst import run_burst
 from tests.conftest import wait_for
 from tests.subject_support import order_violations
 from tests.testapp import topic_handlers
@@ -53,9 +55,14 @@ def publish(label: str, count: int, first: int = 0, **extra: object) -> None:
                                                      range(first, first + count)])
 
 
-def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_worker):
+@pytest.mark.parametrize("members", [(), ("--groups", ",".join(GROUPS))],
+                         ids=["every-queue", "groups-only"])
+def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_worker,
+                                                                         members):
+    """Both member shapes: a worker of every queue (its groups' deliveries pumped ready,
+    then claimed) and --groups members (pumps that claim for their member)."""
     label = "topic-ledger"
-    first, second = (start_worker(*WORKER, env=ENV) for _ in range(2))
+    first, second = (start_worker(*WORKER, *members, env=ENV) for _ in range(2))
     started(first, second)
     assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
                ) == set(GROUPS)
@@ -67,7 +74,7 @@ def test_each_group_handles_each_message_through_failures_and_a_kill_9(start_wor
              message="a fifth of billing's messages")
     first.signal(signal.SIGKILL)
     assert first.wait(timeout=10) == -signal.SIGKILL
-    third = start_worker(*WORKER, env=ENV)
+    third = start_worker(*WORKER, *members, env=ENV)
     started(third)
 
     def all_handled() -> bool:
@@ -169,3 +176,58 @@ def test_broadcast_reaches_every_live_process_and_a_late_one_starts_at_the_lates
     assert GateRun.objects.filter(label=f"{label}/broadcast").count() == 8 + 8 + 3
     # Workers of --queues default serve no group: no deliveries were made.
     assert not TopicDelivery.objects.exists()
+
+
+def test_a_burst_member_pumps_until_its_group_has_caught_up_then_exits(start_worker):
+    """--burst: a member ends only once its group has every message of the topic (none
+    sequenced when it starts, and more than one pump's worth), each handled once, in
+    key order."""
+    label = "topic-burst"
+    broker.create_group(broker.GroupSpec(
+        topic="ledger", group="billing", queue=group_queue("billing"),
+        task_name=delivery_task_name("ledger", "billing"), on_dead="skip", max_attempts=40,
+        retry_backoff=0.1, timeout=None, start="latest"))
+    total = 1200  # more than TOPIC_PUMP_BATCH (500) and the window (1000)
+    publish(label, total)
+    # ... and one key: each pump's deliveries after the first wait behind it (blocked).
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq}
+                                        for seq in range(total, total + 40)], keys=["one"] * 40)
+    total += 40
+    assert broker.position("ledger", "billing") == broker.last_offset("ledger") == 0
+    summary, output = run_burst(start_worker, *WORKER, "--groups", "billing", env=ENV,
+                                patience=PATIENCE)
+    assert summary["succeeded"] == total, output
+    assert ok_seqs(label, "billing") == Counter(range(total))
+    assert broker.position("ledger", "billing") == broker.last_offset("ledger") == total
+    assert not Message.objects.filter(queue=group_queue("billing")).exists()
+    assert order_violations(label) == []  # key order held
+
+
+def test_groups_option_makes_a_worker_a_member_of_those_groups_only(start_worker):
+    """``runqueueworker --groups billing`` serves the queue ``group:billing`` (and creates
+    that group at start), no other group; ``--queues default --groups audit`` serves both."""
+    from tests.burst import run_burst
+
+    label = "topic-groups-option"
+    counts, output = run_burst(start_worker, "--groups", "billing", env=ENV)
+    assert "started: queues=group:billing " in output, output
+    assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
+               ) == {"billing"}
+    publish(label, 6)
+    counts, output = run_burst(start_worker, "--groups", "billing", env=ENV)
+    assert counts["succeeded"] == 6, output
+    assert ok_seqs(label, "billing") == Counter(range(6))
+    assert not GateRun.objects.filter(label=label).exclude(key__startswith="billing:").exclude(
+        label__endswith="/broadcast").exists()
+    counts, output = run_burst(start_worker, "--queues", "default", "--groups", "audit",
+                               env=ENV)
+    assert "started: queues=default,group:audit " in output, output
+    assert set(TopicGroup.objects.filter(topic="ledger").values_list("group_name", flat=True)
+               ) == {"billing", "audit"}
+    # '*' (every known queue) with --groups: all of them, each group once, no error.
+    counts, output = run_burst(start_worker, "--queues", "*", "--groups", "billing,audit",
+                               env=ENV)
+    started = next(line for line in output.splitlines() if "started: queues=" in line)
+    served = started.split("queues=")[1].split()[0].split(",")
+    assert {"default", "group:billing", "group:audit", "group:broken"} <= set(served)
+    assert len(served) == len(set(served)), started

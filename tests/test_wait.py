@@ -113,8 +113,12 @@ def test_the_first_pause_is_short():
 def test_the_test_mode_returns_at_once(settings):
     settings.MYSQLQ = {**settings.MYSQLQ, "IMMEDIATE": True, "IMMEDIATE_RAISE": False}
     assert tasks.record.enqueue("now", value=3).wait().value == 3
+    done = tasks.record.enqueue("now", value=4).wait()
+    # "returns the outcome and the return value" (issue 13): the aliases say so too.
+    assert (done.outcome, done.result) == ("succeeded", 4) == (done.status, done.value)
     dead = tasks.always_fails.enqueue("now-dead").wait()
     assert dead.status == "dead" and "boom now-dead" in dead.error
+    assert (dead.outcome, dead.result) == ("dead", None)
     with transaction.atomic():
         pending = tasks.record.enqueue("at the commit")
         with pytest.raises(WaitTimeout, match="runs in this process when the transaction"):

@@ -208,3 +208,22 @@ def test_the_advice_names_the_queue_database_alias():
     assert problem is not None
     assert problem.endswith("(error 1146: Table 'q.mysqlq_worker' doesn't exist): run "
                             "`manage.py migrate --database queue` then start the worker again.")
+
+
+@pytest.mark.parametrize("command", [
+    ("queuestats",), ("queueschedule",), ("queuetopic", "groups"),
+    ("queuecancel", "--status", "ready"), ("queuerequeue",), ("queuepurge", "--older-than", "1d"),
+    ("queuepause", "emails"), ("queuesubject", "show", "order:1")])
+def test_operator_commands_before_migrate_say_run_migrate_not_a_traceback(scratch_db,
+                                                                           command):
+    import os
+    import sys
+
+    env = {**os.environ, "MYSQLQ_TEST_DB": scratch_db, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run([sys.executable, "-m", "django", *command], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_CANNOT_RUN, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"CommandError: The queue's tables are missing from database '{scratch_db}'" in \
+        done.stderr
+    assert "run `manage.py migrate` then run this command again." in done.stderr

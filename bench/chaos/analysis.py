@@ -37,6 +37,8 @@ CHECKS = (
     ("order_violations", "messages of an ordered subject that started before the one enqueued "
                          "before them had ended"),
     ("limit_violations", "concurrency keys that ran more messages at once than their limit"),
+    ("rate_violations", "rate keys that started more messages in a window than their limit "
+                        "(and the audit's slack) allow"),
 )
 
 
@@ -170,6 +172,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "phantom_tokens": sorted(facts.phantoms)[:100],
         "order_violations": gates["order_violations"],
         "limit_peaks": gates["limit_peaks"],
+        "rate_peaks": gates["rate_peaks"],
     }
 
 

@@ -7,6 +7,13 @@ from typing import Any
 
 #: Messages of one concurrency key of ``chaos.limited`` that may run at once.
 GATE_LIMIT = 2
+#: The rate limit of each key of ``chaos.rated``: starts of one key per window.
+RATE_LIMIT = 3
+RATE_WINDOW_SECONDS = 2
+#: Starts a window may hold beyond the limit in the audit. The limit is taken when a
+#: worker claims the message; the start follows on a free task thread, so one start of the
+#: window before may slip into it.
+RATE_SLACK = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +33,10 @@ class ChaosConfig:
     ordered_share: float = 0.2
     limited_share: float = 0.15
     gate_keys: int = 8
+    #: Messages of the rate-limited task (``RATE_LIMIT`` per ``RATE_WINDOW_SECONDS`` per
+    #: key, of ``rate_keys``): about the limit's pace, so a fault's backlog drains at it.
+    rated_share: float = 0.1
+    rate_keys: int = 2
     delayed_share: float = 0.15
     #: Longest delay of a delayed message, in seconds.
     max_delay: float = 1.0

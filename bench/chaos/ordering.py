@@ -1,5 +1,6 @@
-"""The order and limit audit: ordered subjects run one at a time in enqueue order, and no
-concurrency key ever runs more than its limit at once, through every fault of the run.
+"""The order and limit audit: ordered subjects run one at a time in enqueue order, no
+concurrency key ever runs more than its limit at once, and no rate key starts more than
+its limit in any window, through every fault of the run.
 
 Within a subject the queue gives ids in commit order (its producers serialise on the
 subject's gate row), so "enqueue order" is id order. A run cut short by a kill -9 or a
@@ -13,7 +14,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
-from .config import GATE_LIMIT
+from .config import GATE_LIMIT, RATE_LIMIT, RATE_SLACK, RATE_WINDOW_SECONDS
 from .events import Event
 
 if TYPE_CHECKING:  # (facts imports the ledger's models: this module stays importable alone)
@@ -73,10 +74,32 @@ def limit_peaks(messages: list[MessageFacts], events: list[Event]) -> dict[str, 
     return peaks
 
 
+def rate_peaks(messages: list[MessageFacts],
+               window: float = RATE_WINDOW_SECONDS) -> dict[str, int]:
+    """The most starts of each rate key in any half-open window of ``window`` seconds.
+    Every run counts, a run cut short by a kill -9 too: its claim took a start."""
+    starts: dict[str, list[float]] = defaultdict(list)
+    for message in messages:
+        if message.kind == "rated":
+            starts[message.gate_key] += [run.start for run in message.runs]
+    peaks = {}
+    for key, times in starts.items():
+        times.sort()
+        most, first = 0, 0
+        for last, at in enumerate(times):
+            while at - times[first] >= window:
+                first += 1
+            most = max(most, last - first + 1)
+        peaks[key] = most
+    return peaks
+
+
 def audit(messages: list[MessageFacts], events: list[Event]) -> dict[str, Any]:
     violations = order_violations(messages, events)
     peaks = limit_peaks(messages, events)
     over = {key: peak for key, peak in peaks.items() if peak > GATE_LIMIT}
+    rates = rate_peaks(messages)
+    too_fast = {key: peak for key, peak in rates.items() if peak > RATE_LIMIT + RATE_SLACK}
     return {
         "metrics": {
             "ordered_messages": sum(m.kind == "ordered" for m in messages),
@@ -84,7 +107,11 @@ def audit(messages: list[MessageFacts], events: list[Event]) -> dict[str, Any]:
             "limited_messages": sum(m.kind == "limited" for m in messages),
             "limit_violations": len(over),
             "limit_peak": max(peaks.values(), default=0),
+            "rated_messages": sum(m.kind == "rated" for m in messages),
+            "rate_violations": len(too_fast),
+            "rate_peak": max(rates.values(), default=0),
         },
         "order_violations": violations[:50],
         "limit_peaks": peaks,
+        "rate_peaks": rates,
     }

@@ -100,17 +100,24 @@ class Producer(threading.Thread):
         config = self.config
         token = uuid.uuid4().hex
         draw = rng.random()
-        kind = Kind.ATOMIC if draw < config.atomic_share else \
-            Kind.ORDERED if draw < config.atomic_share + config.ordered_share else \
-            Kind.LIMITED if draw < config.atomic_share + config.ordered_share \
-            + config.limited_share else Kind.PLAIN
+        kind = Kind.PLAIN
+        for candidate, share in ((Kind.ATOMIC, config.atomic_share),
+                                 (Kind.ORDERED, config.ordered_share),
+                                 (Kind.LIMITED, config.limited_share),
+                                 (Kind.RATED, config.rated_share)):
+            if draw < share:
+                kind = candidate
+                break
+            draw -= share
         delay = rng.uniform(0.05, config.max_delay) if rng.random() < config.delayed_share \
             else 0.0
         sleep_ms = rng.randint(0, config.max_sleep_ms)
         gate_key = ""
-        if kind in (Kind.ORDERED, Kind.LIMITED):
-            gate_key = f"{kind[0]}{rng.randrange(config.gate_keys)}"
-            gated = tasks.ordered if kind == Kind.ORDERED else tasks.limited
+        if kind in (Kind.ORDERED, Kind.LIMITED, Kind.RATED):
+            keys = config.rate_keys if kind == Kind.RATED else config.gate_keys
+            gate_key = f"{kind[0]}{rng.randrange(keys)}"
+            gated = tasks.ordered if kind == Kind.ORDERED else \
+                tasks.limited if kind == Kind.LIMITED else tasks.rated
             handle = (gated.using(delay=delay) if delay else gated).enqueue(token, gate_key,
                                                                             sleep_ms)
         else:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .config import GATE_LIMIT, RATE_LIMIT, RATE_SLACK, RATE_WINDOW_SECONDS
+
 ROWS = (
     ("enqueued", "messages committed by producers"),
     ("executed", "distinct messages whose task body ran to its end"),
@@ -45,9 +47,14 @@ ROWS = (
     ("node_down_seconds", "node kill -9 to the node Synced again, per kill"),
     ("ordered_messages", "messages in an ordered subject"),
     ("order_violations", "... started before the message enqueued before them had ended"),
-    ("limited_messages", "messages under a concurrency key (limit 2)"),
+    ("limited_messages", f"messages under a concurrency key (limit {GATE_LIMIT})"),
     ("limit_violations", "... keys that ran more than their limit at once"),
     ("limit_peak", "most runs of one key at once"),
+    ("rated_messages", f"messages under a rate key ({RATE_LIMIT} starts per "
+                       f"{RATE_WINDOW_SECONDS} s)"),
+    ("rate_violations", f"... keys that started more than {RATE_LIMIT} + {RATE_SLACK} "
+                        "(slack) in a window"),
+    ("rate_peak", "most starts of one rate key in a window"),
     ("topic_published", "topic messages committed by producers (publish and publish_many)"),
     ("topic_published_bulk", "... of them by publish_many"),
     ("topic_rolled_back", "topic messages in transactions rolled back on purpose"),

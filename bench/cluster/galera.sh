@@ -26,18 +26,18 @@ GCOMM=(4567 4577 4587)
 IST=(4568 4578 4588)
 SST=(4444 4454 4464)
 PROVIDER=/usr/lib/galera/libgalera_smm.so
-SERVER=/usr/sbin/mariadbd
-BINARY=$BASE/bin/mariadbd
 SYNC_TIMEOUT=${MYSQLQ_GALERA_TIMEOUT:-120}
 
 log() { printf '[galera] %s\n' "$*" >&2; }
+# shellcheck source=bench/lib/mariadbd.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mariadbd.sh"
+SERVER=$MARIADBD_SERVER
 
 node_dir() { echo "$BASE/node$1"; }
 port() { echo "${PORTS[$1-1]}"; }
 
 client() {  # client N ARGS...: the mariadb client on node N's socket, as root
-  mariadb --no-defaults --socket="$(node_dir "$1")/mysqld.sock" --user=root \
-    --connect-timeout=2 -N -B "${@:2}"
+  mariadbd_client "$(node_dir "$1")" "${@:2}"
 }
 
 state() {  # state N: wsrep_local_state_comment of node N, or "down"
@@ -45,34 +45,11 @@ state() {  # state N: wsrep_local_state_comment of node N, or "down"
     | awk '{print $2}' || true
 }
 
-pid_of() {
-  local file
-  file="$(node_dir "$1")/mysqld.pid"
-  [[ -s "$file" ]] && kill -0 "$(cat "$file")" 2>/dev/null && cat "$file"
-}
+pid_of() { mariadbd_pid "$(node_dir "$1")"; }
 
 write_config() {
-  local n=$1 dir
-  dir=$(node_dir "$n")
-  mkdir -p "$dir/data"
-  cat >"$dir/my.cnf" <<EOF
-[mariadbd]
-user=mysql
-basedir=/usr
-lc-messages-dir=/usr/share/mysql
-datadir=$dir/data
-socket=$dir/mysqld.sock
-pid-file=$dir/mysqld.pid
-log-error=$dir/error.log
-port=${PORTS[$n-1]}
-bind-address=127.0.0.1
-skip-name-resolve
-character-set-server=utf8mb4
-collation-server=utf8mb4_general_ci
-innodb_buffer_pool_size=128M
-innodb_log_file_size=64M
-performance_schema=OFF
-max_connections=300
+  local n=$1
+  mariadbd_write_config "$(node_dir "$n")" "${PORTS[$n-1]}" <<EOF
 binlog_format=ROW
 default_storage_engine=InnoDB
 innodb_autoinc_lock_mode=2
@@ -88,49 +65,27 @@ wsrep_sst_receive_address=127.0.0.1:${SST[$n-1]}
 EOF
 }
 
-install_db() {
-  local n=$1 dir
-  dir=$(node_dir "$n")
-  if [[ ! -d "$dir/data/mysql" ]]; then
-    log "node $n: creating its data directory"
-    mariadb-install-db --defaults-file="$dir/my.cnf" --auth-root-authentication-method=normal \
-      --skip-test-db >"$dir/install.log" 2>&1
-  fi
-  chown -R mysql:mysql "$dir"
-}
-
 launch() {  # launch N [--wsrep-new-cluster]
   local n=$1 dir
   dir=$(node_dir "$n")
   write_config "$n"
-  install_db "$n"
-  rm -f "$dir/mysqld.sock"
-  if ! cmp -s "$SERVER" "$BINARY"; then  # a copy: another inode than the main server's
-    mkdir -p "$BASE/bin"
-    install -m 755 "$SERVER" "$BINARY"
-  fi
+  mariadbd_install_db "$dir" "node $n"
   log "node $n: starting on port $(port "$n")${2:+ ($2)}"
-  setsid "$BINARY" --defaults-file="$dir/my.cnf" ${2:-} </dev/null \
-    >>"$dir/stdout.log" 2>&1 &
+  mariadbd_launch "$dir" "$BASE" ${2:+"$2"}
 }
 
-wait_synced() {  # wait_synced N...
+synced() { [[ "$(state "$1")" == "Synced" ]]; }
+
+wait_synced() {  # wait_synced N... (all within SYNC_TIMEOUT)
   local deadline=$((SECONDS + SYNC_TIMEOUT)) n
   for n in "$@"; do
-    until [[ "$(state "$n")" == "Synced" ]]; do
-      if ((SECONDS > deadline)); then
-        log "node $n not Synced after ${SYNC_TIMEOUT}s; last lines of its log:"
-        tail -n 20 "$(node_dir "$n")/error.log" >&2 || true
-        exit 1
-      fi
-      sleep 0.5
-    done
+    mariadbd_wait "$(node_dir "$n")" $((deadline - SECONDS)) 0.5 \
+      "node $n not Synced after ${SYNC_TIMEOUT}s" synced "$n"
   done
 }
 
 grant_tcp_root() {  # root over TCP from 127.0.0.1 without a password, as on the main server
-  client 1 -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';
-               GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
+  mariadbd_grant_tcp_root "$(node_dir 1)"
 }
 
 allow_bootstrap() {
@@ -180,11 +135,7 @@ stop() {
     pid=$(pid_of "$n" || true)
     [[ -z "$pid" ]] && continue
     log "node $n: shutting down"
-    kill -TERM "$pid"
-    for _ in $(seq 1 120); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.5
-    done
+    mariadbd_stop "$pid" 60
   done
 }
 

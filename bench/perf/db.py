@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import MySQLdb
 from django.conf import settings
 
 from .errors import BenchError, ServerRestarted
+from .workers import cpu_seconds
 
 #: Client errors that mean the server went away: can't connect, gone away, lost.
 GONE_ERRORS = frozenset({2002, 2003, 2006, 2013, 2055})
@@ -119,6 +121,16 @@ def server_variables(conn: Any) -> dict[str, str]:
     placeholders = ", ".join(["%s"] * len(names))
     cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({placeholders})", names)
     return {name: str(value) for name, value in cur.fetchall()}
+
+
+def server_cpu_seconds(conn: Any) -> float | None:
+    """The server process's CPU seconds when it runs on this host (its pid file and
+    ``/proc`` readable), else None. On a shared server it counts every client's work."""
+    try:
+        pid = int(Path(str(scalar(conn, "SELECT @@pid_file"))).read_text().split()[0])
+    except (OSError, ValueError, IndexError, MySQLdb.Error):
+        return None
+    return cpu_seconds(pid)
 
 
 def truncate_queue(conn: Any) -> None:

@@ -157,3 +157,14 @@ def worker_args(threads: int, processes: int, batch: int | None = None,
     if queues is not None:
         args += ["--queues", queues]
     return args
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, its waited-for children too) of a live process on this
+    host, from ``/proc/<pid>/stat``; None where that can't be read (not Linux, gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(int(value) for value in fields[11:15]) / ticks

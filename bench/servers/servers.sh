@@ -15,17 +15,17 @@
 set -euo pipefail
 
 BASE=${MYSQLQ_SERVERS_DIR:-/tmp/mysqlq-servers}
-SERVER=/usr/sbin/mariadbd
-BINARY=$BASE/bin/mariadbd
 declare -A PORT=([b]=3407 [r]=3408)
 declare -A ID=([b]=2 [r]=3)
 
 log() { printf '[servers] %s\n' "$*" >&2; }
+# shellcheck source=bench/lib/mariadbd.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mariadbd.sh"
+
 dir_of() { echo "$BASE/$1"; }
 
 client() {  # client NAME ARGS...: the mariadb client on NAME's socket, as root
-  mariadb --no-defaults --socket="$(dir_of "$1")/mysqld.sock" --user=root \
-    --connect-timeout=2 -N -B "${@:2}"
+  mariadbd_client "$(dir_of "$1")" "${@:2}"
 }
 
 up() { client "$1" -e "SELECT 1" >/dev/null 2>&1; }
@@ -33,25 +33,7 @@ up() { client "$1" -e "SELECT 1" >/dev/null 2>&1; }
 write_config() {
   local name=$1 dir
   dir=$(dir_of "$name")
-  mkdir -p "$dir/data"
-  cat >"$dir/my.cnf" <<CNF
-[mariadbd]
-user=mysql
-basedir=/usr
-lc-messages-dir=/usr/share/mysql
-datadir=$dir/data
-socket=$dir/mysqld.sock
-pid-file=$dir/mysqld.pid
-log-error=$dir/error.log
-port=${PORT[$name]}
-bind-address=127.0.0.1
-skip-name-resolve
-character-set-server=utf8mb4
-collation-server=utf8mb4_general_ci
-innodb_buffer_pool_size=128M
-innodb_log_file_size=64M
-performance_schema=OFF
-max_connections=300
+  mariadbd_write_config "$dir" "${PORT[$name]}" <<CNF
 server_id=${ID[$name]}
 log_bin=$dir/data/binlog
 binlog_format=ROW
@@ -63,37 +45,17 @@ CNF
 }
 
 launch() {
-  local name=$1 dir deadline
+  local name=$1 dir
   dir=$(dir_of "$name")
   if up "$name"; then
     return 0
   fi
   write_config "$name"
-  if [[ ! -d "$dir/data/mysql" ]]; then
-    log "$name: creating its data directory"
-    mariadb-install-db --defaults-file="$dir/my.cnf" --auth-root-authentication-method=normal \
-      --skip-test-db >"$dir/install.log" 2>&1
-  fi
-  chown -R mysql:mysql "$dir"
-  if ! cmp -s "$SERVER" "$BINARY"; then
-    mkdir -p "$BASE/bin"
-    install -m 755 "$SERVER" "$BINARY"
-  fi
-  rm -f "$dir/mysqld.sock"
+  mariadbd_install_db "$dir" "$name"
   log "$name: starting on port ${PORT[$name]}"
-  setsid "$BINARY" --defaults-file="$dir/my.cnf" </dev/null >>"$dir/stdout.log" 2>&1 &
-  deadline=$((SECONDS + 60))
-  until up "$name"; do
-    if ((SECONDS > deadline)); then
-      log "$name did not start in 60s; the end of its log:"
-      tail -n 20 "$dir/error.log" >&2 || true
-      exit 1
-    fi
-    sleep 0.2
-  done
-  client "$name" -e "SET sql_log_bin = 0;
-    CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';
-    GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
+  mariadbd_launch "$dir" "$BASE"
+  mariadbd_wait "$dir" 60 0.2 "$name did not start in 60s" up "$name"
+  mariadbd_grant_tcp_root "$dir" "SET sql_log_bin = 0;"
 }
 
 replicate() {  # "r" replicates "b" from the start of its binary log (GTID), once
@@ -112,12 +74,10 @@ replicate() {  # "r" replicates "b" from the start of its binary log (GTID), onc
 }
 
 stop_one() {
-  local name=$1 file pid
-  file="$(dir_of "$name")/mysqld.pid"
-  if [[ -s "$file" ]] && pid=$(cat "$file") && kill -0 "$pid" 2>/dev/null; then
+  local name=$1 pid
+  if pid=$(mariadbd_pid "$(dir_of "$name")"); then
     log "$name: stopping"
-    kill "$pid"
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+    mariadbd_stop "$pid"
   fi
 }
 

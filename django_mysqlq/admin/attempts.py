@@ -13,9 +13,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils.datastructures import MultiValueDict
 from django.utils.html import format_html
 
-from .. import ops
+from .. import ops, routing
+from ..conf import get_settings
 from ..models import Attempt, Message
-from . import actions
+from . import actions, databases
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import HistoryQueueFilter, HistoryTaskFilter
 from .listing import CappedPaginator, given, text
@@ -133,30 +134,38 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ]
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        context = dict(extra_context or {})
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         attempt = Attempt.objects.filter(pk=object_id).first() if object_id.isdigit() else None
-        context["can_replay"] = (attempt is not None and bool(attempt.payload)
-                                 and actions.allowed(request, actions.REPLAY))
-        context["message_exists"] = attempt is not None and Message.objects.filter(
-            pk=attempt.message_id).exists()
-        return super().change_view(request, object_id, form_url, context)
+        return {
+            "can_replay": (attempt is not None and bool(attempt.payload)
+                           and actions.allowed(request, actions.REPLAY)),
+            "replay_url": reverse("admin:django_mysqlq_attempt_replay", args=[object_id])
+            + databases.suffix(request),
+            "message_exists": attempt is not None and Message.objects.filter(
+                pk=attempt.message_id).exists(),
+        }
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: replay the history row of the page's database (``?database=``); go to
+        the copy's page, on its queue's database."""
         if not (self.has_view_permission(request) and actions.allowed(request, actions.REPLAY)):
             raise PermissionDenied
+        back = reverse("admin:django_mysqlq_attempt_change", args=[object_id]) \
+            + databases.suffix(request)
         if request.method != "POST":
-            return HttpResponseRedirect(reverse("admin:django_mysqlq_attempt_change",
-                                                args=[object_id]))
+            return HttpResponseRedirect(back)
         if not object_id.isdigit():
             raise Http404("History ids are numbers.")
-        new_id = self.replay_one(request, int(object_id))
-        if new_id is None:
-            return HttpResponseRedirect(reverse("admin:django_mysqlq_attempt_change",
-                                                args=[object_id]))
-        return HttpResponseRedirect(reverse("admin:django_mysqlq_message_change",
-                                            args=[new_id]))
+        with routing.on_alias(databases.selected(request)):
+            new_id = self.replay_one(request, int(object_id))
+            queue = Attempt.objects.filter(pk=object_id).values_list("queue", flat=True) \
+                .first()
+        if new_id is None or queue is None:
+            return HttpResponseRedirect(back)
+        target = routing.alias_for_queue(queue)
+        return HttpResponseRedirect(
+            reverse("admin:django_mysqlq_message_change", args=[new_id])
+            + ("" if target == get_settings().DATABASE else f"?{databases.PARAMETER}={target}"))
 
     def replay_one(self, request: HttpRequest, attempt_id: int) -> int | None:
         try:

@@ -113,7 +113,8 @@ class DatabaseFilter(admin.SimpleListFilter):
 
 
 class DatabaseMixin:
-    """Binds the page's database around the list and detail views (put it first)."""
+    """Binds the page's database around the list and detail views (put it first); a
+    detail page's own context comes from :meth:`change_context`, called while bound."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
@@ -128,4 +129,15 @@ class DatabaseMixin:
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         parent = super().change_view  # type: ignore[misc]
-        return within(request, lambda: parent(request, object_id, form_url, extra_context))
+
+        def view() -> HttpResponse:
+            context = dict(extra_context or {})
+            context.update(self.change_context(request, object_id))
+            return parent(request, object_id, form_url, context)  # type: ignore[no-any-return]
+
+        return within(request, view)
+
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        """What a detail page adds to its template's context, read with the page's database
+        bound (override it rather than ``change_view``: the page binds its alias once)."""
+        return {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from django.utils.http import urlencode
 
 from .. import broker, ops, routing
 from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
-from . import actions, databases
+from . import actions, databases, payloads
 from .actions import ACTIONS, Action, outside_request_transaction
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
@@ -218,17 +217,9 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="arguments")
     def arguments(self, obj: Message) -> str:
-        try:
-            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False,
-                              sort_keys=True)
-        except ValueError:
-            text = f"(not valid JSON) {obj.payload}"
-        except RecursionError:
-            return format_html(
-                "<p class='help'>Nested too deeply to lay out (workers fail such a message: "
-                "cancel it, or enqueue it again with flatter arguments). The stored text:"
-                "</p><pre class='mysqlq-raw'>{}</pre>", obj.payload)
-        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+        return payloads.json_block(
+            obj.payload, sort_keys=True, deep_advice="workers fail such a message: cancel it, "
+            "or enqueue it again with flatter arguments")
 
     @admin.display(description="subject / concurrency key")
     def gate(self, obj: Message) -> str:
@@ -249,15 +240,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ])
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         # The message, its trace and whether it is stuck: all on the page's database.
-        return databases.within(request, lambda: self._change_view(
-            request, object_id, form_url, extra_context))
-
-    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
-                     extra_context: dict[str, Any] | None) -> HttpResponse:
-        context = dict(extra_context or {})
         try:
             message_id = int(object_id)
         except ValueError:
@@ -276,13 +260,12 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
                     buttons.append((action, reverse("admin:django_mysqlq_message_act",
                                                     args=[message_id, action.name])
                                     + databases.suffix(request)))
-        context.update(
-            trace=Attempt.objects.using(broker.default_alias()).for_message(message_id)[:500],
-            stuck=stuck,
-            buttons=buttons,
-            holders=gate_holders(message) if message is not None else None,
-        )
-        return super().change_view(request, object_id, form_url, context)
+        return {
+            "trace": Attempt.objects.using(broker.default_alias()).for_message(message_id)[:500],
+            "stuck": stuck,
+            "buttons": buttons,
+            "holders": gate_holders(message) if message is not None else None,
+        }
 
     def act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
         """One action on one message: GET shows the confirmation, POST runs it (on the

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from .. import scheduling
+from .. import routing, scheduling
 from ..models import Schedule
 from . import actions
-from .databases import DatabaseFilter, DatabaseMixin, shown_suffix
+from .databases import DatabaseFilter, DatabaseMixin, selected, shown_suffix
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -103,6 +103,24 @@ class ScheduleAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
                        "created_at", "declared_at", "removed_at", "error", "changed_at",
                        "changed_by")
     fields = readonly_fields
+    change_list_template = "admin/django_mysqlq/schedule/change_list.html"
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = dict(extra_context or {})
+        if request.method == "GET" and request.GET.get(StateFilter.parameter_name) in (
+                None, scheduling.ACTIVE):
+            context["unstored"] = self.unstored(selected(request))
+        return super().changelist_view(request, context)
+
+    @staticmethod
+    def unstored(alias: str) -> list[scheduling.ScheduleStatus]:
+        """The schedules declared for the queues of ``alias`` that no worker has written
+        yet: shown above the list (read only; a worker's start or ``queueschedule``
+        writes them)."""
+        stored = set(Schedule.objects.using(routing.read_alias(alias))
+                     .values_list("name", flat=True))
+        return scheduling.unstored(alias, stored)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("django_mysqlq.view_schedule") or \

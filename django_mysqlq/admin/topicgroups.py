@@ -25,10 +25,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .. import broker, topicops
+from .. import broker, ops, topicops
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
-from . import actions, databases
+from . import actions
 from .databases import DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
@@ -127,27 +127,18 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             *super().get_urls(),
         ])
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return databases.within(request, lambda: self._change_view(
-            request, object_id, form_url, extra_context))
-
-    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
-                     extra_context: dict[str, Any] | None) -> HttpResponse:
-        context = dict(extra_context or {})
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         row = self._row(object_id)
         found = broker.groups(row.topic, row.group_name)
-        state = found[0] if found else None
-        context.update(
-            state=state,
-            can_operate=actions.allowed(request, CHANGE_GROUP),
-            operate_url=reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
-            dead_url=reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
+        return {
+            "state": found[0] if found else None,
+            "can_operate": actions.allowed(request, CHANGE_GROUP),
+            "operate_url": reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
+            "dead_url": reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
                 {"task": delivery_task_name(row.topic, row.group_name)}),
-            messages_url=reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
+            "messages_url": reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
             + urlencode({"topic": row.topic}),
-        )
-        return super().change_view(request, object_id, form_url, context)
+        }
 
     def _row(self, object_id: str) -> TopicGroup:
         row = TopicGroup.objects.filter(pk=object_id).first() if object_id.isdigit() else None
@@ -197,6 +188,9 @@ def _target(kind: str, value: str) -> broker.ResetTarget:
             return broker.ResetTarget(to_offset=int(value))
         except ValueError:
             raise ValueError(f"Give the offset as a whole number, not {value!r}.") from None
-    if kind == "time":
-        return broker.ResetTarget(to_time=topicops.parse_time(value))
+    if kind == "time":  # as queuetopic reset --to-time: a duration ago (2h) or ISO
+        try:
+            return broker.ResetTarget(to_time=ops.parse_since(value.strip()))
+        except ValueError as exc:
+            raise ValueError(f"Reset to a time: {exc}.") from None
     raise ValueError("Reset to an offset, a time, the earliest or the latest message.")

@@ -4,19 +4,18 @@ groups handled it, when, on which worker, with which outcome (replays marked).""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, topicops
 from ..models import TopicMessage, TopicState
-from . import databases
+from . import payloads
 from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
 from .listing import CappedPaginator, given
@@ -103,25 +102,15 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
 
     @admin.display(description="payload")
     def payload_text(self, obj: TopicMessage) -> str:
-        try:
-            text = json.dumps(json.loads(obj.payload), indent=2, ensure_ascii=False)
-        except (ValueError, RecursionError):
-            text = obj.payload
-        return format_html("<pre class='mysqlq-json'>{}</pre>", text)
+        return payloads.json_block(
+            obj.payload, deep_advice="handlers can't get it either: a group's delivery of it goes "
+            "dead at once (then its on_dead applies), broadcast listeners skip it")
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return databases.within(request, lambda: self._change_view(
-            request, object_id, form_url, extra_context))
-
-    def _change_view(self, request: HttpRequest, object_id: str, form_url: str,
-                     extra_context: dict[str, Any] | None) -> HttpResponse:
-        context = dict(extra_context or {})
+    def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         message = TopicMessage.objects.filter(pk=object_id).first() \
             if object_id.isdigit() else None
         deliveries: list[dict[str, Any]] = []
         if message is not None and message.offset is not None:
             found = broker.trace(message.topic, [message.offset]).get(message.offset, [])
             deliveries = [{"d": d, "replay": topicops.is_replay(found, d)} for d in found]
-        context["deliveries"] = deliveries
-        return super().change_view(request, object_id, form_url, context)
+        return {"deliveries": deliveries}

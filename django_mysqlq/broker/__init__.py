@@ -44,6 +44,10 @@ write ``broker.claim(...)``.
 """
 
 from ..messages import AttemptResult, ClaimedMessage, NewMessage, Runner
+
+# The bulk replay module first: importing it later (a Spark executor in this process, a
+# test) would bind ``broker.replay`` to it in place of the operator's replay() below.
+from . import replay as _bulk_replay  # noqa: F401
 from .base import (
     ATTEMPT_TABLE,
     MESSAGE_TABLE,
@@ -67,10 +71,14 @@ from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
 from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
+    PumpClaim,
     create_group,
     dead_deliveries,
+    group_behind,
     position,
     pump,
+    pump_claiming,
+    pump_claims_supported,
     pump_group,
     requeue_dead,
 )
@@ -141,6 +149,7 @@ from .rates import (
 )
 from .recover import claims_held, recover, release_strays, renew_leases
 from .schedules import DeclaredSchedule, Fired, Synced
+from .schedules import add_missing as add_missing_schedules
 from .schedules import fire_due as fire_due_schedules
 from .schedules import prune as prune_schedules
 from .schedules import run_now as run_schedule_now
@@ -207,6 +216,7 @@ __all__ = [
     "OldestTransaction",
     "Operator",
     "Overran",
+    "PumpClaim",
     "PurgeLag",
     "QueueOverview",
     "RateOfCopy",
@@ -224,6 +234,7 @@ __all__ = [
     "ack_many",
     "ack_within",
     "activity_marks",
+    "add_missing_schedules",
     "bind_alias",
     "cancel",
     "claim",
@@ -253,6 +264,7 @@ __all__ = [
     "fire_due_schedules",
     "free_unique_keys",
     "gates_of",
+    "group_behind",
     "groups",
     "has_pending",
     "heartbeat_worker",
@@ -280,6 +292,8 @@ __all__ = [
     "prune_topic_batch",
     "publish",
     "pump",
+    "pump_claiming",
+    "pump_claims_supported",
     "pump_group",
     "purge_dead_batch",
     "purge_history_batch",

@@ -9,6 +9,12 @@ in one transaction: each offset becomes a delivery of each group exactly once. A
 (one autocommit statement) comes first, so a round with nothing to do opens no
 transaction; a group that has every sequenced message may stamp its topic's new ones
 in that same transaction (``pump_group(sequence=True)``, see ``topics.py``).
+
+A member with room to run more (``pump_claiming``) pumps, when no delivery of the group
+waits, only what it takes itself and inserts those deliveries already claimed by it (its
+token, connection and lease, attempt 1): the same row a claim would leave, without the
+claim's ``UPDATE`` (which moves each row in six indexes and steps over the delete-marked
+entries of the rows claimed before it).
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django.db import DatabaseError
 
-from ..messages import NewMessage
+from ..messages import ClaimedMessage, NewMessage
 from ..models import MessageStatus
 from ..signals import topic_pumped
 from ..topicnames import delivery_task_name
@@ -31,11 +38,15 @@ from .base import (
     default_alias,
     in_transaction,
     logger,
+    micros,
     send_robust,
 )
-from .enqueue import gate_statuses, insert_rows
+from .claim import read_claimed_messages
+from .enqueue import INSERT_ROW_BYTES, gate_statuses, insert_rows
 from .operate import Operator, requeue
+from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
+from .session import connection_session
 from .topics import (
     OFFSET_INDEX,
     READ_AFTER_SQL,
@@ -80,6 +91,27 @@ LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_o
             "created_at) VALUES {rows}")
 MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6) "
             "WHERE id = %s")
+#: The pump's INSERT of deliveries of which the first few are claimed by the pumping
+#: member (MariaDB: ``RETURNING``): ``_READY_ROW`` (the gate's status: NULL holds its
+#: slot and is ready, else 'blocked') or ``_CLAIMED_ROW`` (what a claim sets).
+_DELIVERY_COLUMNS = (
+    "queue, task_name, payload, priority, max_attempts, retry_backoff, timeout, gate_key, "
+    "gate_mode, gate_limit, enqueued_at, run_at, status, attempts, last_error, claim_token, "
+    "owner_connection, owner_server_start, worker_id, claimed_at, lease_expires_at"
+)
+_READY_ROW = (
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), "
+    "COALESCE(%s, 'ready'), 0, '', NULL, NULL, NULL, NULL, NULL, NULL)"
+)
+_CLAIMED_ROW = (
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), "
+    "'claimed', 1, '', %s, IF(%s, CONNECTION_ID(), NULL), %s, %s, UTC_TIMESTAMP(6), "
+    "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)"
+)
+DELIVERY_INSERT_SQL = (f"INSERT INTO {MESSAGE_TABLE} ({_DELIVERY_COLUMNS}) VALUES {{rows}} "
+                       "RETURNING id")
+#: Rows per delivery INSERT (the pump's batch is at most TOPIC_PUMP_BATCH anyway).
+DELIVERY_INSERT_CHUNK = 1000
 #: A group's position (None: no such group).
 POSITION_SQL = f"SELECT position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
 #: Dead deliveries of one group and topic (its dead letter), oldest first.
@@ -165,6 +197,33 @@ class Pumped(NamedTuple):
     busy: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class PumpClaim:
+    """A member's room to run deliveries now: the pump may claim up to ``count`` of the
+    deliveries it makes for ``worker_id`` (see :func:`pump_claiming`)."""
+
+    count: int
+    worker_id: str
+    lease_seconds: float
+
+
+def group_behind(spec: GroupSpec, alias: str | None = None) -> bool:
+    """Whether the group has messages not pumped yet: it is behind its topic's last
+    offset, or it is not and committed messages of its topic lack an offset (the pump
+    stamps those). A ``--burst`` member ends only once this is false."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(LOOK_SQL, [spec.queue, 1, spec.topic, spec.group])
+        look = cursor.fetchone()
+    if look is None:
+        return False  # no such group
+    return look[0] is None or bool(look[0]) or bool(look[2])
+
+
+def pump_claims_supported(alias: str | None = None) -> bool:
+    """Whether :func:`pump_claiming` can claim (MariaDB: ``INSERT … RETURNING``)."""
+    return bool(connection_for(alias or default_alias()).mysql_is_mariadb)  # type: ignore[attr-defined]
+
+
 def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
                least: int = 1, sequence: bool = False, keep: int = 0) -> Pumped:
     """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
@@ -175,72 +234,131 @@ def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = Non
     The window is the look's count: two members pumping one after the other off the same
     look may pass it by one batch. ``keep``: deliveries the caller claims itself right
     after (a member that pumped one message wakes no other member for it)."""
+    return pump_claiming(spec, batch, window, None, alias, least, sequence, keep)[0]
+
+
+def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | None,
+                  alias: str | None = None, least: int = 1, sequence: bool = False,
+                  keep: int = 0) -> tuple[Pumped, list[ClaimedMessage]]:
+    """:func:`pump_group` for a member with room to run ``claim.count`` deliveries now.
+
+    When no delivery of the group waits, it pumps only that many and inserts them already
+    claimed by the member (a keyed one blocked behind its key's earlier delivery stays
+    blocked); they are read back like a claim's batch and returned. While deliveries
+    wait, it pumps by the window as before and claims nothing: the member's claim takes
+    the waiting ones first. A pump that took all it could while the group is still
+    behind wakes another member (one parked would not hear of the rest otherwise)."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
         look = cursor.fetchone()
     if look is None:
-        return Pumped(0, False)  # no such group
+        return Pumped(0, False), []  # no such group
     if look[0] is None or look[1] is None:
         # A producer's wake-up (KILL QUERY) that lands in the look's subquery can make
         # MariaDB answer NULL instead of error 1317 (seen in a chaos run): nothing is
         # known, so say "behind" and the worker looks again instead of parking.
-        return Pumped(0, True)
+        return Pumped(0, True), []
     behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
-    if waiting >= window or (waiting and window - waiting < least):
-        return Pumped(0, behind)
-    wanted = min(batch, window - waiting)
+    take = 0
+    if claim is not None and claim.count > 0 and not waiting and pump_claims_supported(alias):
+        take = min(claim.count, batch)
+    elif waiting >= window or (waiting and window - waiting < least):
+        return Pumped(0, behind), []
+    wanted = take or min(batch, window - waiting)
+    claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
+                if take and claim is not None else None)
     if behind:
-        return Pumped(_pump(spec, wanted, alias, keep=keep), True)
+        made, claimed = _pump(spec, wanted, alias, keep=keep, claim=claiming)
+        return Pumped(made, True), claimed
     if not (sequence and unsequenced):
-        return Pumped(0, False)
-    made = _pump(spec, wanted, alias, sequence_first=True, keep=keep)
-    return Pumped(max(made, 0), False, busy=made < 0)
+        return Pumped(0, False), []
+    made, claimed = _pump(spec, wanted, alias, sequence_first=True, keep=keep, claim=claiming)
+    return Pumped(max(made, 0), False, busy=made < 0), claimed
+
+
+def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
+                       statuses: Sequence[str | None], claim: PumpClaim | None,
+                       token: str) -> tuple[list[int], int]:
+    """Insert the deliveries, the first ``claim.count`` that hold their key's slot as
+    claimed under ``token``; return the ids and how many were claimed."""
+    if claim is None:
+        return insert_rows(alias, messages, statuses), 0
+    session = connection_session(alias)
+    stamp = [token, session.stamps_owner, session.owner_start, claim.worker_id,
+             micros(claim.lease_seconds)]
+    rows: list[tuple[str, list[Any]]] = []
+    claimed = 0
+    for message, status in zip(messages, statuses, strict=True):
+        params: list[Any] = [
+            message.queue, message.task_name, message.payload, message.priority,
+            message.max_attempts, message.retry_backoff, message.timeout, message.gate_key,
+            message.gate_mode, message.gate_limit]
+        if status is None and claimed < claim.count:
+            rows.append((_CLAIMED_ROW, [*params, *stamp]))
+            claimed += 1
+        else:
+            rows.append((_READY_ROW, [*params, status]))
+    sizes = [escaped_size(m.payload) + INSERT_ROW_BYTES
+             + 4 * (len(m.queue) + len(m.task_name) + len(m.gate_key or ""))
+             for m in messages]
+    ids: list[int] = []
+    with connection_for(alias).cursor() as cursor:
+        for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
+            cursor.execute(DELIVERY_INSERT_SQL.format(rows=", ".join(r for r, _ in chunk)),
+                           [p for _, params in chunk for p in params])
+            ids.extend(int(row[0]) for row in cursor.fetchall())
+    return ids, claimed
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
-          keep: int = 0) -> int:
-    """The pump's transaction: up to ``wanted`` deliveries; -1 when ``sequence_first``
-    found the topic's row held."""
+          keep: int = 0, claim: PumpClaim | None = None) -> tuple[int, list[ClaimedMessage]]:
+    """The pump's transaction: up to ``wanted`` deliveries (-1 when ``sequence_first``
+    found the topic's row held), and those it claimed for ``claim``."""
+    token = uuid.uuid4().hex
 
-    def body(cursor: Any) -> tuple[int, list[str]]:
+    def body(cursor: Any) -> tuple[int, list[str], int]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
-            return 0, []
+            return 0, [], 0
         group_id, current = int(row[0]), int(row[1])
         if sequence_first:
             # The sequencer's own round (topic row, then its consistent read): the
             # offsets it gives stay a gap-free prefix; this transaction sees its stamps.
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
-                return -1, []
+                return -1, [], 0
         cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
         rows = cursor.fetchall()
         if not rows:
-            return 0, []
+            return 0, [], 0
         messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
-        ids = insert_rows(alias, messages, statuses)
+        ids, claimed = _insert_deliveries(alias, messages, statuses, claim, token)
         params: list[Any] = []
         for message_id, found in zip(ids, rows, strict=True):
             params.extend((message_id, spec.topic, spec.group, int(found[0])))
         cursor.execute(LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
         last = int(rows[-1][0])
         cursor.execute(MOVE_SQL, [last, group_id])
+        # Ready for a claim: neither blocked behind their key nor claimed here.
         ready = [m.queue for m, status in zip(messages, statuses, strict=True)
-                 if status != MessageStatus.BLOCKED]
-        return len(rows), ready
+                 if status != MessageStatus.BLOCKED][claimed:]
+        return len(rows), ready, claimed
 
-    pumped, queues = in_transaction(alias, body)
+    pumped, queues, claimed = in_transaction(alias, body)
+    taken = read_claimed_messages(alias, token) if claimed else []
     if pumped > 0:
+        # A member that took all it could of a group still behind: wake another one.
+        more = [spec.queue] if claim is not None and pumped >= wanted else []
         try:
-            if queues[keep:]:
-                wake(queues[keep:], alias)
+            if queues[keep:] or more:
+                wake([*queues[keep:], *more], alias)
         except DatabaseError as exc:  # the deliveries are committed; members poll them
             logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)
-    return pumped
+    return pumped, taken
 
 
 def dead_deliveries(topic: str, group: str, limit: int = 1000,

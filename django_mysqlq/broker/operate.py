@@ -51,6 +51,19 @@ SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
   FROM {MESSAGE_TABLE}
  WHERE id IN ({{ids}})
 """
+#: The ``replayed`` history row of an operator's copy, linked to its original
+#: (``replayed_from``) as ``queuepipeline replay`` links its copies: that job skips an
+#: original history shows replayed, whichever way it was.
+REPLAYED_HISTORY_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE}
+       (message_id, queue, task_name, attempt, outcome, priority, enqueued_at, started_at,
+        finished_at, worker_id, host, pid, connection_id, thread, error_class, error_message,
+        traceback, result, payload, actor, replayed_from)
+SELECT id, queue, task_name, attempts, %s, priority, enqueued_at, NULL,
+       UTC_TIMESTAMP(6), '', %s, %s, NULL, '', '', %s, '', NULL, '', %s, %s
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s
+"""
 _LOCK_OPERABLE_SQL = f"""
 SELECT id, queue, status, gate_key, gate_mode FROM {MESSAGE_TABLE}
  WHERE id IN ({{ids}}) AND status IN ({{statuses}})
@@ -218,14 +231,16 @@ def requeue(ids: Sequence[int], operator: Operator, *, reset_attempts: bool = Fa
 
 def cancel(ids: Sequence[int], operator: Operator, *, note: str = "cancelled",
            statuses: Sequence[str] = CANCELLABLE_STATUSES) -> list[int]:
-    """Delete ready, scheduled, blocked or dead messages, keeping their payload in history.
+    """Delete ready, scheduled, blocked, throttled or dead messages, keeping their payload in
+    history.
 
     ``note`` is the history row's message; ``statuses`` narrows which messages qualify
     (retention deletes only dead ones). A cancelled head of an ordered subject (or a
     slot holder of a concurrency key) frees its slot for the next blocked message.
     """
     if not set(statuses) <= set(CANCELLABLE_STATUSES):
-        raise ValueError(f"Only ready, scheduled, blocked or dead messages can be cancelled, "
+        raise ValueError(f"Only ready, scheduled, blocked, throttled or dead messages can be "
+                         "cancelled, "
                          f"not {sorted(set(statuses) - set(CANCELLABLE_STATUSES))}.")
 
     def change(cursor: Any, locked: list[subjects.Target], gates: Gates
@@ -344,6 +359,10 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
     task's current attempts, backoff and timeout (:func:`django_mysqlq.ops.replay` looks
     them up); without them the settings' defaults apply. ``rate``: the copy's rate-limit
     key, so that it waits for the task's limit like any message of it.
+
+    The row is read on this thread's alias (``routing.on_alias``, else
+    ``MYSQLQ['DATABASE']``); the copy, and the ``replayed`` history row beside it, go to
+    the queue's own database, which is another one if the queue moved since.
     """
     alias = default_alias()
     with connection_for(alias).cursor() as cursor:
@@ -366,14 +385,20 @@ def replay(attempt_id: int, operator: Operator, limits: TaskLimits | None = None
                          rate_key=rate[0] if rate else None,
                          rate_interval=rate[1] if rate else None,
                          rate_limit=rate[2] if rate else "")
-    with transaction.atomic(using=alias):
+    target = alias_for_queue(queue)
+    # Linked like the pipeline's copies ("replayed from #N", ``replayed_from``), so its
+    # replay skips this original. A copy on another database (the queue moved) is not
+    # linked: the original's id means another message there.
+    same = target == alias
+    note = f"replayed from #{message_id}" + ("" if same else f" on database {alias}") \
+        + f" (history row {attempt_id})"
+    with transaction.atomic(using=target):
         [new_id] = enqueue([message])
-        with connection_for(alias).cursor() as cursor:
+        with connection_for(target).cursor() as cursor:
             cursor.execute(
-                OPERATOR_HISTORY_SQL.format(ids="%s"),
-                [Outcome.REPLAYED, operator.host[:255], operator.pid,
-                 f"replay of history row {attempt_id} (message #{message_id})", False,
-                 operator.name[:200], new_id])
+                REPLAYED_HISTORY_SQL,
+                [Outcome.REPLAYED, operator.host[:255], operator.pid, note,
+                 operator.name[:200], int(message_id) if same else None, new_id])
     return new_id
 
 

@@ -64,6 +64,16 @@ ON DUPLICATE KEY UPDATE
        catch_up = VALUES(catch_up), declared_at = VALUES(declared_at), removed_at = NULL,
        error = ''
 """
+#: A declared schedule no worker has written yet (``queueschedule`` before any worker
+#: started): inserted as a starting worker would, an existing row left as it is.
+ADD_MISSING_SQL = f"""
+INSERT IGNORE INTO {SCHEDULE_TABLE}
+       (name, source, task_name, queue, priority, max_attempts, retry_backoff, timeout,
+        payload, cron, timezone, catch_up, paused, next_run_at, created_at, declared_at,
+        error, changed_by)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, UTC_TIMESTAMP(6),
+        UTC_TIMESTAMP(6), '', '')
+"""
 #: Rows no longer declared by the code of the worker that starts: they stop firing.
 MARK_REMOVED_SQL = f"""
 UPDATE {SCHEDULE_TABLE} SET removed_at = UTC_TIMESTAMP(6)
@@ -197,6 +207,30 @@ def sync(declared: Sequence[DeclaredSchedule], alias: str | None = None) -> Sync
                      and known[s.name] != (s.cron, s.timezone, False)],
             removed=sorted(name for name, (_, _, gone) in known.items()
                            if name not in names and not gone))
+
+    return in_transaction(alias, body)
+
+
+def add_missing(declared: Sequence[DeclaredSchedule], alias: str | None = None) -> list[str]:
+    """Write the declared schedules that have no row yet (as a starting worker would);
+    leave every existing row, and the ones no longer declared, as they are. Returns the
+    names added."""
+    alias = alias or default_alias()
+
+    def body(cursor: Any) -> list[str]:
+        cursor.execute(NOW_SQL)
+        now = cursor.fetchone()[0]
+        added = []
+        for schedule in sorted(declared, key=lambda schedule: schedule.name):
+            following = cron.Cron.parse(schedule.cron, schedule.timezone).after(now)
+            cursor.execute(ADD_MISSING_SQL, [
+                schedule.name, schedule.source, schedule.task_name, schedule.queue,
+                schedule.priority, schedule.max_attempts, schedule.retry_backoff,
+                schedule.timeout, schedule.payload, schedule.cron, schedule.timezone,
+                schedule.catch_up, naive_utc(following)])
+            if cursor.rowcount:
+                added.append(schedule.name)
+        return added
 
     return in_transaction(alias, body)
 

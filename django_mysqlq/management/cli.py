@@ -6,10 +6,11 @@ import contextlib
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.db import DatabaseError
 
 from .. import ops, routing
-from ..models import CANCELLABLE_STATUSES
+from ..models import CANCELLABLE_STATUSES, MessageStatus
 
 
 def _csv(text: str) -> list[str]:
@@ -25,8 +26,24 @@ def _statuses(text: str) -> list[str]:
     if unknown:
         raise ArgumentTypeError(
             f"{', '.join(unknown)}: only {', '.join(CANCELLABLE_STATUSES)} messages can be "
-            "changed by an operator (running ones never are; blocked ones can be cancelled, "
-            "not requeued)")
+            "changed by an operator (running ones never are; blocked and throttled ones can be "
+            "cancelled, not requeued)")
+    return statuses
+
+
+def _requeue_statuses(text: str) -> list[str]:
+    statuses = _statuses(text)
+    if MessageStatus.THROTTLED in statuses:
+        raise ArgumentTypeError(
+            "throttled: a throttled message waits for its rate limit's next start; a "
+            "requeue would not make it start sooner. Cancel it (queuecancel --status "
+            "throttled) if it must not run")
+    if MessageStatus.BLOCKED in statuses:
+        raise ArgumentTypeError(
+            "blocked: a blocked message waits for its turn (its subject's head, a slot of "
+            "its concurrency key); a requeue would make it jump that order. Requeue the "
+            "dead head that holds it (queuesubject requeue-head), release the subject "
+            "(queuesubject release), or cancel it (queuecancel --status blocked)")
     return statuses
 
 
@@ -44,15 +61,17 @@ def duration(text: str) -> Any:
         raise ArgumentTypeError(str(exc)) from None
 
 
-def add_filter_arguments(parser: ArgumentParser, default_status: str | None) -> None:
+def add_filter_arguments(parser: ArgumentParser, default_status: str | None,
+                         requeue: bool = False) -> None:
     parser.add_argument("--queue", type=_csv, default=[],
                         help="Only these queues (comma-separated).")
     parser.add_argument("--task", type=_csv, default=[],
                         help="Only these task names (comma-separated).")
-    parser.add_argument("--status", type=_statuses,
+    parser.add_argument("--status", type=_requeue_statuses if requeue else _statuses,
                         default=[default_status] if default_status else None,
-                        help="Statuses to match: ready, scheduled, dead, blocked "
-                             "(comma-separated)"
+                        help="Statuses to match: ready, scheduled, dead"
+                             + ("" if requeue else ", blocked, throttled")
+                             + " (comma-separated)"
                              + (f"; default {default_status}." if default_status else "."))
     parser.add_argument("--since", type=_since, default=None,
                         help="Only messages enqueued since then: a duration (2h, 3d) or an "
@@ -87,3 +106,20 @@ def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
         raise CommandError(f"--database {alias!r} holds no queue (queue databases: "
                            f"{', '.join(routing.queue_aliases())}).")
     return routing.on_alias(alias)
+
+
+class SaysDatabaseErrors(BaseCommand):
+    """A command that says plainly what to do about a database error no retry can fix
+    (tables missing before ``migrate``, an unknown database, a refused login or grant)
+    instead of showing a traceback."""
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        from ..worker import fatal
+
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            problem = fatal.describe(exc, then="run this command again")
+            if problem is None:
+                raise
+            raise CommandError(problem, returncode=fatal.EXIT_CANNOT_RUN) from exc

@@ -26,8 +26,9 @@ def _migrate_command(alias: str) -> str:
     return "manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
 
 
-def describe(exc: BaseException) -> str | None:
-    """What is wrong and what to do, for an error no retry can fix; None for any other."""
+def describe(exc: BaseException, then: str = "start the worker again") -> str | None:
+    """What is wrong and what to do, for an error no retry can fix; None for any other.
+    ``then`` ends the advice after a migrate (a command says "run this command again")."""
     code = broker.error_code(exc)
     if code is None or not (broker.is_schema_error(exc) or broker.is_setup_error(exc)):
         return None
@@ -38,10 +39,10 @@ def describe(exc: BaseException) -> str | None:
     name = database.get("NAME", "?")
     if code == 1146:
         return (f"The queue's tables are missing from database {name!r} {what}: run "
-                f"`{_migrate_command(alias)}` then start the worker again.")
+                f"`{_migrate_command(alias)}` then {then}.")
     if code in (1054, 1176):
         return (f"The queue's tables in database {name!r} are older than this code {what}: "
-                f"run `{_migrate_command(alias)}` then start the worker again.")
+                f"run `{_migrate_command(alias)}` then {then}.")
     if code == 1049:
         return (f"Database {name!r} does not exist on the server {what}: create it (or fix "
                 f"DATABASES[{alias!r}]['NAME']), then run `{_migrate_command(alias)}`.")

@@ -30,6 +30,7 @@ from .budget import TaskBudget
 from .gate import SoloGate
 from .holdings import Holdings
 from .options import WorkerOptions
+from .pumpclaim import PumpClaimer
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
@@ -131,6 +132,7 @@ class Worker:
         import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
         self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings,
                                 keep=options.claim_batch)
+        self.claimer = PumpClaimer(self)
 
     def _nothing_waiting(self) -> bool:
         """No claimed message waits for a task thread (the one being acked still counts)."""
@@ -213,8 +215,9 @@ class Worker:
             self.wakeup.clear()
             try:
                 self._upkeep()
-                pumped = self.topics.pump()
-                claimed = 0 if self._nothing_ready and not pumped else self._claim()
+                pumped = self.topics.pump(claimer=self.claimer)
+                claimed = self.topics.taken + (
+                    0 if self._nothing_ready and not pumped else self._claim())
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
@@ -333,7 +336,7 @@ class Worker:
             broker.listen(self.id, True)
             self._listening = True
             self._park = PARK_START
-        if self.topics.pump(force=True) or self.topics.sequencer_busy:
+        if self.topics.pump(force=True, claimer=self.claimer) or self.topics.sequencer_busy:
             # Listening first: a publish committed after this pump wakes the park. Another
             # member stamping offsets wakes nobody: look again after a short pause.
             broker.listen(self.id, False)
@@ -368,14 +371,19 @@ class Worker:
             self._nothing_ready = not self._rated
             due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
-    def _claim(self) -> int:
-        """Claim as many messages as there is room for; hand them to the task threads."""
+    def _room(self) -> int:
+        """How many messages it would claim now (before ``--max-tasks``)."""
         options = self.options
         in_flight = self.holdings.in_flight
         if in_flight >= options.concurrency or self._over_memory() or self.gate.solo_pending:
             return 0
         room = max(options.concurrency, options.claim_batch) - in_flight
-        wanted = min(options.claim_batch, room)
+        return max(0, min(options.claim_batch, room))
+
+    def _claim(self) -> int:
+        """Claim as many messages as there is room for; hand them to the task threads."""
+        in_flight = self.holdings.in_flight
+        wanted = self._room()
         if wanted <= 0 or not self._active:
             return 0
         wanted = self.budget.reserve(wanted)
@@ -404,9 +412,11 @@ class Worker:
             return True
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
-            # Throttled messages count only for a worker that can claim them.
-            return not self._active or not broker.has_pending(
+            # Throttled messages count only for a worker that can claim them. A member
+            # of a consumer group ends once the group has caught up with its topic.
+            return not self._active or not (broker.has_pending(
                 self._active, self.options.burst_wait, throttled=self._rated)
+                or self.topics.behind(self._active))
         return False
 
     def held_tokens(self) -> list[str]:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError
@@ -26,6 +27,7 @@ from .. import broker, payload
 from ..conf import QueueSettings
 from ..exceptions import PayloadDecodeError
 from ..log import one_line
+from ..messages import ClaimedMessage
 from ..topics import Subscription, TopicEvent, subscriptions
 
 logger = logging.getLogger("django_mysqlq")
@@ -34,6 +36,20 @@ logger = logging.getLogger("django_mysqlq")
 PUMP_SECONDS = 0.02
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
+
+
+class Claimer(Protocol):
+    """The worker's side of a pump that claims for it (``broker.pump_claiming``)."""
+
+    id: str
+
+    def pump_room(self, queue: str) -> int:
+        """How many deliveries of ``queue`` it takes now (reserved: the pump gives back
+        the rest); 0 when it has no room, -1 when it does not claim from ``queue`` now
+        (paused): the group is then pumped by its window as without a claimer."""
+
+    def pump_took(self, messages: list[ClaimedMessage], reserved: int) -> None:
+        """The pump claimed ``messages`` of the ``reserved`` (or raised: ``[]``)."""
 
 
 def _spec(subscription: Subscription) -> broker.GroupSpec:
@@ -59,6 +75,13 @@ class TopicDuty:
         self.keep = keep
         self.stop = stop
         self._last_pump = 0.0
+        #: The last pump took all it could for this worker of a group still behind: the
+        #: next one need not wait for the pause between two pumps.
+        self._more = False
+        #: Deliveries the last :meth:`pump` claimed for this worker.
+        self.taken = 0
+        self._claim_support: bool | None = None
+        self._turn = 0
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
@@ -78,26 +101,59 @@ class TopicDuty:
             self.reader.begin()
             self.reader.start()
 
-    def pump(self, force: bool = False) -> int:
-        """Sequence the topics and pump each group; return the deliveries made."""
+    def pump(self, force: bool = False, claimer: Claimer | None = None) -> int:
+        """Sequence the topics and pump each group; return the deliveries made. With a
+        ``claimer``, a group with no delivery waiting gets only as many as it has room
+        for, claimed for it in the pump (``taken``)."""
+        self.taken = 0
         if not self.specs:
             return 0
         now = time.monotonic()
-        if not force and now - self._last_pump < PUMP_SECONDS:
+        if not force and not self._more and now - self._last_pump < PUMP_SECONDS:
             return 0
         self._last_pump = now
         conf = self.settings
         least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
-        made, busy = 0, False
-        for spec in self.specs:
+        made, busy, more, looked = 0, False, False, False
+        # Each round starts at the next group: the room a worker has goes to its groups
+        # in turn, not always to the first (a member of several groups serves them all).
+        self._turn = (self._turn + 1) % len(self.specs)
+        for spec in [*self.specs[self._turn:], *self.specs[:self._turn]]:
             # A group that has every sequenced message sequences its topic's new ones in
             # its pump's transaction; one still behind has work without them.
-            pumped = broker.pump_group(spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW,
-                                       least=least, sequence=True, keep=self.keep)
+            room = claimer.pump_room(spec.queue) if claimer is not None else -1
+            if room == 0 and self._claims():
+                continue  # no room: it pumps for itself once it has some
+            looked = True
+            claim = (broker.PumpClaim(room, claimer.id, conf.LEASE_SECONDS)
+                     if claimer is not None and room > 0 else None)
+            claimed: list[ClaimedMessage] = []
+            try:
+                pumped, claimed = broker.pump_claiming(
+                    spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
+                    sequence=True, keep=self.keep)
+            finally:
+                if claimer is not None and room > 0:
+                    claimer.pump_took(claimed, room)
+            self.taken += len(claimed)
             made += pumped.made
             busy = busy or pumped.busy
+            more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
         self.sequencer_busy = busy
+        if looked:  # (a round with no room leaves it: the next one with room runs at once)
+            self._more = more
         return made
+
+    def behind(self, active: Sequence[str]) -> bool:
+        """Whether a group of an ``active`` queue has messages not pumped yet (a
+        ``--burst`` member pumps until its groups have caught up with their topics)."""
+        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active)
+
+    def _claims(self) -> bool:
+        """Whether pumps claim for this worker (MariaDB: ``INSERT … RETURNING``)."""
+        if self._claim_support is None:
+            self._claim_support = broker.pump_claims_supported()
+        return self._claim_support
 
     def woken(self) -> None:
         """A wake-up came (a publish, or another member's pump): the next pump runs at

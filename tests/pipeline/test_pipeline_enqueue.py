@@ -152,3 +152,23 @@ def test_missing_input_is_named(spark, tmp_path: Path):
     with pytest.raises(CommandError, match="no such file"):
         call_command("queuepipeline", "enqueue", "--task", TASK, "--input",
                      str(tmp_path / "nope.parquet"), "--args", "label")
+
+
+def test_command_line_query_csv_and_dedup_column(spark, tmp_path: Path, capsys):
+    """``--query`` reads the database, ``--input`` a CSV; ``--dedup-column`` makes rows
+    with the same value one message, on this run and the next."""
+    data = tmp_path / "in.csv"
+    data.write_text("user,note\nu1,a\nu1,b\nu2,c\n")
+    call_command("queuepipeline", "enqueue", "--task", TASK, "--input", str(data),
+                 "--args", "note", "--dedup-column", "user")
+    assert "Enqueued 2 message(s)" in capsys.readouterr().out
+    assert sorted(p["args"][0] for p in _payloads()) in (["a", "c"], ["b", "c"])
+    call_command("queuepipeline", "enqueue", "--task", TASK, "--query",
+                 "SELECT id AS pk, task_name FROM mysqlq_message",
+                 "--kwargs", "label=task_name,value=pk", "--dedup-column", "pk")
+    assert "Enqueued 2 message(s)" in capsys.readouterr().out
+    assert Message.objects.count() == 4
+    with pytest.raises(CommandError, match="--query failed"):
+        call_command("queuepipeline", "enqueue", "--task", TASK, "--query",
+                     "SELECT nope FROM mysqlq_message", "--args", "nope")
+    assert Message.objects.count() == 4

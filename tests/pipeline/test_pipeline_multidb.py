@@ -1,10 +1,11 @@
 """The pipeline over queues on two database servers (tests/multidb_support.py): ``report
---all-databases`` counts the history of both, and enqueue writes a queue's messages on
-its own database."""
+--all-databases`` counts the history of both, and enqueue and replay write a queue's
+messages on its own database."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,3 +99,75 @@ def test_an_archive_root_serves_one_database(spark, tmp_path: Path):
     with pytest.raises(PipelineError, match="give each database its own --to"):
         archive(spark, str(tmp_path), dt.timedelta(days=1), database_alias=B)
     archive(spark, str(tmp_path / "b"), dt.timedelta(days=1), database_alias=B)
+
+
+def test_replay_of_a_queue_on_the_second_server_writes_the_copies_there(spark, capsys):
+    """``queuepipeline replay --queue mdb_b``: B's history is read, the copies and their
+    ``replayed`` rows (``replayed_from``: the link to the original) are written on B."""
+    from django.core.management import call_command
+
+    start = NOW - dt.timedelta(hours=2)
+    rows = [Attempt(message_id=5_000 + n, queue=QUEUE_B, task_name="tests.testapp.tasks.record",
+                    attempt=1, outcome="failed" if n % 2 else "succeeded", priority=n % 3,
+                    enqueued_at=start, started_at=start, worker_id="w",
+                    finished_at=start + dt.timedelta(minutes=n),
+                    payload=f'{{"args": ["b{n}"], "kwargs": {{}}}}') for n in range(8)]
+    Attempt.objects.using(B).bulk_create(rows)
+    failed = {row.message_id: row for row in rows if row.outcome == "failed"}
+    here = _count("default", "mysqlq_message")
+    call_command("queuepipeline", "replay", "--queue", QUEUE_B, "--since", "1d")
+    assert f"Replayed {len(failed)} message(s)" in capsys.readouterr().out
+    copies = mdb.query(B, "SELECT id, dedup_key, queue, priority, payload FROM mysqlq_message")
+    assert sorted(int(key[len("replay:"):]) for _, key, *_ in copies) == sorted(failed)
+    for copy_id, key, queue, priority, payload in copies:
+        original = failed[int(key[len("replay:"):])]
+        assert (queue, priority, payload) == (QUEUE_B, original.priority, original.payload)
+        [(linked,)] = mdb.query(B, "SELECT replayed_from FROM mysqlq_attempt WHERE "
+                                "message_id = %s AND outcome = 'replayed'", [copy_id])
+        assert linked == original.message_id
+    assert _count("default", "mysqlq_message") == here  # nothing on the other server
+    assert _count("default", "mysqlq_attempt", "outcome = 'replayed'") == 0
+    call_command("queuepipeline", "replay", "--queue", QUEUE_B, "--since", "1d")
+    assert "Replayed 0 message(s)" in capsys.readouterr().out  # linked: never twice
+
+
+def test_report_of_a_queue_on_the_second_server_reads_its_database(spark, tmp_path: Path,
+                                                                    capsys):
+    """``--database`` defaults to the queue's own: ``report --queue`` of a queue that
+    lives on the second server reads that server's history, not ``MYSQLQ['DATABASE']``."""
+    from django.core.management import CommandError, call_command
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(10, start=start, span=dt.timedelta(hours=1))
+    Attempt.objects.using(B).bulk_create([
+        Attempt(message_id=9_500 + n, queue=QUEUE_B, task_name="shop.render", attempt=1,
+                outcome="succeeded", priority=0, enqueued_at=start, started_at=start,
+                worker_id="w", finished_at=start + dt.timedelta(minutes=n))
+        for n in range(7)])
+    call_command("queuepipeline", "report", "--since", "4h", "--queue", QUEUE_B,
+                 "--conf", "spark.ui.enabled=false", "--output", str(tmp_path / "b"))
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["totals"]["attempts"] == 7
+    assert [(row["queue"], row["succeeded"]) for row in summary["by_task"]] == [(QUEUE_B, 7)]
+    with pytest.raises(CommandError, match="several databases"):
+        call_command("queuepipeline", "report", "--queue", f"{QUEUE_B},emails",
+                     "--output", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_report_reads_the_replica_of_read_database(spark, settings, tmp_path: Path):
+    """``MYSQLQ['READ_DATABASE']``: the report's reads go to the replica alias (here the
+    second server stands in for one: its rows differ, so the counts tell which was read)."""
+    from django_mysqlq.contrib.spark import report
+
+    start = NOW - dt.timedelta(hours=3)
+    seed_history(10, start=start, span=dt.timedelta(hours=1))
+    Attempt.objects.using(B).bulk_create([
+        Attempt(message_id=9_700 + n, queue="default", task_name="shop.render", attempt=1,
+                outcome="succeeded", priority=0, enqueued_at=start, started_at=start,
+                worker_id="w", finished_at=start + dt.timedelta(minutes=n))
+        for n in range(5)])
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {"default": B}}
+    result = report(spark, str(tmp_path / "r"), since=NOW - dt.timedelta(hours=4), until=NOW)
+    assert result.summary["totals"]["attempts"] == 5
+    assert [row["task_name"] for row in result.summary["by_task"]] == ["shop.render"]

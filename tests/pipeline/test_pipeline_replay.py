@@ -72,3 +72,93 @@ def test_only_final_outcomes_can_be_replayed(spark, failed):
     with pytest.raises(CommandError, match="only final rows keep"):
         call_command("queuepipeline", "replay", "--outcome", "retried")
     assert Message.objects.count() == 0
+
+
+def test_the_command_line_filters_and_partition_rows(spark, failed, capsys, monkeypatch):
+    """``--task``, ``--queue``, ``--error-class``, ``--since``/``--until`` pick what SQL
+    would; ``--partition-rows`` reaches the read of live history (it was dropped)."""
+    from django_mysqlq.contrib.spark import sources
+
+    plans: list[int] = []
+    real_plan = sources.plan
+
+    def spy(*args, **kwargs):
+        made = real_plan(*args, **kwargs)
+        plans.append(made.partition_rows)
+        return made
+
+    monkeypatch.setattr(sources, "plan", spy)
+    picked = next(row for row in failed if row.error_class)
+    expected = {row.message_id for row in failed
+                if (row.task_name, row.queue, row.error_class) == (
+                    picked.task_name, picked.queue, picked.error_class)}
+    until = (NOW + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    call_command("queuepipeline", "replay", "--task", picked.task_name, "--queue",
+                 picked.queue, "--error-class", picked.error_class, "--since", "1d",
+                 "--until", until, "--partition-rows", "1000", "--dry-run")
+    out = capsys.readouterr().out
+    assert f"{len(expected)} message(s) would be replayed" in out
+    assert plans and set(plans) == {1000}
+    assert Message.objects.count() == 0
+    # A window that ended before the failures picks none of them.
+    call_command("queuepipeline", "replay", "--error-class", picked.error_class,
+                 "--until", (NOW - dt.timedelta(hours=4)).strftime("%Y-%m-%dT%H:%M:%S"),
+                 "--dry-run")
+    assert "0 message(s) would be replayed" in capsys.readouterr().out
+
+
+def test_enqueue_refuses_partition_rows_it_would_ignore(tmp_path: Path):
+    with pytest.raises(CommandError, match="--partition-rows splits reads"):
+        call_command("queuepipeline", "enqueue", "--task", "tests.testapp.tasks.record",
+                     "--input", str(tmp_path / "x.parquet"), "--partition-rows", "5000")
+
+
+def _final(message_id: int, outcome: str, error_class: str, minutes: int) -> Attempt:
+    finished = NOW - dt.timedelta(minutes=minutes)
+    return Attempt(message_id=message_id, queue="default", task_name="tests.testapp.tasks.record",
+                   attempt=1, outcome=outcome, priority=0, enqueued_at=finished,
+                   started_at=None if outcome == "requeued" else finished,
+                   finished_at=finished, worker_id="w", error_class=error_class,
+                   error_message="boom" if error_class else "",
+                   payload=json.dumps({"args": [f"m{message_id}"], "kwargs": {}})
+                   if outcome != "requeued" else "")
+
+
+def test_error_classes_as_workers_store_them_and_only_the_latest_final_row(spark, capsys):
+    """Workers store ``builtins.TimeoutError``: ``--error-class TimeoutError`` (the docs'
+    example) matches it, as does the stored name; a message that failed, was requeued
+    and then succeeded is no longer a failed one."""
+    Attempt.objects.bulk_create([
+        _final(1, "failed", "builtins.TimeoutError", 50),
+        _final(2, "failed", "shop.errors.Declined", 50),
+        _final(3, "failed", "builtins.TimeoutError", 50),   # dead, requeued, then fine:
+        _final(3, "requeued", "", 40),
+        _final(3, "succeeded", "", 30),
+        _final(4, "failed", "builtins.ValueError", 50),
+    ])
+    call_command("queuepipeline", "replay", "--error-class", "TimeoutError", "--since", "1d",
+                 "--dry-run")
+    out = capsys.readouterr().out
+    assert "1 message(s) would be replayed (1 matched" in out, out
+    assert '"message_id": 1' in out
+    call_command("queuepipeline", "replay", "--error-class",
+                 "builtins.TimeoutError,Declined", "--since", "1d")
+    assert "Replayed 2 message(s)" in capsys.readouterr().out
+    assert sorted(json.loads(m.payload)["args"][0] for m in Message.objects.all()) == [
+        "m1", "m2"]
+    call_command("queuepipeline", "replay", "--outcome", "succeeded", "--since", "1d",
+                 "--dry-run")
+    assert "1 message(s) would be replayed" in capsys.readouterr().out
+
+
+def test_a_message_an_operator_replayed_by_hand_is_skipped(spark, failed, capsys, root):
+    """The history page's Replay links its copy as the pipeline does: the pipeline's
+    replay counts that original as replayed before and makes no second copy."""
+    by_hand = failed[0]
+    root.post(f"/admin/django_mysqlq/attempt/{by_hand.pk}/replay/")
+    assert Message.objects.count() == 1
+    call_command("queuepipeline", "replay", "--since", "1d")
+    out = capsys.readouterr().out
+    assert f"Replayed {len(failed) - 1} message(s) ({len(failed)} matched, 1 replayed " \
+        "before)" in out, out
+    assert not Message.objects.filter(dedup_key=f"replay:{by_hand.message_id}").exists()

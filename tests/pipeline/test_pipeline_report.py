@@ -65,6 +65,12 @@ def test_report_counts_equal_sql_and_percentiles_are_within_the_error(spark, see
     assert summary["top_errors"][0]["count"] >= summary["top_errors"][-1]["count"]
     assert {error["error_class"] for error in summary["top_errors"]} == {"ValueError",
                                                                          "TimeoutError"}
+    # Times are UTC with their offset, like the window (PySpark collects timestamps as naive
+    # local times, and Django sets the process's TZ to TIME_ZONE: Chicago here).
+    stamps = [error["last_seen"] for error in summary["top_errors"]] + [
+        row["finished_at"] for row in summary["slowest_attempts"]]
+    assert stamps and all(stamp.endswith("+00:00") for stamp in stamps), stamps
+    assert all(SINCE <= dt.datetime.fromisoformat(stamp) < UNTIL for stamp in stamps), stamps
 
 
 def test_report_files_and_filters(spark, seeded, tmp_path: Path, capsys):

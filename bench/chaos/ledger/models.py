@@ -27,6 +27,8 @@ class Kind(models.TextChoices):
     ORDERED = "ordered", "Ordered"
     #: Runs under its concurrency key's limit.
     LIMITED = "limited", "Limited"
+    #: Runs under its rate key's limit (so many starts per window).
+    RATED = "rated", "Rated"
 
 
 class Enqueued(models.Model):
@@ -37,7 +39,8 @@ class Enqueued(models.Model):
     sleep_ms = models.PositiveIntegerField()
     producer = models.PositiveSmallIntegerField()
     at = models.FloatField()
-    #: The ordered subject or concurrency key of an ordered or limited message.
+    #: The ordered subject, concurrency key or rate key of an ordered, limited or rated
+    #: message.
     gate_key = models.CharField(max_length=64, blank=True, default="")
 
     objects: ClassVar[models.Manager[Enqueued]] = models.Manager()

@@ -15,7 +15,7 @@ from django.dispatch import receiver
 from django_mysqlq import queue_task
 from django_mysqlq.signals import task_started
 
-from ..config import GATE_LIMIT
+from ..config import GATE_LIMIT, RATE_LIMIT, RATE_WINDOW_SECONDS
 from . import record, stream  # noqa: F401  (stream: the topic's subscriptions)
 from .models import Effect, Kind
 
@@ -57,6 +57,16 @@ def ordered(token: str, subject: str, sleep_ms: int) -> None:
 def limited(token: str, key: str, sleep_ms: int) -> None:
     """Like ``plain``, at most ``GATE_LIMIT`` at once per key (audited: ordering.py)."""
     run = record.start(token, Kind.LIMITED)
+    time.sleep(sleep_ms / 1000)
+    record.end(run)
+
+
+@queue_task(name="chaos.rated", rate_limit=f"{RATE_LIMIT}/{RATE_WINDOW_SECONDS}s",
+            rate_limit_key="key", max_attempts=10, retry_backoff=0.1)
+def rated(token: str, key: str, sleep_ms: int) -> None:
+    """Like ``plain``, at most ``RATE_LIMIT`` starts per window per key across all workers
+    (audited: ordering.py)."""
+    run = record.start(token, Kind.RATED)
     time.sleep(sleep_ms / 1000)
     record.end(run)
 

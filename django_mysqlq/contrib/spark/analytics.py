@@ -29,7 +29,7 @@ from ...broker import database_now
 from ...broker import pipeline as statements
 from ...models import Outcome
 from ...routing import queue_aliases, read_alias
-from .database import database
+from .database import database, queues_alias
 from .errors import PipelineError
 from .output import write_outputs
 from .sources import history, live_history
@@ -206,7 +206,7 @@ def report(spark: SparkSession, output: str, *, since: dt.datetime | None = None
                             "it takes neither --database nor --archive (an archive holds "
                             "one database's history; report it with --database ALIAS).")
     # Only reads: from the queue database's replica when MYSQLQ['READ_DATABASE'] names one.
-    alias = database_alias or queue_aliases()[0]
+    alias = queues_alias(queues, database_alias) or queue_aliases()[0]
     db = database(read_alias(alias))
     since, until = _window(since, until, db.alias)
     if all_databases:

@@ -8,12 +8,14 @@ Python executors write through ``MySQLdb`` with the same host, user and password
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
 from django.db import connections
 
 from ...conf import get_settings
+from ...routing import alias_for_queue
 from .errors import PipelineError
 
 #: Rows the JDBC driver streams per round trip (it would buffer a whole partition).
@@ -76,3 +78,16 @@ def database(alias: str | None = None) -> Database:
     return Database(alias=alias, url=f"jdbc:mysql://{host}:{port}/{quote(name)}?"
                     + "&".join(query), user=connect["user"], password=connect["password"],
                     driver=settings.SPARK_JDBC_DRIVER, connect_args=connect)
+
+
+def queues_alias(queues: Sequence[str], database_alias: str | None) -> str | None:
+    """The alias a job on ``queues`` uses: ``--database``, else the queues' own alias when
+    ``--queue`` names queues of one database (``MYSQLQ['QUEUES'][q]['DATABASE']`` or a
+    router), else None (``MYSQLQ['DATABASE']``)."""
+    if database_alias is not None or not queues:
+        return database_alias
+    aliases = sorted({alias_for_queue(queue) for queue in queues})
+    if len(aliases) > 1:
+        raise PipelineError(f"--queue names queues on several databases ({', '.join(aliases)}):"
+                            " run the job once per database, each with its own queues.")
+    return aliases[0]

@@ -24,7 +24,9 @@ TOTAL_FIELDS = TASK_FIELDS[2:]
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dt.datetime):
-        return value.isoformat()
+        # PySpark hands a timestamp back as a naive datetime in the process's local time
+        # (Django sets TZ to TIME_ZONE): as UTC with its offset, like the window's bounds.
+        return value.astimezone(dt.UTC).isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

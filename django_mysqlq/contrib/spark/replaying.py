@@ -26,7 +26,7 @@ from ...exceptions import UnknownTask
 from ...models import Outcome
 from ...registry import import_task_modules, registry
 from ...routing import alias_for_queue
-from .database import Database, database
+from .database import Database, database, queues_alias
 from .errors import PipelineError
 from .executor import connect, setup_django
 from .fanout import Waker, _spread
@@ -79,17 +79,24 @@ def replayed_originals(spark: SparkSession, db: Database, archive: str | None) -
 
 def select(frame: DataFrame, tasks: Sequence[str], queues: Sequence[str],
            outcomes: Sequence[str], error_classes: Sequence[str]) -> DataFrame:
-    """The latest final row of each message the filter picks."""
-    frame = frame.where(F.col("outcome").isin(*outcomes) & (F.col("payload") != ""))
+    """The latest final row of each message, where that row matches the filter (a message
+    that failed, was requeued and then succeeded is not a failed one).
+
+    An error class matches as stored (``builtins.TimeoutError``, ``shop.errors.Declined``)
+    or by its last dotted part (``TimeoutError``, ``Declined``)."""
+    frame = frame.where(F.col("outcome").isin(*FINAL) & (F.col("payload") != ""))
     if tasks:
         frame = frame.where(F.col("task_name").isin(*tasks))
     if queues:
         frame = frame.where(F.col("queue").isin(*queues))
-    if error_classes:
-        frame = frame.where(F.col("error_class").isin(*error_classes))
     latest = Window.partitionBy("message_id").orderBy(F.col("id").desc())
-    return (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
-            .drop("_n"))
+    frame = (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
+             .drop("_n").where(F.col("outcome").isin(*outcomes)))
+    if error_classes:
+        frame = frame.where(F.col("error_class").isin(*error_classes)
+                            | F.substring_index(F.col("error_class"), ".", -1)
+                            .isin(*error_classes))
+    return frame
 
 
 def _limits(names: list[str]) -> dict[str, tuple[int, float, float | None]]:
@@ -144,24 +151,12 @@ def _writer(spec: dict[str, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     return write
 
 
-def _replay_database(queues: Sequence[str], database_alias: str | None) -> str | None:
-    """Where replay reads history and writes messages: ``--database``, else the queues'
-    own alias when ``--queue`` names queues of one database, else ``MYSQLQ['DATABASE']``."""
-    if database_alias is not None or not queues:
-        return database_alias
-    aliases = sorted({alias_for_queue(queue) for queue in queues})
-    if len(aliases) > 1:
-        raise PipelineError(f"--queue names queues on several databases ({', '.join(aliases)}):"
-                            " replay each database's queues in a run of their own.")
-    return aliases[0]
-
-
 def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[str] = (),
            outcomes: Sequence[str] = (Outcome.FAILED.value,),
            error_classes: Sequence[str] = (), since: dt.datetime | None = None,
            until: dt.datetime | None = None, archive: str | None = None,
            dry_run: bool = False, operator: Operator | None = None,
-           database_alias: str | None = None,
+           database_alias: str | None = None, partition_rows: int | None = None,
            max_connections: int | None = None) -> ReplayResult:
     """Enqueue copies of the messages whose final history row matches the filter.
 
@@ -173,13 +168,13 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
     if wrong or not outcomes:
         raise PipelineError(f"--outcome {','.join(wrong) or '(none)'}: only final rows keep "
                             f"a message's arguments; choose from {', '.join(FINAL)}.")
-    db = database(_replay_database(queues, database_alias))
+    db = database(queues_alias(queues, database_alias))
     until = until or database_now() + dt.timedelta(seconds=1)
     since = since or EPOCH
     if since >= until:
         raise PipelineError("--since must be before --until.")
     frame, _, _ = history(spark, db, since, until, statements.REPLAY_COLUMNS, archive,
-                          max_connections=max_connections)
+                          partition_rows, max_connections)
     if frame is None:
         return ReplayResult(0, 0, 0, [], dry_run, time.monotonic() - started)
     picked = select(frame, tasks, queues, outcomes, error_classes).select(

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from ...conf import get_settings
+from . import java
 from .errors import PipelineError
 
 APP_NAME = "django-mysqlq pipeline"
@@ -81,12 +82,23 @@ def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
         # Executors run this interpreter (a different python3 on the PATH is refused by
         # PySpark as a version mismatch) unless PYSPARK_PYTHON says otherwise.
         os.environ["PYSPARK_PYTHON"] = sys.executable
+    if not _gateway_running():
+        java.check()  # before PySpark tries to start a JVM, to say what is missing
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in session_conf(master, conf).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     prepare(session)
     return session
+
+
+def _gateway_running() -> bool:
+    """Whether this process already has a JVM gateway (a stopped session's), or is told to
+    use one (``PYSPARK_GATEWAY_PORT``, as under ``spark-submit``): no Java to start then."""
+    from pyspark import SparkContext
+
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) or \
+        getattr(SparkContext, "_gateway", None) is not None
 
 
 def prepare(session: SparkSession) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import ops
 from django_mysqlq.management import cli
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Cancel messages matching the filters. --status is required, so a bare command "
             "never empties the queue. Running messages are never touched.")
 

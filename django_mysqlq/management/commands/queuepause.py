@@ -5,12 +5,14 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, limits, ops
+from django_mysqlq.management import cli
+from django_mysqlq.routing import queue_aliases
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Pause queues: workers stop claiming from them within about a second; their "
             "messages stay. --resume lets workers claim again.")
 
@@ -27,5 +29,7 @@ class Command(BaseCommand):
         for queue in options["queues"]:
             broker.set_paused(queue, not options["resume"], operator)
             self.stdout.write(f"{'Resumed' if options['resume'] else 'Paused'} {queue}.")
-        paused = sorted(broker.paused_queues())
+        # Each queue is paused on its own database: list what every queue database holds.
+        paused = sorted({queue for alias in queue_aliases(options["queues"])
+                         for queue in broker.paused_queues(alias)})
         self.stdout.write(f"Paused now: {', '.join(paused) if paused else 'none'}.")

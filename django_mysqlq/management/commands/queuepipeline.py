@@ -141,7 +141,9 @@ class Command(BaseCommand):
                             help="Final outcomes to replay: failed (default), succeeded, "
                                  "cancelled")
         replay.add_argument("--error-class", type=cli._csv, default=[],
-                            help="Only messages whose final row has these error classes")
+                            help="Only messages whose final row has these error classes, "
+                                 "as stored (builtins.TimeoutError) or by their last part "
+                                 "(TimeoutError)")
         replay.add_argument("--archive", metavar="PATH",
                             help="Also read the Parquet archive at PATH")
         replay.add_argument("--dry-run", action="store_true",
@@ -160,6 +162,10 @@ class Command(BaseCommand):
             raise CommandError(pipeline.INSTALL_HINT)
         from django_mysqlq.contrib.spark.session import parse_conf
 
+        if options["job"] == "enqueue" and options["partition_rows"] is not None:
+            raise CommandError("--partition-rows splits reads of the queue tables (report, "
+                               "archive, replay); enqueue reads its --input or --query as "
+                               "Spark splits it. Leave it out, or repartition the input.")
         try:
             conf = parse_conf(options["conf"])
             before = _active_session()
@@ -202,6 +208,12 @@ class Command(BaseCommand):
             for kind, rows in result.rows.items():
                 self.stdout.write(f"{rows} {kind} row(s) {_when(kind)} before {cutoff} would "
                                   f"move to {options['to']}.")
+            if result.dropped:
+                self.stdout.write(
+                    f"{result.rows_in_dropped} of the history rows are in partition(s) "
+                    f"{', '.join(result.dropped)}, which would be dropped whole; "
+                    f"{result.rows.get('history', 0) - result.rows_in_dropped} would be "
+                    "deleted row by row.")
             committed, staged = result.pending
             if committed or staged:
                 self.stdout.write(f"An interrupted run left {len(committed)} committed "
@@ -212,6 +224,11 @@ class Command(BaseCommand):
             self.stdout.write(f"Archived {rows} {kind} row(s) {_when(kind)} before {cutoff} to "
                               f"{options['to']}; deleted {result.deleted.get(kind, 0)} from "
                               f"the database, in {result.seconds:.1f}s.")
+        if result.dropped or result.not_dropped:
+            kept = ", ".join(f"{name} ({why})" for name, why in result.not_dropped.items())
+            self.stdout.write(f"Dropped partition(s) {', '.join(result.dropped) or 'none'}"
+                              + (f"; rows deleted one by one instead in {kept}" if kept
+                                 else "") + ".")
         self.stdout.write("Seconds per step: " + ", ".join(
             f"{step} {seconds:.1f}" for step, seconds in result.timings.items()))
         if result.recovered.finished or result.recovered.dropped:
@@ -220,7 +237,6 @@ class Command(BaseCommand):
 
     def _enqueue(self, session: Any, options: dict[str, Any]) -> None:
         from django_mysqlq.contrib.spark.fanout import read_input, read_query
-
         if options["input"]:
             frame = read_input(session, options["input"], options["format"])
         else:
@@ -242,7 +258,8 @@ class Command(BaseCommand):
             session, tasks=options["task"], queues=options["queue"],
             outcomes=options["outcome"], error_classes=options["error_class"],
             since=options["since"], until=options["until"], archive=options["archive"],
-            dry_run=options["dry_run"], operator=ops.cli_operator(), **self._common(options))
+            dry_run=options["dry_run"], operator=ops.cli_operator(),
+            partition_rows=options["partition_rows"], **self._common(options))
         fresh = result.matched - result.already_replayed
         if result.dry_run:
             self.stdout.write(f"{fresh} message(s) would be replayed ({result.matched} "

@@ -8,7 +8,7 @@ from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Callable
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, ops
 from django_mysqlq.management import cli
@@ -29,7 +29,7 @@ _KINDS: dict[str, tuple[str, Callable[[dt.datetime], int]]] = {
 }
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Delete history rows, dead messages and stopped workers' rows older than the "
             "given ages, oldest first, in autocommit batches that each hold their locks "
             "only briefly.")

@@ -5,19 +5,17 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from django_mysqlq import ops
 from django_mysqlq.management import cli
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Requeue messages matching the filters (default: every dead message). "
             "Running messages are never touched; each change is recorded in history.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         cli.add_database_argument(parser)
-        cli.add_filter_arguments(parser, default_status="dead")
+        cli.add_filter_arguments(parser, default_status="dead", requeue=True)
         parser.add_argument("--reset-attempts", action="store_true",
                             help="Give each message a full set of attempts again.")
 

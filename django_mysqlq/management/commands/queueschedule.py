@@ -6,7 +6,7 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import ops, scheduling
 from django_mysqlq.management import cli
@@ -19,7 +19,7 @@ def table(rows: list[scheduling.ScheduleStatus]) -> str:
     if not rows:
         return "no schedules (declare one with @queue_task(cron=...) or MYSQLQ['SCHEDULES'])"
     lines: list[tuple[str, ...]] = [COLUMNS, *(
-        (s.name, s.task_name, s.cron, s.timezone, s.catch_up, s.state, s.last_local,
+        (s.name, s.task_name, s.cron, s.timezone, s.catch_up, s.state_text, s.last_local,
          s.next_local) for s in rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
@@ -28,7 +28,7 @@ def table(rows: list[scheduling.ScheduleStatus]) -> str:
     return "\n".join(text)
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("List recurring tasks with their last and next run; pause or resume them (a "
             "resumed one starts from its next occurrence: the paused ones are not caught "
             "up); prune those no worker declares any more; run one now.")
@@ -49,6 +49,12 @@ class Command(BaseCommand):
 
     def _handle(self, **options: Any) -> None:
         action, names = options["action"], options["names"]
+        from django_mysqlq import recurring
+
+        try:
+            scheduling.write_declared()
+        except recurring.ScheduleProblem as exc:  # the others can still be acted on
+            self.stderr.write(f"Declared schedules not written: {exc}")
         if action == "list":
             if names:
                 raise CommandError("list takes no names; it lists every schedule.")

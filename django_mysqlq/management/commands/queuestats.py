@@ -7,10 +7,9 @@ import time
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from django_mysqlq import ops, views
 from django_mysqlq.conf import get_settings
+from django_mysqlq.management import cli
 
 from .queueschedule import table as schedule_table
 from .queuetopic import groups_table
@@ -64,7 +63,7 @@ def _topic_lines(data: ops.Dashboard) -> list[str]:
     return lines
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Per-queue counts (blocked: waiting behind their ordered subject's head or for a "
             "slot of their concurrency key), oldest ready age, throughput and failure rate; "
             "workers alive; the server's purge lag; recurring tasks with their last and next "

@@ -5,13 +5,13 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import ops
 from django_mysqlq.management import cli
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Show an ordered subject (or, with --concurrency-key, a concurrency key): its "
             "counters and the messages holding it. 'release' lets the subject go on past "
             "its dead head (which stays dead); 'requeue-head' runs that head again first.")

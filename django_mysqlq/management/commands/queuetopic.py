@@ -6,9 +6,10 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, ops, topicops
+from django_mysqlq.management import cli
 
 GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
 
@@ -28,7 +29,7 @@ def groups_table(states: list[broker.GroupState]) -> str:
                      .rstrip() for row in rows)
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
             "letter), 'reset' a group's position, 'replay' a range into one group, "
             "'lookup' messages by offset, key or time with their trace.")
@@ -46,7 +47,8 @@ class Command(BaseCommand):
         where = reset.add_mutually_exclusive_group(required=True)
         where.add_argument("--to-offset", type=int, help="The next offset the group gets.")
         where.add_argument("--to-time", help="The first message published at or after this "
-                           "ISO time (UTC unless it has an offset).")
+                           "time: ISO (UTC unless it has an offset) or a duration ago (2h), "
+                           "as lookup --since takes.")
         where.add_argument("--earliest", action="store_true", help="The earliest kept message.")
         where.add_argument("--latest", action="store_true", help="Only messages from now on.")
         replay = sub.add_parser("replay", help="New deliveries of a range for one group.")
@@ -83,7 +85,7 @@ class Command(BaseCommand):
     def do_reset(self, options: dict[str, Any]) -> None:
         target = broker.ResetTarget(
             to_offset=options["to_offset"],
-            to_time=topicops.parse_time(options["to_time"]) if options["to_time"] else None,
+            to_time=ops.parse_since(options["to_time"]) if options["to_time"] else None,
             edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
         done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator())
         self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "

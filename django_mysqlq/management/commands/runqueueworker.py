@@ -17,6 +17,7 @@ from django_mysqlq.topicnames import group_queue
 from django_mysqlq.worker import WorkerOptions, fatal, logsetup
 from django_mysqlq.worker.databases import Workers
 from django_mysqlq.worker.draining import EXIT_DEAD
+from django_mysqlq.worker.queues import ALL, resolve
 from django_mysqlq.worker.supervisor import Supervisor
 
 
@@ -100,7 +101,10 @@ class Command(BaseCommand):
         try:
             queues = options["queues"]
             if options["groups"]:
-                queues = [*(queues or []), *(group_queue(group) for group in options["groups"])]
+                # --queues '*' --groups g: every known queue, and the group's (once).
+                base = list(resolve(None)) if queues == [ALL] else list(queues or [])
+                queues = [*base, *(queue for queue in dict.fromkeys(
+                    group_queue(group) for group in options["groups"]) if queue not in base)]
             worker_options = WorkerOptions.build(
                 queues, concurrency=options["concurrency"], batch=options["batch"],
                 burst=options["burst"], max_tasks=options["max_tasks"],
