@@ -89,15 +89,13 @@ def decode(text: str) -> tuple[list[Any], dict[str, Any]]:
         data = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadDecodeError(f"payload is not valid JSON: {exc}") from exc
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("args", []), list)
-        or not isinstance(data.get("kwargs", {}), dict)
-    ):
-        raise PayloadDecodeError(
-            'payload must be a JSON object {"args": [...], "kwargs": {...}}'
-        )
-    return list(data.get("args", [])), dict(data.get("kwargs", {}))
+    if isinstance(data, dict):
+        args, kwargs = data.get("args", []), data.get("kwargs", {})
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            return list(args), dict(kwargs)
+    raise PayloadDecodeError(
+        'payload must be a JSON object {"args": [...], "kwargs": {...}}'
+    )
 
 
 def encode_published(topic: str, value: Any, max_bytes: int) -> str:

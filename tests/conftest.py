@@ -31,6 +31,20 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: f
         time.sleep(interval)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _partitioned_history(request: pytest.FixtureRequest) -> None:
+    """``MYSQLQ_TEST_PARTITIONED_HISTORY=N``: the run's history table is partitioned by
+    ranges of N ids (``queuehistory partition``), to run any test file on that layout."""
+    width = os.environ.get("MYSQLQ_TEST_PARTITIONED_HISTORY")
+    if not width:
+        return
+    request.getfixturevalue("django_db_setup")
+    with request.getfixturevalue("django_db_blocker").unblock():
+        from django_mysqlq.broker import partitions
+
+        partitions.partition(int(width), ahead=int(os.environ.get("MYSQLQ_TEST_AHEAD", "2")))
+
+
 @pytest.fixture(autouse=True)
 def _usable_connection(request: pytest.FixtureRequest) -> None:
     """Start each database test on a live connection, even after a server restart."""

@@ -5,13 +5,18 @@ made in the real tables, each job beside the same work done without Spark.
     python -m bench.pipeline --rows 50000    # a quick look
     python -m bench.pipeline --only report,readers
     python -m bench.pipeline --only archive --archive-alone   # no worker beside it
+    python -m bench.pipeline --only archive --partitioned 250000  # and partitioned
 
 Writes ``bench/results/pipeline-<run>.json`` and ``.md``. The database is
 ``mysqlq_pipeline_bench`` (``MYSQLQ_BENCH_DB`` and ``…_HOST/PORT/USER/PASSWORD``
 override it); its queue tables are emptied first. Each job runs as ``manage.py
 queuepipeline`` in a subprocess, so its time is end to end: Python, Django, the JVM.
 The archive step also reports the CPU seconds of the command (every process of its
-session: Python, the JVM), of the local MariaDB server and of the worker.
+session: Python, the JVM), of the local MariaDB server and of the worker. With
+``--partitioned ROWS`` it runs a second time on the same rows seeded again into a history
+table partitioned by ROWS ids (``queuehistory partition``; the conversion's time and
+server CPU reported apart), so that the archive drops partitions instead of deleting
+rows; ``--partitioned-only`` skips the first, plain, run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "bench" / "results"
 STEPS = ("report", "readers", "archive", "enqueue")
+#: The sections of the results (``--partitioned`` adds the second archive run).
+SECTIONS = ("report", "readers", "archive", "archive_partitioned", "enqueue")
 SETTINGS = "bench.pipeline.settings"
 WORKER_FILL = 400_000
 WORKER_WINDOW = 15.0
@@ -278,6 +285,28 @@ def bench_archive(conn: Any, work: Path, rows: int, with_worker: bool = True) ->
             "load_average_after": os.getloadavg(), "stdout": out.strip()}
 
 
+def partition_history(conn: Any, rows: int, width: int) -> dict[str, Any]:
+    """Seed the history again and partition it: the conversion's time and server CPU."""
+    from django.core.management import call_command
+
+    from bench.perf import db
+
+    from .seed import seed
+
+    db.truncate_queue(conn)
+    call_command("queuehistory", "unpartition")  # an empty table: instant
+    log(f"archive, partitioned: seeding {rows} history rows again, then partitioning them "
+        f"by {width} ids (queuehistory partition)")
+    seed(conn, rows, span_seconds=20 * 3600, end_seconds_ago=3600)
+    server = server_pid()
+    before = cpu_seconds(server)
+    started = time.perf_counter()
+    call_command("queuehistory", "partition", "--rows-per-partition", str(width))
+    return {"rows_per_partition": width,
+            "partition_seconds": round(time.perf_counter() - started, 1),
+            "cpu_server_partition": cpu_delta(before, cpu_seconds(server))}
+
+
 def bench_enqueue(conn: Any, work: Path, rows: int) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -319,7 +348,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"{results['rows']:,} history rows; load average before/after "
              f"{results['load_before']} / {results['load_after']}; "
              f"{results['machine']}", ""]
-    for step in STEPS:
+    for step in SECTIONS:
         if step in results:
             lines += [f"## {step}", "", "| figure | value |", "| --- | --- |"]
             lines += [f"| {key} | {num(value)} |" for key, value in results[step].items()
@@ -336,6 +365,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--archive-alone", action="store_true",
                         help="archive with no worker draining a queue beside it")
+    parser.add_argument("--partitioned", type=int, default=None, metavar="ROWS",
+                        help="archive again on the history partitioned by ROWS ids per "
+                             "partition (e.g. 250000), beside the plain run")
+    parser.add_argument("--partitioned-only", action="store_true",
+                        help="with --partitioned: skip the plain archive run")
     args = parser.parse_args(argv)
     steps = [step for step in STEPS if step in args.only.split(",")]
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
@@ -353,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     call_command("migrate", verbosity=0)
     conn = db.connect()
     db.truncate_queue(conn)
+    call_command("queuehistory", "unpartition")  # a previous run's (empty: instant)
     run = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     results: dict[str, Any] = {"run": run, "rows": args.rows,
                                "machine": environment.machine(),
@@ -368,11 +403,22 @@ def main(argv: list[str] | None = None) -> None:
             elif step == "readers":
                 results[step] = bench_readers(args.rows)
             elif step == "archive":
-                results[step] = bench_archive(conn, work, args.rows, not args.archive_alone)
+                if not (args.partitioned and args.partitioned_only):
+                    results[step] = bench_archive(conn, work, args.rows,
+                                                  not args.archive_alone)
+                if args.partitioned:
+                    layout = partition_history(conn, args.rows, args.partitioned)
+                    (work / "partitioned").mkdir()
+                    results["archive_partitioned"] = {**layout, **bench_archive(
+                        conn, work / "partitioned", args.rows, not args.archive_alone)}
+                    log(json.dumps({k: v for k, v in results["archive_partitioned"].items()
+                                    if k != "stdout"}, default=str))
+                    call_command("queuehistory", "unpartition")
             else:
                 results[step] = bench_enqueue(conn, work, args.rows)
-            log(json.dumps({k: v for k, v in results[step].items() if k != "stdout"},
-                           default=str))
+            if step in results:
+                log(json.dumps({k: v for k, v in results[step].items() if k != "stdout"},
+                               default=str))
     results["load_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"pipeline-{run}.json").write_text(json.dumps(results, indent=2, default=str))

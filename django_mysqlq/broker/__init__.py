@@ -95,7 +95,13 @@ from .held import (
 )
 from .isolation import own_connection
 from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
-from .leaks import Mark, activity_marks, transaction_left_open, unchanged_since
+from .leaks import (
+    Mark,
+    activity_marks,
+    initialized_connections,
+    transaction_left_open,
+    unchanged_since,
+)
 from .operate import (
     Operator,
     RateOfCopy,
@@ -265,6 +271,7 @@ __all__ = [
     "history_window",
     "holders",
     "idle_wait",
+    "initialized_connections",
     "is_recovery_leader",
     "is_refusal",
     "is_schema_error",

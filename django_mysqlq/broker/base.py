@@ -291,6 +291,8 @@ def placeholders(count: int) -> str:
 
 def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send a signal; a failing receiver is logged and never breaks the queue's work."""
+    if not signal.receivers:
+        return  # (sent twice per task: most have no receiver)
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
         if isinstance(response, Exception):
             logger.error("Receiver %r of a django_mysqlq signal failed", receiver,

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from django.db import OperationalError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import connection_for, error_code
 
@@ -73,16 +74,30 @@ def _sent(raw: Any) -> _Sent | None:
     return sent
 
 
+def initialized_connections() -> list[BaseDatabaseWrapper]:
+    """This thread's connection wrappers that exist: ``connections.all(initialized_only=
+    True)`` with one look into the handler's thread-local storage per alias instead of two
+    (each costs about a microsecond; the worker asks twice per task)."""
+    storage = getattr(connections, "_connections", None)
+    if storage is None:  # not the handler this was written for
+        return list(connections.all(initialized_only=True))
+    return [wrapper for alias in connections
+            if (wrapper := getattr(storage, alias, None)) is not None]
+
+
 def activity_marks() -> dict[str, Mark]:
     """A mark of what each of this thread's MySQL connections has been sent so far."""
     marks: dict[str, Mark] = {}
-    for connection in connections.all(initialized_only=True):
+    for connection in initialized_connections():
         raw = connection.connection
         if raw is None or connection.vendor != "mysql":
             continue
-        sent = _sent(raw)
-        if sent is not None:
-            marks[connection.alias] = (sent, sent.count)
+        sent = getattr(raw, "_mysqlq_sent", None)
+        if sent.__class__ is not _Sent:
+            sent = _sent(raw)  # (installed on first use)
+            if sent is None:
+                continue
+        marks[connection.alias] = (sent, sent.count)
     return marks
 
 

@@ -158,8 +158,17 @@ def server_start(server_now: float | None, uptime: int, client_now: float) -> in
 
 #: Database clock minus this host's clock, in seconds, measured with each new connection.
 _clock_offset = 0.0
+#: The offset it was made of and its timedelta: made again only when the offset changed
+#: (``database_now`` runs for every message a worker starts).
+_clock_delta = (0.0, dt.timedelta(0))
 
 
 def database_now() -> dt.datetime:
     """Now on the database clock (estimated), so history times agree with ``enqueued_at``."""
-    return timezone.now() + dt.timedelta(seconds=_clock_offset)
+    global _clock_delta
+    offset, delta = _clock_delta
+    if offset != _clock_offset:
+        offset = _clock_offset
+        delta = dt.timedelta(seconds=offset)
+        _clock_delta = (offset, delta)
+    return timezone.now() + delta

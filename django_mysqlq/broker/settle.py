@@ -215,15 +215,21 @@ class _AckAttempt:
     def run(self, cursor: Any) -> set[int]:
         self.in_flight = 0
         gated = {index: ref for index, message in enumerate(self.messages)
-                 if (ref := subjects.GateRef.of(message.queue, message.gate_mode,
-                                                message.gate_key)) is not None}
+                 if message.gate_key is not None
+                 and (ref := subjects.GateRef.of(message.queue, message.gate_mode,
+                                                 message.gate_key)) is not None}
         locked = self._lock_gates(cursor, set(gated.values())) if gated else {}
         self.busy = [index for index, ref in gated.items() if ref not in locked]
-        now = [index for index in range(len(self.messages)) if index not in set(self.busy)]
-        owned = _delete_acked(cursor, [self.messages[index] for index in now], self.careful)
+        if self.busy:
+            left_out = set(self.busy)
+            now = [index for index in range(len(self.messages)) if index not in left_out]
+        else:
+            now = list(range(len(self.messages)))
+        acking = [self.messages[index] for index in now]
+        owned = _delete_acked(cursor, acking, self.careful)
         # Keys kept taken after success (``unique_for``): after the DELETEs (lock order).
-        unique.remember(cursor, [self.messages[index] for index in now
-                                 if self.messages[index].id in owned])
+        if any(message.unique_for > 0 for message in acking):
+            unique.remember(cursor, [message for message in acking if message.id in owned])
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
                  for message, params in zip(self.messages, self.rows, strict=True)]

@@ -93,6 +93,8 @@ class Acker:
         self._end: float | None = None
         self._abandoned = False
         self._oldest = 0.0
+        #: A success with a gate waits in ``_pending``: every add wakes the acker then.
+        self._gated_pending = False
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mysqlq-acker", daemon=True)
@@ -139,12 +141,21 @@ class Acker:
             while (len(self._pending) + len(self._writing) + len(self._busy) >= self.batch_size
                    and not self._stopping):
                 self._cond.wait(0.1)
-            if not self._pending:
+            first = not self._pending
+            if first:
                 self._oldest = time.monotonic()
             self._pending.append((message, runner, result))
             if line is not None:
                 self._lines[message.id, message.claim_token] = line
-            self._cond.notify_all()
+            if message.gate_key is not None:
+                self._gated_pending = True
+            # Wake the acker only when it has something new to decide: a first success
+            # starts its delay, a full batch may go now, and so may one with a gated
+            # success (see ``_take``: it then asks whether the worker is idle at each
+            # add). Otherwise it sleeps until the delay's end: waking it for every success
+            # cost a thread switch per task. (Nothing else waits on the condition for this.)
+            if first or self._gated_pending or len(self._pending) >= self.batch_size:
+                self._cond.notify_all()
 
     def finish_by(self, end: float) -> None:
         """A stop began: every ack from now on must end by ``end`` (``time.monotonic()``)."""
@@ -194,6 +205,7 @@ class Acker:
                         and self._idle())
                 ):
                     batch, self._pending = self._pending, []
+                    self._gated_pending = False
                     self._writing = batch
                     self._cond.notify_all()
                     return batch
@@ -278,7 +290,8 @@ class Acker:
                     if self._abandoned:
                         continue  # stop() has counted and logged this batch already
                     later = {(f[0].id, f[0].claim_token) for f, _ in self._busy}
-                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later]
+                    settled = [f for f in batch if (f[0].id, f[0].claim_token) not in later
+                               ] if later else batch
                     unacked = len(settled) - acked
                     if unacked > 0:
                         self._unacked_tokens.update(m.claim_token for m, _, _ in settled)

@@ -38,12 +38,12 @@ class AttemptLine:
     def __init__(self, message: ClaimedMessage) -> None:
         self.message = message
         self._began = time.monotonic()
-        self._duration_ms: float | None = None
+        self._ended: float | None = None
 
     def stop_clock(self) -> None:
         """The task's run ended: the duration stops here, whenever the line is written."""
-        if self._duration_ms is None:
-            self._duration_ms = round((time.monotonic() - self._began) * 1000, 1)
+        if self._ended is None:
+            self._ended = time.monotonic()
 
     def write(self, outcome: str, result: AttemptResult | None = None, detail: str = "",
               error: BaseException | None = None) -> None:
@@ -53,15 +53,17 @@ class AttemptLine:
         level = LEVELS.get(outcome, logging.WARNING)  # type: ignore[call-overload]
         if not logger.isEnabledFor(level):
             return
+        ended = self._ended if self._ended is not None else time.monotonic()  # (for mypy)
+        duration_ms = round((ended - self._began) * 1000, 1)
         message = self.message
         fields: dict[str, object] = {
             "task": message.task_name, "message_id": message.id, "queue": message.queue,
             "attempt": message.attempt, "max_attempts": message.max_attempts,
-            "outcome": outcome, "duration_ms": self._duration_ms,
+            "outcome": outcome, "duration_ms": duration_ms,
         }
         text = (f"task={message.task_name} id={message.id} queue={message.queue} "
                 f"attempt={message.attempt}/{message.max_attempts} outcome={outcome} "
-                f"duration_ms={self._duration_ms}")
+                f"duration_ms={duration_ms}")
         if result is not None and result.error_class:
             fields["error_class"] = result.error_class
             fields["error"] = one_line(result.error_message)

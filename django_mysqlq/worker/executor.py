@@ -70,7 +70,7 @@ def _close_open_transactions(marks: dict[str, broker.Mark] | None = None) -> lis
     the task sent nothing to.
     """
     left_open = []
-    for connection in connections.all(initialized_only=True):
+    for connection in broker.initialized_connections():
         if _left_open(connection, (marks or {}).get(connection.alias)):
             left_open.append(connection.alias)
             try:

@@ -22,7 +22,10 @@ class SoloGate:
 
     def __init__(self, cancelled: threading.Event) -> None:
         self._cancelled = cancelled
-        self._cond = threading.Condition()
+        #: The condition's own lock, taken directly where nothing waits or is notified:
+        #: a plain lock's ``with`` is C code, the condition's two Python calls.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._running = 0
         self._solo_waiting = 0
         self._solo_running = False
@@ -30,7 +33,7 @@ class SoloGate:
     @property
     def solo_pending(self) -> bool:
         """A solo message waits or runs: claiming more would only add to what it risks."""
-        with self._cond:
+        with self._lock:
             return self._solo_running or self._solo_waiting > 0
 
     def _blocked(self, solo: bool) -> bool:
@@ -41,10 +44,12 @@ class SoloGate:
     def enter(self, solo: bool) -> bool:
         """Wait for this task's turn; False (run nothing, don't ``leave``) if a stop came
         first. Every True must be followed by ``leave`` with the same ``solo``."""
+        if not solo:
+            with self._lock:
+                if not self._solo_running and not self._solo_waiting:
+                    self._running += 1  # the common case: no solo message anywhere
+                    return True
         with self._cond:
-            if not solo and not self._solo_running and not self._solo_waiting:
-                self._running += 1  # the common case: no solo message anywhere
-                return True
             if solo:
                 self._solo_waiting += 1
             try:
@@ -63,7 +68,7 @@ class SoloGate:
                     self._cond.notify_all()  # one that gave up may unblock the others
 
     def leave(self, solo: bool) -> None:
-        with self._cond:
+        with self._lock:  # (the condition's lock: notify_all below may be called)
             if solo:
                 self._solo_running = False
             else:

@@ -79,9 +79,11 @@ class Holdings:
 
     @property
     def in_flight(self) -> int:
-        """Messages claimed and not finished: queued, waiting or running."""
-        with self._lock:
-            return self._in_flight
+        """Messages claimed and not finished: queued, waiting or running.
+
+        Read without the lock: one attribute read is atomic, and it is read after every
+        message (its writers hold the lock)."""
+        return self._in_flight
 
     def add(self, messages: list[ClaimedMessage]) -> None:
         with self._lock:
@@ -207,24 +209,28 @@ class Holdings:
               marked: bool = False) -> tuple[Verdict, dt.datetime]:
         """Just before running: is this claim still ours? Waits while it can't be known.
         Also says when the message started (after any wait)."""
-        if time.monotonic() - self._verified_at > self._fresh_seconds:
-            self._verified.clear()  # stale: have the control loop check the claims first
+        verified = self._verified
+        now = time.monotonic()
+        if now - self._verified_at > self._fresh_seconds:
+            verified.clear()  # stale: have the control loop check the claims first
             self._wakeup.set()
-        if not self._verified.is_set():  # (checking first skips the Event's lock)
-            while not self._verified.wait(0.2):
+        if not verified.is_set():  # (checking first skips the Event's lock)
+            while not verified.wait(0.2):
                 if self._stopping.is_set():
                     break
+            now = time.monotonic()
         started_at = self._clock()
         with self._lock:
-            if pair(message) in self._lost:
-                self._lost.discard(pair(message))
-                self._waiting.pop(message.id, None)
-                return Verdict.LOST, started_at  # its slot is freed by finish()
-            if self._stopping.is_set() or not self._verified.is_set():
+            if self._lost:  # (empty but after a lost claim: the common case skips it)
+                held = (message.id, message.claim_token)
+                if held in self._lost:
+                    self._lost.discard(held)
+                    self._waiting.pop(message.id, None)
+                    return Verdict.LOST, started_at  # its slot is freed by finish()
+            if self._stopping.is_set() or not verified.is_set():
                 return Verdict.STOPPING, started_at
             self._waiting.pop(message.id, None)
-            self._running[message.id] = RunningTask(message, time.monotonic(), started_at,
-                                                    marked=marked)
+            self._running[message.id] = RunningTask(message, now, started_at, marked=marked)
         return Verdict.START, started_at
 
     def give_back(self, message: ClaimedMessage) -> None:

@@ -323,7 +323,10 @@ class Worker:
             # Tasks finishing set the event; otherwise poll with a growing pause, or until
             # a rate-limited key may start its next message.
             pause = min(self._poll, until_upkeep)
-            if self._rated and self._active:
+            # (Every thread busy: nothing can be claimed before one finishes, and that
+            # wakes this wait; asking the rate keys then cost a statement per claim.)
+            if self._rated and self._active \
+                    and self.holdings.in_flight < self.options.concurrency:
                 soonest = broker.seconds_to_next_start(self._active)
                 if soonest is not None:
                     pause = min(pause, max(0.0, soonest))

@@ -35,6 +35,11 @@ class WorkerStats:
         #: Recovered by a peer before they started here: not run here.
         self.skipped = 0
 
+    def ran_one(self) -> None:
+        """A task ran to its end (its outcome is counted elsewhere): ``add(ran=1)``, cheaper."""
+        with self._lock:
+            self.ran += 1
+
     def add(self, **counts: int) -> None:
         with self._lock:
             for name, value in counts.items():

@@ -40,8 +40,10 @@ def run_task_thread(worker: Worker) -> None:
     last_used = time.monotonic()
     outages_seen = worker.outages
     try:
-        while (message := worker.holdings.next()) is not None:
-            if outages_seen != worker.outages or time.monotonic() - last_used > IDLE_CHECK_SECONDS:
+        holdings, concurrency = worker.holdings, worker.options.concurrency
+        while (message := holdings.next()) is not None:
+            if outages_seen != worker.outages \
+                    or time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                 # An idle connection may have died with the server: check it first, so
                 # the task's first query doesn't fail on it and spend an attempt.
                 outages_seen = worker.outages
@@ -52,7 +54,7 @@ def run_task_thread(worker: Worker) -> None:
             _run_one(worker, message, runner)
             # The control loop claims only once a thread can take more: waking it after
             # every message would cost a loop round (and the GIL) per message for nothing.
-            if worker.holdings.in_flight < worker.options.concurrency:
+            if holdings.in_flight < concurrency:
                 worker.wakeup.set()
             last_used = time.monotonic()
     finally:
@@ -102,7 +104,7 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
     if counter is not None and not (handover is not None and handover.used):
         worker.stats.add(ran=1, **{counter: 1})
     else:
-        worker.stats.add(ran=1)
+        worker.stats.ran_one()
     worker.holdings.finish(message)
 
 

@@ -10,6 +10,7 @@ so a slow claim shows as a low rate, not as a run that never ends.
 from __future__ import annotations
 
 import json
+import resource
 import time
 from typing import Any
 
@@ -50,10 +51,13 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
     deadlocks_before = db.global_status(ctx.conn, "Innodb_deadlocks", "Innodb_row_lock_waits")
     case = case_name(threads, processes, batch, size, ack_batch)
     env = {"MYSQLQ_BENCH_ACK_BATCH": str(ack_batch)} if ack_batch is not None else None
+    cpu_before = _children_cpu()
     worker = WorkerProcess(worker_args(threads, processes, batch, burst=True), ctx.log_dir,
                            f"burndown-{case.replace(' ', '-')}-r{repeat}", env=env)
     finished = worker.wait_or_stop(ctx.sizes.burndown_seconds, check=watch.check)
     wall = time.monotonic() - worker.started
+    # The workers' CPU (every process of the shape, start-up included): reaped children.
+    worker_cpu = _children_cpu() - cpu_before
     watch.check()
     hll_after = db.history_list_length(ctx.conn)
     deadlocks_after = db.global_status(ctx.conn, "Innodb_deadlocks", "Innodb_row_lock_waits")
@@ -68,6 +72,9 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
         "repeat": repeat, "prefill_s": round(prefill, 3), "wall_s": round(wall, 3),
         "drain_s": round(seconds, 3), "hll_before": hll_before, "hll_after": hll_after,
         "purge_wait_s": round(purge_wait, 1), "done": done, "stopped_early": not finished,
+        "worker_cpu_s": round(worker_cpu, 3),
+        # Start-up included (about 0.3 s a process): python -m bench.perf.cpu leaves it out.
+        "cpu_us_per_task": round(worker_cpu / done * 1e6, 1) if done else None,
         "innodb_deadlocks": deadlocks_after["Innodb_deadlocks"]
         - deadlocks_before["Innodb_deadlocks"],
         "innodb_row_lock_waits": deadlocks_after["Innodb_row_lock_waits"]
@@ -85,6 +92,13 @@ def burn(ctx: Context, size: int, threads: int, processes: int, batch: int,
                      "rate from the tasks that finished")
     ctx.log(f"burndown {case}: {done / seconds:,.0f} tasks/s (HLL {hll_before}->{hll_after})"
             + ("" if finished else f" STOPPED after {done:,} of {size:,}"))
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that ended and were waited for (their own
+    waited-for children included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _summary(stdout: str) -> Any:

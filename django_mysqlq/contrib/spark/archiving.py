@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ...broker import archive as statements
-from ...broker import database_now, topic_retention
+from ...broker import database_now, partitions, topic_retention
 from ...broker import pipeline as reads
 from . import batches
 from .batches import Batch, BatchMismatch, Control, Recovered
@@ -62,6 +62,16 @@ class ArchiveResult:
     seconds: float = 0.0
     #: Seconds per step, summed over batches (``delete`` runs beside the next batch).
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: A partitioned history table: the partitions dropped whole (a dry run: that would
+    #: be), and those whose drop gave way to row deletes, with why (``locked``: the
+    #: table's lock was not granted in time; ``changed``: it held other rows).
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    not_dropped: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: A dry run on a partitioned table: history rows that would go with dropped
+    #: partitions (the rest of ``rows``, deleted row by row).
+    rows_in_dropped: int = 0
+    #: Partitions added above the highest id, and empty old ones dropped.
+    partitions_added: list[str] = dataclasses.field(default_factory=list)
 
 
 def _frame(spark: SparkSession, db: Database, batch: Batch, partition_rows: int | None,
@@ -103,19 +113,20 @@ class Deleter(threading.Thread):
         super().__init__(name="mysqlq-archive-deleter", daemon=True)
         self.control, self.alias, self.delete_batch = control, alias, delete_batch
         self.progress = progress
-        self.work: queue.Queue[tuple[dict[str, Any], list[int]] | None] = queue.Queue(1)
+        self.work: queue.Queue[tuple[dict[str, Any], list[int], bool] | None] = queue.Queue(1)
         self.deleted: dict[str, int] = {}
+        self.lock = threading.Lock()
         self.seconds = 0.0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while (item := self.work.get()) is not None:
-                record, ids = item
+                record, ids, try_drop = item
                 started = time.monotonic()
                 done = batches.delete(self.control, record, ids, self.alias,
-                                      self.delete_batch)
-                self.deleted[record["kind"]] = self.deleted.get(record["kind"], 0) + done
+                                      self.delete_batch, try_drop=try_drop)
+                self.add(record["kind"], done)
                 self.seconds += time.monotonic() - started
                 if self.progress is not None:
                     self.progress(f"batch {record['batch']}: deleted {done} of "
@@ -125,9 +136,14 @@ class Deleter(threading.Thread):
         finally:
             connections[self.alias].close()
 
-    def submit(self, record: dict[str, Any], ids: list[int]) -> None:
+    def add(self, kind: str, rows: int) -> None:
+        """Count rows gone (deleted here, or dropped with a partition by the driver)."""
+        with self.lock:
+            self.deleted[kind] = self.deleted.get(kind, 0) + rows
+
+    def submit(self, record: dict[str, Any], ids: list[int], try_drop: bool = True) -> None:
         self._check()
-        self.work.put((record, ids))
+        self.work.put((record, ids, try_drop))
 
     def finish(self) -> dict[str, int]:
         self.work.put(None)
@@ -178,10 +194,21 @@ def _archive_batch(spark: SparkSession, control: Control, db: Database, batch: B
             continue
         finally:
             timer.step("verify")
-        record = batches.commit(control, batch, written.stats)
+        drop = batches.drop_plan(batch, written, db.alias)
+        if batch.partition is not None and drop is None:
+            control.drops[batch.partition[0]] = "changed"
+        record = batches.commit(control, batch, written.stats, drop)
         batches.move(control, record)
         timer.step("commit and move")
-        deleter.submit(record, written.ids)
+        if record.get("drop") is not None:
+            # Here, between Spark's jobs: a read of the next batch would hold the table's
+            # metadata lock for seconds, and the drop (and the acks behind it) wait for it.
+            dropped = batches.drop(control, record, db.alias)
+            timer.step("drop partitions")
+            if dropped is not None:
+                deleter.add(batch.kind, dropped)
+                return int(record["rows"])
+        deleter.submit(record, written.ids, try_drop=False)
         timer.step("wait for the previous batch's delete")
         return int(record["rows"])
     raise AssertionError("unreachable")
@@ -206,8 +233,37 @@ def _plans(kind: str, cutoff: dt.datetime, alias: str, batch_rows: int,
               else reads.dead_bounds(cutoff, alias))
     if bounds is None:
         return []
-    return [Batch(kind, low, high, cutoff, f"{kind}-{low:012d}-{high:012d}-{stamp}")
-            for low, high in _ranges(bounds[0], bounds[1], batch_rows)]
+    whole = [] if kind != HISTORY else [
+        old for old in partitions.old_partitions(cutoff, alias) if old.first is not None]
+    found = [Batch(kind, old.first, old.last + 1, cutoff,  # type: ignore[arg-type,operator]
+                   f"{kind}-{old.first:012d}-{old.last + 1:012d}-{stamp}",  # type: ignore[operator]
+                   partition=(old.partition.name, old.partition.high))  # type: ignore[arg-type]
+             for old in whole]
+    for start, stop in _gaps(bounds[0], bounds[1] + 1,
+                             [(old.partition.low, old.partition.high) for old in whole]):
+        found += [Batch(kind, low, high, cutoff, f"{kind}-{low:012d}-{high:012d}-{stamp}")
+                  for low, high in _ranges(start, stop - 1, batch_rows)]
+    return sorted(found, key=lambda batch: batch.low)
+
+
+def _gaps(low: int, high: int, taken: list[tuple[int, int | None]]) -> list[tuple[int, int]]:
+    """The parts of ``[low, high)`` outside every ``[start, stop)`` of ``taken`` (sorted)."""
+    found = []
+    for start, stop in taken:
+        if start > low:
+            found.append((low, min(start, high)))
+        low = max(low, stop if stop is not None else high)
+    if low < high:
+        found.append((low, high))
+    return [(a, b) for a, b in found if a < b]
+
+
+def _dry_drops(cutoff: dt.datetime, alias: str, result: ArchiveResult) -> None:
+    """Which partitions a run would drop, and the rows they hold."""
+    for old in partitions.old_partitions(cutoff, alias):
+        if old.first is not None:
+            result.dropped.append(old.partition.name)
+            result.rows_in_dropped += partitions.totals(old.partition.name, alias)[0]
 
 
 def _dry_counts(kinds: list[str], cutoff: dt.datetime, alias: str) -> dict[str, int]:
@@ -222,6 +278,27 @@ def _dry_counts(kinds: list[str], cutoff: dt.datetime, alias: str) -> dict[str, 
                 bounds[2] for topic in topic_retention.topic_names(alias)
                 if (bounds := topic_retention.archivable_offsets(topic, cutoff, alias)))
     return counts
+
+
+def _tend(alias: str, cutoff: dt.datetime, result: ArchiveResult,
+          progress: Progress | None) -> None:
+    """A partitioned history table: drop its empty old partitions, and keep empty ones
+    ahead of its ids (a busy table, or rows in ``pmax``, leave that for the next run)."""
+    try:
+        if partitions.layout(alias) is None:
+            return
+        result.partitions_added += partitions.keep_ahead(alias, progress=progress).added
+        gone = partitions.drop_empty(cutoff, alias)
+    except OperationalError as exc:
+        if exc.args[:1] != (partitions.LOCK_WAIT_TIMEOUT,):
+            raise
+        if progress is not None:
+            progress("the history table was busy (its lock not granted within "
+                     f"{partitions.LOCK_WAIT_SECONDS} s): partitions left as they are")
+        return
+    if progress is not None and (gone or result.partitions_added):
+        progress(f"partitions: added {', '.join(result.partitions_added) or 'none'}; "
+                 f"dropped empty {', '.join(gone) or 'none'}")
 
 
 def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
@@ -257,9 +334,12 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
     kinds = [kind for kind in (HISTORY, DEAD, TOPICS)
              if kind in sources or (kind == DEAD and include_dead)]
     if dry_run:
-        return ArchiveResult(cutoff=cutoff, dry_run=True,
-                             rows=_dry_counts(kinds, cutoff, db.alias),
-                             pending=batches.pending(control))
+        dry = ArchiveResult(cutoff=cutoff, dry_run=True,
+                            rows=_dry_counts(kinds, cutoff, db.alias),
+                            pending=batches.pending(control))
+        if HISTORY in kinds:
+            _dry_drops(cutoff, db.alias, dry)
+        return dry
     if connections[db.alias].in_atomic_block:
         raise PipelineError("archive() deletes in autocommit batches: call it outside "
                             "transaction.atomic().")
@@ -267,6 +347,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         raise PipelineError("Another archive is running on this database; wait for it to "
                             "finish (or for its driver to die) and run this one again.")
     result = ArchiveResult(cutoff=cutoff, dry_run=False)
+    held_before = partitions.held["seconds"]
     deleter = Deleter(control, db.alias, delete_batch, progress)
     try:
         timer = Timer(result.timings)
@@ -279,6 +360,8 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
             progress(f"finished {len(result.recovered.finished)} batch(es) an interrupted "
                      f"run committed ({result.recovered.deleted} rows deleted); dropped "
                      f"{len(result.recovered.dropped)} it had not committed")
+        _tend(db.alias, cutoff, result, progress)
+        timer.step("partitions")
         deleter.start()
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
         for kind in kinds:
@@ -295,6 +378,12 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
                         progress(f"batch {batch.name}: {rows} rows written and verified")
         result.deleted = deleter.finish()
         timer.step("wait for the last delete")
+        _tend(db.alias, cutoff, result, progress)
+        timer.step("partitions")
+        result.dropped = [name for name, outcome in control.drops.items()
+                          if outcome == "dropped"]
+        result.not_dropped = {name: outcome for name, outcome in control.drops.items()
+                              if outcome != "dropped"}
     finally:
         if deleter.is_alive():
             deleter.work.put(None)
@@ -302,4 +391,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
         statements.release_archive_lock(db.alias)
     result.seconds = time.monotonic() - started
     result.timings["delete (beside the next batch)"] = deleter.seconds
+    if control.drops:
+        result.timings["history table locked for drops"] = (partitions.held["seconds"]
+                                                            - held_before)
     return result

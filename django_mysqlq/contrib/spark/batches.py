@@ -12,8 +12,13 @@ to be killed in:
    staged file and its final place. From here the batch is archived: a next run rolls
    it forward.
 4. **moved**: the staged files are renamed to ``<kind>/day=…/queue=…/part-<batch>-N.parquet``.
-5. **deleted**: exactly the ids read back from those files (in step 2's read; a run
-   finishing an interrupted batch reads the final files again) are deleted from MySQL, a
+5. **deleted**: a batch that is all of one partition of a partitioned history table
+   (:mod:`...broker.partitions`), whose record names that partition and its rows, sum,
+   first and last id, drops the partition if it still holds exactly those rows (checked
+   under a table lock, just before); else, or if that lock is not granted soon, its
+   rows are deleted as every other batch's are. Otherwise, exactly the ids read back
+   from those files (in step 2's read; a run finishing an interrupted batch reads the
+   final files again) are deleted from MySQL, a
    short autocommit statement per ``delete_batch`` ids; then ``<batch>.done`` is written
    and the staging removed. Deleting an id twice is a no-op, so a run killed anywhere in
    here is finished by the next one.
@@ -32,7 +37,7 @@ from django.db import connections
 from pyspark.sql import DataFrame, SparkSession
 
 from ...broker import archive as statements
-from ...broker import topic_retention
+from ...broker import partitions, topic_retention
 from .errors import PipelineError
 from .hooks import checkpoint
 from .layout import CONTROL, HISTORY, PARTITIONS, SCHEMAS, TOPICS, join
@@ -52,9 +57,13 @@ class Batch:
     name: str
     #: For ``topics``: the topic, and ``low``/``high`` are offsets, not ids.
     topic: str | None = None
+    #: For history in a partitioned table: the partition (name, upper bound) this batch
+    #: is all of, dropped instead of deleted row by row if it holds exactly these rows.
+    partition: tuple[str, int] | None = None
 
-    def record(self, files: list[tuple[str, str]], stats: PartitionStats) -> dict[str, Any]:
-        return {"batch": self.name, "kind": self.kind, "topic": self.topic,
+    def record(self, files: list[tuple[str, str]], stats: PartitionStats,
+               drop: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"batch": self.name, "kind": self.kind, "topic": self.topic, "drop": drop,
                 "low": self.low, "high": self.high,
                 "cutoff": self.cutoff.isoformat(), "rows": sum(s[0] for s in stats.values()),
                 "partitions": [[day, queue, *figures]
@@ -69,6 +78,9 @@ class Control:
         self.spark = spark
         self.root = root
         self.store = Store(spark, root)
+        #: Partitions whose drop this run tried: ``{name: outcome}`` (see
+        #: :func:`...broker.partitions.drop_archived`).
+        self.drops: dict[str, str] = {}
 
     def staging(self, name: str) -> str:
         return join(self.root, CONTROL, STAGING, name)
@@ -216,13 +228,30 @@ class BatchMismatch(PipelineError):
     """What was written is not what the source holds: the batch is dropped, not deleted."""
 
 
-def commit(control: Control, batch: Batch, stats: PartitionStats) -> dict[str, Any]:
+def drop_plan(batch: Batch, written: Written, alias: str) -> dict[str, Any] | None:
+    """For a batch that is all of one partition: the drop its record names, if the
+    partition holds exactly the rows written (else None: its rows are deleted one by one,
+    a row of it that was not archived staying)."""
+    if batch.partition is None or not written.stats:
+        return None
+    name, high = batch.partition
+    figures = list(written.stats.values())
+    wrote = (sum(f[0] for f in figures), sum(f[1] for f in figures),
+             min(f[2] for f in figures), max(f[3] for f in figures))
+    holds = partitions.totals(name, alias)
+    if holds != wrote:
+        return None
+    return {"partition": name, "high": high, "totals": list(wrote)}
+
+
+def commit(control: Control, batch: Batch, stats: PartitionStats,
+           drop: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the batch's record: from here on the batch is archived."""
     moves = []
     for index, path in enumerate(staged_files(control, batch.name)):
         directory = path.rsplit("/", 1)[0]
         moves.append((path, f"{batch.kind}/{directory}/part-{batch.name}-{index:05d}.parquet"))
-    record = batch.record(moves, stats)
+    record = batch.record(moves, stats, drop)
     control.store.write_text(control.record_path(batch.name), json.dumps(record, indent=1))
     checkpoint("committed")
     return record
@@ -267,11 +296,30 @@ def chunks(ids: list[int], size: int) -> Iterator[list[int]]:
 DELETE_THREADS = 2
 
 
+def drop(control: Control, record: dict[str, Any], alias: str) -> int | None:
+    """Drop the partition a batch's record names, if it still holds exactly the batch's
+    rows; the rows it held (then marks the batch done), or None: delete them instead."""
+    plan = record.get("drop")
+    if plan is None:
+        return None
+    checkpoint("dropping")
+    outcome = partitions.drop_archived(plan["partition"], plan["high"], tuple(plan["totals"]),
+                                       alias)
+    control.drops[plan["partition"]] = outcome
+    if outcome != "dropped":
+        return None
+    checkpoint("dropped")
+    return _done(control, record, int(plan["totals"][0]))
+
+
 def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
-           delete_batch: int) -> int:
+           delete_batch: int, *, try_drop: bool = True) -> int:
     """Delete the batch's ids from MySQL (on :data:`DELETE_THREADS` connections; topic
     messages on one, in offset order, so that what is kept stays ``first_offset … last``),
-    mark it done, drop its staging."""
+    mark it done, drop its staging. A batch whose record names a partition to drop
+    drops it instead, if it still holds exactly the batch's rows."""
+    if try_drop and (dropped := drop(control, record, alias)) is not None:
+        return dropped
     cutoff = dt.datetime.fromisoformat(record["cutoff"])
     parts = list(chunks(ids, delete_batch))
     threads = 1 if record["kind"] == TOPICS else DELETE_THREADS
@@ -302,8 +350,11 @@ def delete(control: Control, record: dict[str, Any], ids: list[int], alias: str,
         lane.join()
     if errors:
         raise errors[0]
-    deleted = sum(counts)
     checkpoint("deleted")
+    return _done(control, record, sum(counts))
+
+
+def _done(control: Control, record: dict[str, Any], deleted: int) -> int:
     control.store.write_text(control.done_path(record["batch"]), f"{deleted}\n")
     control.store.delete(control.staging(record["batch"]))
     return deleted

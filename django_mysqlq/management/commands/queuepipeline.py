@@ -208,6 +208,12 @@ class Command(BaseCommand):
             for kind, rows in result.rows.items():
                 self.stdout.write(f"{rows} {kind} row(s) {_when(kind)} before {cutoff} would "
                                   f"move to {options['to']}.")
+            if result.dropped:
+                self.stdout.write(
+                    f"{result.rows_in_dropped} of the history rows are in partition(s) "
+                    f"{', '.join(result.dropped)}, which would be dropped whole; "
+                    f"{result.rows.get('history', 0) - result.rows_in_dropped} would be "
+                    "deleted row by row.")
             committed, staged = result.pending
             if committed or staged:
                 self.stdout.write(f"An interrupted run left {len(committed)} committed "
@@ -218,6 +224,11 @@ class Command(BaseCommand):
             self.stdout.write(f"Archived {rows} {kind} row(s) {_when(kind)} before {cutoff} to "
                               f"{options['to']}; deleted {result.deleted.get(kind, 0)} from "
                               f"the database, in {result.seconds:.1f}s.")
+        if result.dropped or result.not_dropped:
+            kept = ", ".join(f"{name} ({why})" for name, why in result.not_dropped.items())
+            self.stdout.write(f"Dropped partition(s) {', '.join(result.dropped) or 'none'}"
+                              + (f"; rows deleted one by one instead in {kept}" if kept
+                                 else "") + ".")
         self.stdout.write("Seconds per step: " + ", ".join(
             f"{step} {seconds:.1f}" for step, seconds in result.timings.items()))
         if result.recovered.finished or result.recovered.dropped:
