@@ -355,3 +355,35 @@ def test_an_operator_can_cancel_throttled_messages_but_not_requeue_them():
     assert [m.id for m in broker.claim_throttled(["default"], 1, "w", lease_seconds=30)] == [
         again]
     assert broker.cancel([again], Operator("t")) == []  # claimed (running): never touched
+
+
+def test_keys_claimed_before_a_later_key_fails_are_given_back(monkeypatch, caplog):
+    """A throttled claim that fails part-way (a later key's transaction: a lost connection,
+    a lock wait) raises without its earlier keys' messages: they go back, unspent, rather
+    than wait claimed by nobody for their lease to run out."""
+    from django.db import OperationalError
+
+    from django_mysqlq.broker import rates
+
+    a = per_account.enqueue("a", 0, "part-way").id
+    b = per_account.enqueue("b", 0, "part-way").id
+    real, calls = rates.in_transaction, []
+
+    def failing_second(alias, body):
+        calls.append(alias)
+        if len(calls) == 2:
+            raise OperationalError(1205, "Lock wait timeout exceeded")
+        return real(alias, body)
+
+    monkeypatch.setattr(rates, "in_transaction", failing_second)
+    with pytest.raises(OperationalError):
+        claim_rated(10)
+    assert len(calls) == 2
+    rows = {m.pk: (m.status, m.attempts, m.claim_token)
+            for m in Message.objects.filter(pk__in=[a, b])}
+    assert rows == {a: ("throttled", 0, None), b: ("throttled", 0, None)}
+    assert "1 message(s) already claimed from earlier rate keys were given back" in caplog.text
+    monkeypatch.undo()
+    # (The first key's start was spent: its next one is an interval away.)
+    RateLimit.objects.update(next_at=timezone.now() - timezone.timedelta(seconds=1))
+    assert sorted(claim_rated(10)) == [a, b]

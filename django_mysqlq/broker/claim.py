@@ -237,7 +237,13 @@ def _read_claimed(alias: str, token: str) -> list[Any]:
 
 def _give_back(alias: str, claimed: Sequence[ClaimedMessage]) -> None:
     """Release batches claimed before a later queue's claim failed: nobody will run them."""
-    tokens = sorted({message.claim_token for message in claimed})
+    give_back_tokens(alias, sorted({message.claim_token for message in claimed}), len(claimed),
+                     "earlier queues")
+
+
+def give_back_tokens(alias: str, tokens: Sequence[str], count: int, source: str) -> None:
+    """Release the ``count`` messages claimed under ``tokens`` by a claim that fails
+    part-way (its caller never gets them), before the error is raised."""
     if not tokens:
         return
     try:
@@ -247,10 +253,10 @@ def _give_back(alias: str, claimed: Sequence[ClaimedMessage]) -> None:
     except DatabaseError:
         logger.warning("A claim failed part-way and %d message(s) already claimed could not "
                        "be given back; their leases will run out and a peer will recover "
-                       "them.", len(claimed))
+                       "them.", count)
         return
-    logger.warning("A claim failed part-way; %d message(s) already claimed from earlier "
-                   "queues were given back.", len(claimed))
+    logger.warning("A claim failed part-way; %d message(s) already claimed from %s were "
+                   "given back.", count, source)
 
 
 def _release_token(alias: str, token: str) -> int:

@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..messages import ClaimedMessage, NewMessage
 from ..models import MessageStatus, rate_id
 from .base import (
@@ -31,8 +33,9 @@ from .base import (
     naive_utc,
     placeholders,
     require_autocommit,
+    with_lock_retry,
 )
-from .claim import read_claimed_messages
+from .claim import give_back_tokens, read_claimed_messages
 from .park import RATE_TABLE
 from .session import connection_session
 
@@ -160,10 +163,15 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
     token = uuid.uuid4().hex
     stamp = [token, session.stamps_owner, session.owner_start, worker_id,
              micros(lease_seconds)]
-    with connection_for(alias).cursor() as cursor:
-        cursor.execute(DUE_KEYS_SQL.format(queues=placeholders(len(queues))),
-                       [*queues, limit * 4])
-        keys = [(str(row[0]), str(row[1]), str(row[2])) for row in cursor.fetchall()]
+
+    def due_keys() -> list[tuple[str, str, str]]:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(DUE_KEYS_SQL.format(queues=placeholders(len(queues))),
+                           [*queues, limit * 4])
+            return [(str(row[0]), str(row[1]), str(row[2])) for row in cursor.fetchall()]
+
+    # (A producer's late wake-up, KILL QUERY, landing here is retried like a lock wait.)
+    keys = with_lock_retry(alias, due_keys)
     taken = 0
     for key_id, queue, rate_key in keys:
         if taken >= limit:
@@ -185,7 +193,12 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
             cursor.execute(ADVANCE_SQL, [min(int(row[1] or 0), INTERVAL_MAX_MICROS), key_id])
             return 1
 
-        taken += in_transaction(alias, body)
+        try:
+            taken += in_transaction(alias, body)
+        except DatabaseError:
+            if taken:  # the keys claimed before are nobody's otherwise: give them back
+                give_back_tokens(alias, [token], taken, "earlier rate keys")
+            raise
     return read_claimed_messages(alias, token) if taken else []
 
 

@@ -22,6 +22,7 @@ from .. import broker
 from ..conf import QueueSettings, get_settings
 from ..exceptions import WorkerCannotRun
 from ..log import one_line
+from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
 from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
@@ -389,18 +390,21 @@ class Worker:
         wanted = self.budget.reserve(wanted)
         if wanted <= 0:
             return 0
+        messages: list[ClaimedMessage] = []
         try:
             messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
             if self._rated and len(messages) < wanted:
                 messages += broker.claim_throttled(self._active, wanted - len(messages),
                                                    self.id, self.settings.LEASE_SECONDS,
                                                    idle=in_flight == 0 and not messages)
-        except BaseException:
-            self.budget.give_back(wanted)
-            raise
-        self.budget.give_back(wanted - len(messages))
-        if messages:
-            self.holdings.add(messages)
+        finally:
+            # Held even when the throttled claim fails after the plain one committed (a
+            # producer's late wake-up, KILL QUERY, cuts it short and the loop just goes
+            # round again): not held, that batch would never start nor be renewed, and its
+            # lease would run out under a live worker.
+            self.budget.give_back(wanted - len(messages))
+            if messages:
+                self.holdings.add(messages)
         return len(messages)
 
     def _finished(self, claimed: int) -> bool:
