@@ -192,12 +192,7 @@ def sync(declared: Sequence[DeclaredSchedule], alias: str | None = None) -> Sync
         cursor.execute(NOW_SQL)
         now = cursor.fetchone()[0]
         for schedule in ordered:
-            following = cron.Cron.parse(schedule.cron, schedule.timezone).after(now)
-            cursor.execute(SYNC_SQL, [
-                schedule.name, schedule.source, schedule.task_name, schedule.queue,
-                schedule.priority, schedule.max_attempts, schedule.retry_backoff,
-                schedule.timeout, schedule.payload, schedule.cron, schedule.timezone,
-                schedule.catch_up, naive_utc(following)])
+            cursor.execute(SYNC_SQL, _row_params(schedule, now))
         names = [schedule.name for schedule in ordered]
         keep = f"AND name NOT IN ({placeholders(len(names))})" if names else ""
         cursor.execute(MARK_REMOVED_SQL.format(keep=keep), names)
@@ -211,6 +206,16 @@ def sync(declared: Sequence[DeclaredSchedule], alias: str | None = None) -> Sync
     return in_transaction(alias, body)
 
 
+def _row_params(schedule: DeclaredSchedule, now: Any) -> list[Any]:
+    """A declared schedule's row for ``SYNC_SQL`` and ``ADD_MISSING_SQL``, its next run
+    computed from the database's ``now``."""
+    following = cron.Cron.parse(schedule.cron, schedule.timezone).after(now)
+    return [schedule.name, schedule.source, schedule.task_name, schedule.queue,
+            schedule.priority, schedule.max_attempts, schedule.retry_backoff,
+            schedule.timeout, schedule.payload, schedule.cron, schedule.timezone,
+            schedule.catch_up, naive_utc(following)]
+
+
 def add_missing(declared: Sequence[DeclaredSchedule], alias: str | None = None) -> list[str]:
     """Write the declared schedules that have no row yet (as a starting worker would);
     leave every existing row, and the ones no longer declared, as they are. Returns the
@@ -222,12 +227,7 @@ def add_missing(declared: Sequence[DeclaredSchedule], alias: str | None = None) 
         now = cursor.fetchone()[0]
         added = []
         for schedule in sorted(declared, key=lambda schedule: schedule.name):
-            following = cron.Cron.parse(schedule.cron, schedule.timezone).after(now)
-            cursor.execute(ADD_MISSING_SQL, [
-                schedule.name, schedule.source, schedule.task_name, schedule.queue,
-                schedule.priority, schedule.max_attempts, schedule.retry_backoff,
-                schedule.timeout, schedule.payload, schedule.cron, schedule.timezone,
-                schedule.catch_up, naive_utc(following)])
+            cursor.execute(ADD_MISSING_SQL, _row_params(schedule, now))
             if cursor.rowcount:
                 added.append(schedule.name)
         return added
