@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -153,3 +154,13 @@ def viewer():
     client = Client()
     client.force_login(user("viewer"))
     return client
+
+
+@pytest.fixture(scope="session")
+def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The second MariaDB server (and its replica) of the several-database tests, started
+    once for the session (tests/multidb_support.py)."""
+    from tests import multidb_support
+
+    with django_db_blocker.unblock():
+        multidb_support.start()

@@ -34,12 +34,6 @@ QUEUE_B = "mdb_b"
 ON_B = {QUEUE_B: B}
 
 
-@pytest.fixture(scope="session")
-def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
-    with django_db_blocker.unblock():
-        mdb.start()
-
-
 @pytest.fixture(autouse=True)
 def queues_on_two_servers(second_server: None, settings: Any) -> Iterator[None]:
     settings.MYSQLQ = {**settings.MYSQLQ,

@@ -23,12 +23,6 @@ B = mdb.ALIAS_B
 QUEUE_B = "mdb_b"
 
 
-@pytest.fixture(scope="session")
-def second_server(django_db_setup: None, django_db_blocker: Any) -> None:
-    with django_db_blocker.unblock():
-        mdb.start()
-
-
 def _clear_b() -> None:
     for table in ("mysqlq_attempt", "mysqlq_message"):
         mdb.query(B, f"DELETE FROM {table}")
