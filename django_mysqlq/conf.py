@@ -153,6 +153,9 @@ class QueueSettings:
     SPARK_MAX_CONNECTIONS: int = 4
     #: Primary-key ids per read partition: each partition is one short SELECT.
     SPARK_PARTITION_ROWS: int = 100_000
+    #: The local driver JVM's class-data-sharing archive: "auto" (a file in
+    #: ~/.cache/django-mysqlq, written by the first local session), a path, or "" for none.
+    SPARK_CLASS_ARCHIVE: str = "auto"
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(QueueSettings)}
@@ -221,7 +224,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("SPARK_MAX_CONNECTIONS", whole(1000))
     check("SPARK_PARTITION_ROWS", lambda value, option: limits.whole_problem(
         value, option, 1000, 100_000_000))
-    for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER"):
+    for name in ("SPARK_JDBC_JAR", "SPARK_JDBC_DRIVER", "SPARK_CLASS_ARCHIVE"):
         if name in values and not isinstance(values[name], str):
             problems.append(f"MYSQLQ[{name!r}] must be a string, not {values[name]!r}.")
     for name in ("WAKEUP", "DETECT_PROXY", "IMMEDIATE", "IMMEDIATE_RAISE",

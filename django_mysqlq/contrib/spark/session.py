@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from ...conf import get_settings
-from . import java
+from . import classarchive, java
 from .errors import PipelineError
 
 APP_NAME = "django-mysqlq pipeline"
@@ -48,6 +48,12 @@ def parse_conf(items: list[str]) -> dict[str, str]:
 
 def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """Everything :func:`build_session` sets, before the caller's ``conf`` is applied."""
+    return _session_plan(master, conf)[0]
+
+
+def _session_plan(master: str, conf: Mapping[str, str] | None
+                  ) -> tuple[dict[str, str], classarchive.ClassArchive | None]:
+    """The session's conf, and the class archive its local driver JVM maps or writes."""
     settings = get_settings()
     merged = dict(DEFAULT_CONF)
     if master.startswith("local"):
@@ -64,7 +70,20 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
             "Debian: apt-get install libmariadb-java; elsewhere set SPARK_JDBC_JAR to "
             "the MariaDB Connector/J jar, or pass --conf spark.jars.packages="
             "org.mariadb.jdbc:mariadb-java-client:3.5.1 with Maven reachable.")
-    return merged
+    archive = None
+    if master.startswith("local") and merged["spark.driver.extraJavaOptions"] == \
+            LOCAL_DRIVER_JAVA_OPTIONS:  # not when the caller gave the JVM its options
+        archive = _class_archive(settings.SPARK_CLASS_ARCHIVE, merged.get("spark.jars", ""))
+        if archive is not None:
+            merged["spark.driver.extraJavaOptions"] += " " + archive.java_options
+    return merged, archive
+
+
+def _class_archive(setting: str, jars: str) -> classarchive.ClassArchive | None:
+    try:
+        return classarchive.plan(setting, java.find(), jars)
+    except PipelineError:
+        return None  # no Java: build_session's check says what to install
 
 
 def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
@@ -82,12 +101,18 @@ def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
         # Executors run this interpreter (a different python3 on the PATH is refused by
         # PySpark as a version mismatch) unless PYSPARK_PYTHON says otherwise.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    if not _gateway_running():
+    launching = not _gateway_running()
+    if launching:
         java.check()  # before PySpark tries to start a JVM, to say what is missing
+    merged, archive = _session_plan(master, conf)
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in session_conf(master, conf).items():
+    for key, value in merged.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    if launching and archive is not None:
+        from pyspark import SparkContext
+
+        classarchive.finish_at_exit(archive, getattr(SparkContext, "_gateway", None))
     prepare(session)
     return session
 
