@@ -347,7 +347,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"# bench.pipeline {results['run']}", "",
              f"{results['rows']:,} history rows; load average before/after "
              f"{results['load_before']} / {results['load_after']}; "
-             f"{results['machine']}", ""]
+             f"{results['machine']}; Spark class archive: {results.get('class_archive')}", ""]
     for step in SECTIONS:
         if step in results:
             lines += [f"## {step}", "", "| figure | value |", "| --- | --- |"]
@@ -355,6 +355,17 @@ def markdown(results: dict[str, Any]) -> str:
                       if key != "stdout"]
             lines.append("")
     return "\n".join(lines)
+
+
+def class_archive_state() -> str:
+    """Whether the jobs' JVMs map a class archive (docs/pipeline.md), or the first one
+    writes it as it ends (its start is then the slow one), or there is none."""
+    from django_mysqlq.contrib.spark.session import session_conf
+
+    options = session_conf("local[*]")["spark.driver.extraJavaOptions"]
+    if "SharedArchiveFile" in options:
+        return "mapped"
+    return "written by the first job" if "ArchiveClassesAtExit" in options else "off"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -391,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
     run = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     results: dict[str, Any] = {"run": run, "rows": args.rows,
                                "machine": environment.machine(),
-                               "load_before": os.getloadavg()}
+                               "load_before": os.getloadavg(),
+                               "class_archive": class_archive_state()}
     log(f"seeding {args.rows} history rows (finished 1 h to 21 h ago)")
     results["seed_seconds"] = seed(conn, args.rows, span_seconds=20 * 3600,
                                    end_seconds_ago=3600)
