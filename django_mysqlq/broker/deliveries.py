@@ -43,6 +43,7 @@ from .base import (
 )
 from .claim import read_claimed_messages
 from .enqueue import INSERT_ROW_BYTES, gate_statuses, insert_rows
+from .literals import execute_escaped
 from .operate import Operator, requeue
 from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
@@ -305,8 +306,8 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
     ids: list[int] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
-            cursor.execute(DELIVERY_INSERT_SQL.format(rows=", ".join(r for r, _ in chunk)),
-                           [p for _, params in chunk for p in params])
+            execute_escaped(cursor, DELIVERY_INSERT_SQL.format(
+                rows=", ".join(r for r, _ in chunk)), [p for _, params in chunk for p in params])
             ids.extend(int(row[0]) for row in cursor.fetchall())
     return ids, claimed
 
@@ -339,7 +340,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         params: list[Any] = []
         for message_id, found in zip(ids, rows, strict=True):
             params.extend((message_id, spec.topic, spec.group, int(found[0])))
-        cursor.execute(LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
+        execute_escaped(cursor, LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))),
+                        params)
         last = int(rows[-1][0])
         cursor.execute(MOVE_SQL, [last, group_id])
         # Ready for a claim: neither blocked behind their key nor claimed here.

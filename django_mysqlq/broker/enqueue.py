@@ -25,6 +25,7 @@ from .base import (
     naive_utc,
     send_robust,
 )
+from .literals import execute_escaped
 from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
 from .rates import ensure_keys
@@ -186,7 +187,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses 
                 rows.append(row)
                 params.extend(row_params)
             values = ", ".join(rows)
-            cursor.execute(sql.format(rows=values), params)
+            execute_escaped(cursor, sql.format(rows=values), params)
             ids.extend(int(row[0]) for row in cursor.fetchall())
     return ids
 

@@ -50,6 +50,7 @@ from .history import (
     drop_result,
     fit_row,
 )
+from .literals import execute_escaped
 from .packets import row_room, split_by_size, statement_room
 
 #: One message's ack inside a caller's transaction (atomic tasks): a primary-key lookup.
@@ -237,8 +238,8 @@ class _AckAttempt:
                                   statement_room(self.alias) // self.divisor,
                                   ACK_INSERT_CHUNK):
             self.in_flight = sum(sizes[index] for index in part)
-            cursor.execute(ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(part)),
-                           [value for index in part for value in self.rows[index]])
+            execute_escaped(cursor, ATTEMPT_INSERT_HEAD + ", ".join([ATTEMPT_ROW] * len(part)),
+                            [value for index in part for value in self.rows[index]])
         freed = Counter(ref for index, ref in gated.items()
                         if ref in locked and self.messages[index].id in owned)
         self.promoted = subjects.release(
@@ -296,7 +297,7 @@ def _delete_acked(cursor: Any, messages: Sequence[ClaimedMessage], careful: bool
                 cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), params)
             owned |= found
             continue
-        cursor.execute(DELETE_PAIRS_SQL.format(pairs=pairs), params)
+        execute_escaped(cursor, DELETE_PAIRS_SQL.format(pairs=pairs), params)
         if cursor.rowcount != len(part):
             raise _ClaimsLost
         owned.update(message.id for message in part)
@@ -445,7 +446,7 @@ def mark_started(starts: Sequence[tuple[ClaimedMessage, dt.datetime]],
 
     def run() -> int:
         with connection_for(alias).cursor() as cursor:
-            cursor.execute(MARK_STARTED_SQL.format(starts=table), params)
+            execute_escaped(cursor, MARK_STARTED_SQL.format(starts=table), params)
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)
