@@ -22,13 +22,15 @@ def escaped(cursor: Any, sql: str, params: Sequence[Any]) -> str | None:
     literal = getattr(raw, "literal", None)
     if literal is None:
         return None
-    memo: dict[tuple[type, Any], str] = {}
+    # A str is its own key; other values are keyed with their type (1, 1.0 and True
+    # are equal as keys but escape as 1, 1.0e0 and 1).
+    memo: dict[Any, str] = {}
     texts: list[str] = []
     append = texts.append
     try:
         for value in params:
             try:
-                key = (value.__class__, value)
+                key = value if value.__class__ is str else (value.__class__, value)
                 text = memo.get(key)
             except TypeError:  # unhashable (a list): no memo
                 append(literal(value).decode())
