@@ -41,7 +41,6 @@ from .base import (
     micros,
     send_robust,
 )
-from .claim import read_claimed_messages
 from .enqueue import INSERT_ROW_BYTES, gate_statuses, insert_rows
 from .literals import execute_escaped
 from .operate import Operator, requeue
@@ -109,8 +108,10 @@ _CLAIMED_ROW = (
     "'claimed', 1, '', %s, IF(%s, CONNECTION_ID(), NULL), %s, %s, UTC_TIMESTAMP(6), "
     "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)"
 )
+#: The id, and for a claimed delivery what its claim's read-back would give besides what
+#: the pump already has (so the pump needs no read-back).
 DELIVERY_INSERT_SQL = (f"INSERT INTO {MESSAGE_TABLE} ({_DELIVERY_COLUMNS}) VALUES {{rows}} "
-                       "RETURNING id")
+                       "RETURNING id, enqueued_at, owner_connection")
 #: Rows per delivery INSERT (the pump's batch is at most TOPIC_PUMP_BATCH anyway).
 DELIVERY_INSERT_CHUNK = 1000
 #: A group's position (None: no such group).
@@ -280,17 +281,19 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
 
 def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
                        statuses: Sequence[str | None], claim: PumpClaim | None,
-                       token: str) -> tuple[list[int], int]:
+                       token: str) -> tuple[list[int], list[ClaimedMessage]]:
     """Insert the deliveries, the first ``claim.count`` that hold their key's slot as
-    claimed under ``token``; return the ids and how many were claimed."""
+    claimed under ``token``; return the ids and the claimed ones as a claim's read-back
+    would give them (it would read back exactly what this inserted)."""
     if claim is None:
-        return insert_rows(alias, messages, statuses), 0
+        return insert_rows(alias, messages, statuses), []
     session = connection_session(alias)
     stamp = [token, session.stamps_owner, session.owner_start, claim.worker_id,
              micros(claim.lease_seconds)]
     rows: list[tuple[str, list[Any]]] = []
     claimed = 0
-    for message, status in zip(messages, statuses, strict=True):
+    claimed_rows: list[int] = []
+    for index, (message, status) in enumerate(zip(messages, statuses, strict=True)):
         params: list[Any] = [
             message.queue, message.task_name, message.payload, message.priority,
             message.max_attempts, message.retry_backoff, message.timeout, message.gate_key,
@@ -298,18 +301,35 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
         if status is None and claimed < claim.count:
             rows.append((_CLAIMED_ROW, [*params, *stamp]))
             claimed += 1
+            claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
     sizes = [escaped_size(m.payload) + INSERT_ROW_BYTES
              + 4 * (len(m.queue) + len(m.task_name) + len(m.gate_key or ""))
              for m in messages]
-    ids: list[int] = []
+    returned: list[Sequence[Any]] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
             execute_escaped(cursor, DELIVERY_INSERT_SQL.format(
                 rows=", ".join(r for r, _ in chunk)), [p for _, params in chunk for p in params])
-            ids.extend(int(row[0]) for row in cursor.fetchall())
-    return ids, claimed
+            returned.extend(cursor.fetchall())
+    taken = [_claimed(messages[index], returned[index], token) for index in claimed_rows]
+    return [int(row[0]) for row in returned], taken
+
+
+def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> ClaimedMessage:
+    """A delivery the pump inserted claimed, as ``read_claimed_messages`` would read it."""
+    enqueued_at = returned[1]
+    if enqueued_at.tzinfo is None:
+        enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
+    return ClaimedMessage(
+        id=int(returned[0]), queue=message.queue, task_name=message.task_name,
+        payload=message.payload, priority=message.priority, attempt=1,
+        max_attempts=message.max_attempts, retry_backoff=float(message.retry_backoff),
+        timeout=None if message.timeout is None else float(message.timeout),
+        enqueued_at=enqueued_at, claim_token=token,
+        connection_id=None if returned[2] is None else int(returned[2]),
+        gate_key=message.gate_key, gate_mode=message.gate_mode)
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
@@ -318,25 +338,25 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
     found the topic's row held), and those it claimed for ``claim``."""
     token = uuid.uuid4().hex
 
-    def body(cursor: Any) -> tuple[int, list[str], int]:
+    def body(cursor: Any) -> tuple[int, list[str], list[ClaimedMessage]]:
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
-            return 0, [], 0
+            return 0, [], []
         group_id, current = int(row[0]), int(row[1])
         if sequence_first:
             # The sequencer's own round (topic row, then its consistent read): the
             # offsets it gives stay a gap-free prefix; this transaction sees its stamps.
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
-                return -1, [], 0
+                return -1, [], []
         cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
         rows = cursor.fetchall()
         if not rows:
-            return 0, [], 0
+            return 0, [], []
         messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
-        ids, claimed = _insert_deliveries(alias, messages, statuses, claim, token)
+        ids, taken = _insert_deliveries(alias, messages, statuses, claim, token)
         params: list[Any] = []
         for message_id, found in zip(ids, rows, strict=True):
             params.extend((message_id, spec.topic, spec.group, int(found[0])))
@@ -346,11 +366,10 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         cursor.execute(MOVE_SQL, [last, group_id])
         # Ready for a claim: neither blocked behind their key nor claimed here.
         ready = [m.queue for m, status in zip(messages, statuses, strict=True)
-                 if status != MessageStatus.BLOCKED][claimed:]
-        return len(rows), ready, claimed
+                 if status != MessageStatus.BLOCKED][len(taken):]
+        return len(rows), ready, taken
 
-    pumped, queues, claimed = in_transaction(alias, body)
-    taken = read_claimed_messages(alias, token) if claimed else []
+    pumped, queues, taken = in_transaction(alias, body)
     if pumped > 0:
         # A member that took all it could of a group still behind: wake another one.
         more = [spec.queue] if claim is not None and pumped >= wanted else []
