@@ -70,6 +70,12 @@ def test_a_batch_claimed_before_the_throttled_claim_fails_still_runs(start_worke
                           env={"MYSQLQ_TEST_LEASE": LEASE})
     wait_for(lambda: "started: queues=" in worker.output(), timeout=30,
              message="the worker to start")
+    # A first message run means the worker's loop is past its first upkeep (the recovery
+    # leader's retention reads the rate keys too, and waits on the lock the same way);
+    # the next is a lease (30 s) away.
+    warm = rated_tasks.unlimited.enqueue(0, f"{label}-warm").id
+    wait_for(lambda: not Message.objects.filter(id=warm).exists(), timeout=30,
+             message="the worker to run a first message")
     raw = _raw()
     try:
         with raw.cursor() as cursor:
