@@ -169,14 +169,38 @@ def _sorted_ids(table: Any, kind: str) -> list[int]:
     return ids
 
 
+def _read_back_columns(kind: str) -> list[str]:
+    extra = ["finished_at"] if kind == HISTORY else ["offset"] if kind == TOPICS else []
+    return ["id", "day", PARTITIONS[kind][1], *extra]
+
+
 def read_back(frame: DataFrame, kind: str) -> Written:
     """Read the files' ids, partitions and times once (one Spark scan of a few columns,
     handed to the driver as Arrow) and sum them up per partition on the driver."""
+    return _written(frame.select(*_read_back_columns(kind)).toArrow(), kind)
+
+
+def read_back_local(directory: str, kind: str) -> Written:
+    """:func:`read_back` of files on this machine, read by pyarrow on the driver: the
+    same columns and partitions (``day=…/<group>=…`` directories, values unescaped as
+    Spark escaped them) without a Spark job (about half a second a batch)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    group = PARTITIONS[kind][1]
+    partitioning = ds.partitioning(pa.schema([("day", pa.date32()), (group, pa.string())]),
+                                   flavor="hive")
+    dataset = ds.dataset(directory, format="parquet", partitioning=partitioning)
+    if not dataset.files:
+        return Written({}, None, [])
+    return _written(dataset.to_table(columns=_read_back_columns(kind)), kind)
+
+
+def _written(table: Any, kind: str) -> Written:
+    """The per-partition sums, the time span and the sorted ids of a read-back table."""
     import pyarrow.compute as pc
 
     group = PARTITIONS[kind][1]
-    extra = ["finished_at"] if kind == HISTORY else ["offset"] if kind == TOPICS else []
-    table = frame.select("id", "day", group, *extra).toArrow()
     grouped = table.group_by(["day", group]).aggregate(
         [("id", "count"), ("id", "sum"), ("id", "min"), ("id", "max")]).to_pylist()
     stats = {(row["day"].isoformat(), str(row[group])): (
@@ -211,7 +235,9 @@ def verify(control: Control, batch: Batch, alias: str) -> Written:
     rewritten, so these are the ids the committed batch's delete must remove.
     """
     staging = control.staging(batch.name)
-    written = read_back(_read(control.spark, batch.kind, staging, [staging]), batch.kind)
+    local = control.store.os_path(staging)
+    written = (read_back(_read(control.spark, batch.kind, staging, [staging]), batch.kind)
+               if local is None else read_back_local(local, batch.kind))
     source = source_stats(batch, alias, written.span)
     if written.stats != source:
         differing = sorted(set(written.stats.items()) ^ set(source.items()))[:4]
