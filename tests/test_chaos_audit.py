@@ -59,3 +59,23 @@ def test_a_rate_key_past_its_limit_in_a_window_is_caught():
     result = audit(keyed + crowd, [ev.Event(ev.KILL, 11, pid=7)])
     assert result["metrics"]["rate_violations"] == 1
     assert result["rate_peaks"] == {"r0": RATE_LIMIT, "r1": RATE_LIMIT + RATE_SLACK + 1}
+
+
+def test_an_unclean_stop_is_excused_only_when_its_node_was_down_during_the_stop():
+    sigterm = ev.Event(ev.SIGTERM, 10.0, pid=7)
+    stop = ev.Event(ev.STOP_STATUS, 20.0, pid=7, port=4307)
+    # Its node killed before the SIGTERM and back after it: excused.
+    down = ev.Event(ev.NODE_KILL, 5.0, until=15.0, port=4307)
+    assert ev.node_down_while_stopping(stop, [sigterm, down, stop])
+    # Killed during the stop, not back yet: excused.
+    assert ev.node_down_while_stopping(stop, [sigterm, ev.Event(ev.NODE_KILL, 12.0, port=4307),
+                                            stop])
+    # Another node, a node back before the SIGTERM, or killed after the stop: not.
+    assert not ev.node_down_while_stopping(
+        stop, [sigterm, ev.Event(ev.NODE_KILL, 5.0, until=15.0, port=4306), stop])
+    assert not ev.node_down_while_stopping(
+        stop, [sigterm, ev.Event(ev.NODE_KILL, 2.0, until=8.0, port=4307), stop])
+    assert not ev.node_down_while_stopping(
+        stop, [sigterm, ev.Event(ev.NODE_KILL, 25.0, port=4307), stop])
+    assert not ev.node_down_while_stopping(ev.Event(ev.STOP_STATUS, 20.0, pid=7),
+                                         [sigterm, down])

@@ -102,6 +102,8 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
     node_rec = node_recovery(facts, events, ports_by_pid or {}).as_dict()
     taken = claims.judge(facts, events, lease)
     kinds = Counter(event.kind for event in events)
+    unclean = [e for e in events if e.kind in (ev.STOP_OVERRUN, ev.STOP_STATUS)]
+    node_down_stops = [e for e in unclean if ev.node_down_while_stopping(e, events)]
     tries = [t for m in messages for t in m.tries]
     gates = ordering.audit(messages, events)
     metrics = {
@@ -135,7 +137,8 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "crashing_tasks_not_dead": sum(m.status != "dead" for m in crashing),
         "locked_rows": kinds[ev.LOCKED_ROW],
         "stalled_locks": len(stalled_locks),
-        "unclean_stops": kinds[ev.STOP_OVERRUN] + kinds[ev.STOP_STATUS],
+        "unclean_stops": len(unclean) - len(node_down_stops),
+        "unclean_stops_node_down": len(node_down_stops),
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
         "node_kill_orphans": node_rec["orphans"],

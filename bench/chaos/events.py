@@ -63,3 +63,18 @@ class EventLog:
 
     def of(self, kind: str) -> list[Event]:
         return [event for event in self.all() if event.kind == kind]
+
+
+def node_down_while_stopping(stop: Event, events: list[Event]) -> bool:
+    """Whether the node a SIGTERMed worker used was killed (--galera) between its SIGTERM
+    and the end of its stop: it could not ack nor deregister, so it could not stop
+    cleanly, and its claims are recovered like a kill's (counted apart, not a failure)."""
+    if stop.port is None:
+        return False
+    signalled = max((e.at for e in events if e.kind == SIGTERM and e.pid == stop.pid
+                     and e.at <= stop.at), default=None)
+    if signalled is None:
+        return False
+    return any(e.kind == NODE_KILL and e.port == stop.port
+               and e.at <= stop.at and (e.until is None or e.until >= signalled)
+               for e in events)

@@ -39,6 +39,8 @@ ROWS = (
     ("locked_rows", "ready or scheduled rows held FOR UPDATE by the harness for a while"),
     ("stalled_locks", "... during which no other message finished"),
     ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
+    ("unclean_stops_node_down", "SIGTERMed workers whose Galera node was killed during "
+     "the stop (excused)"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
     ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
     ("node_kill_orphans", "claims of workers on the killed node, taken back"),

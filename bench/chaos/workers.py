@@ -149,10 +149,10 @@ class WorkerPool:
                 worker.state = "exited"
                 self.exit_statuses[worker.pid] = status
                 if status != 0:
-                    self.events.add(ev.STOP_STATUS, worker.pid,
+                    self.events.add(ev.STOP_STATUS, worker.pid, port=worker.port,
                                     detail=f"exit status {status} after SIGTERM")
             elif worker.state == "stopping" and time.time() - worker.signalled_at > STOP_PATIENCE:
-                self.events.add(ev.STOP_OVERRUN, worker.pid,
+                self.events.add(ev.STOP_OVERRUN, worker.pid, port=worker.port,
                                 detail=f"still running {STOP_PATIENCE:.0f}s after SIGTERM")
                 worker.state = "killed"
                 with contextlib.suppress(ProcessLookupError):
