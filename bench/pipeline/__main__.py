@@ -5,18 +5,19 @@ made in the real tables, each job beside the same work done without Spark.
     python -m bench.pipeline --rows 50000    # a quick look
     python -m bench.pipeline --only report,readers
     python -m bench.pipeline --only archive --archive-alone   # no worker beside it
-    python -m bench.pipeline --only archive --partitioned 250000  # and partitioned
+    python -m bench.pipeline --only archive --partitioned 0  # the plain table only
 
 Writes ``bench/results/pipeline-<run>.json`` and ``.md``. The database is
 ``mysqlq_pipeline_bench`` (``MYSQLQ_BENCH_DB`` and ``…_HOST/PORT/USER/PASSWORD``
 override it); its queue tables are emptied first. Each job runs as ``manage.py
 queuepipeline`` in a subprocess, so its time is end to end: Python, Django, the JVM.
 The archive step also reports the CPU seconds of the command (every process of its
-session: Python, the JVM), of the local MariaDB server and of the worker. With
-``--partitioned ROWS`` it runs a second time on the same rows seeded again into a history
-table partitioned by ROWS ids (``queuehistory partition``; the conversion's time and
-server CPU reported apart), so that the archive drops partitions instead of deleting
-rows; ``--partitioned-only`` skips the first, plain, run.
+session: Python, the JVM), of the local MariaDB server and of the worker. It then runs
+a second time on the same rows seeded again into a history table partitioned by
+``--partitioned ROWS`` ids (default 250,000; 0: no second run; ``queuehistory
+partition``; the conversion's time and server CPU reported apart), so that the archive
+drops partitions instead of deleting rows; ``--partitioned-only`` skips the first,
+plain, run.
 """
 
 from __future__ import annotations
@@ -395,9 +396,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--archive-alone", action="store_true",
                         help="archive with no worker draining a queue beside it")
-    parser.add_argument("--partitioned", type=int, default=None, metavar="ROWS",
+    parser.add_argument("--partitioned", type=int, default=250_000, metavar="ROWS",
                         help="archive again on the history partitioned by ROWS ids per "
-                             "partition (e.g. 250000), beside the plain run")
+                             "partition, beside the plain run (0: don't)")
     parser.add_argument("--partitioned-only", action="store_true",
                         help="with --partitioned: skip the plain archive run")
     args = parser.parse_args(argv)
