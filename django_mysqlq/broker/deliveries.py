@@ -291,16 +291,14 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
     stamp = [token, session.stamps_owner, session.owner_start, claim.worker_id,
              micros(claim.lease_seconds)]
     rows: list[tuple[str, list[Any]]] = []
-    claimed = 0
     claimed_rows: list[int] = []
     for index, (message, status) in enumerate(zip(messages, statuses, strict=True)):
         params: list[Any] = [
             message.queue, message.task_name, message.payload, message.priority,
             message.max_attempts, message.retry_backoff, message.timeout, message.gate_key,
             message.gate_mode, message.gate_limit]
-        if status is None and claimed < claim.count:
+        if status is None and len(claimed_rows) < claim.count:
             rows.append((_CLAIMED_ROW, [*params, *stamp]))
-            claimed += 1
             claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
