@@ -107,6 +107,22 @@ def _group_rate(ctx: Context, group: str, groups: tuple[str, ...] = ()
     return int(count), (micros or 0) / 1e6
 
 
+def _drained(ctx: Context, groups: tuple[str, ...], size: int) -> bool:
+    """Whether every group has pumped all ``size`` messages and no delivery of it is left
+    but dead ones. Cheap on purpose: counting the history rows instead (the rate's own
+    query) every 0.2 s took about 15 % of the server's CPU in a four-group drain, CPU
+    the groups' members then didn't get."""
+    cur = ctx.conn.cursor()
+    marks = ", ".join(["%s"] * len(groups))
+    cur.execute(f"SELECT COUNT(*) FROM mysqlq_topic_group WHERE topic = 'bench' AND "
+                f"group_name IN ({marks}) AND position >= %s", [*groups, size])
+    if cur.fetchone()[0] < len(groups):
+        return False
+    cur.execute(f"SELECT EXISTS(SELECT 1 FROM mysqlq_message WHERE queue IN ({marks}) "
+                "AND status <> 'dead')", [f"group:{group}" for group in groups])
+    return not cur.fetchone()[0]
+
+
 def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
           single: float | None = None) -> float:
     size = ctx.sizes.streams_drain
@@ -119,8 +135,7 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
     server_before = db.server_cpu_seconds(ctx.conn)
     deadline = time.monotonic() + ctx.sizes.streams_seconds
     while True:
-        done = [_group_rate(ctx, group)[0] for group in groups]
-        if all(count >= size for count in done) or time.monotonic() > deadline:
+        if _drained(ctx, groups, size) or time.monotonic() > deadline:
             break
         for worker in workers:
             if worker.popen.poll() is not None:
