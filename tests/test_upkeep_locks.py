@@ -122,6 +122,26 @@ def test_the_session_waits_are_restored_when_the_block_raises(stranger):
     assert _session_waits() == before
 
 
+def test_a_short_row_lock_wait_first_set_inside_the_block_is_kept():
+    """A broker-owned session keeps ``locked.short_wait``'s 1 s row-lock wait for good:
+    set inside the block, it is not undone by the restore (nor set again every round)."""
+    from django_mysqlq.broker.locked import SESSION_WAIT_ATTRIBUTE, short_wait
+
+    _set_session_waits(77, 33)
+    raw = None
+    try:
+        with broker.bounded_lock_waits(2):
+            raw = connection.connection
+            raw._django_mysqlq_read_committed = True  # as if owned
+            short_wait(connection, "SELECT 1")
+        assert _session_waits() == (77, 1)
+        assert getattr(raw, SESSION_WAIT_ATTRIBUTE)
+    finally:
+        for attribute in ("_django_mysqlq_read_committed", SESSION_WAIT_ATTRIBUTE):
+            if raw is not None:
+                setattr(raw, attribute, False)  # (the driver's objects refuse delattr)
+
+
 def test_a_row_locked_by_an_open_transaction_skips_its_step(stranger, caplog):
     _old_stopped_worker("gone:1:row-locked")
     _set_session_waits(40, 50)

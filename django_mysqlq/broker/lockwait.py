@@ -25,7 +25,7 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import connection_for, default_alias, lock_waits_final
-from .locked import SESSION_WAIT_ATTRIBUTE
+from .locked import LOCK_WAIT_SECONDS, SESSION_WAIT_ATTRIBUTE
 
 #: The session's own lock waits, read before they are lowered.
 LOCK_WAITS_SQL = "SELECT @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout"
@@ -46,33 +46,31 @@ def bounded_lock_waits(seconds: int, alias: str | None = None) -> Iterator[None]
         metadata, rows = (int(value) for value in cursor.fetchone())
         cursor.execute(SET_LOCK_WAITS_SQL, [min(metadata, seconds), min(rows, seconds)])
     raw = connection.connection
-    short = bool(getattr(raw, SESSION_WAIT_ATTRIBUTE, False))
     final = lock_waits_final(True)
     try:
         yield
     finally:
         lock_waits_final(final)
-        _restore(connection, raw, (metadata, rows), short)
+        _restore(connection, raw, metadata, rows)
 
 
-def _restore(connection: BaseDatabaseWrapper, raw: object, values: tuple[int, int],
-             short: bool) -> None:
+def _restore(connection: BaseDatabaseWrapper, raw: object, metadata: int, rows: int) -> None:
     """Put the session's lock waits back on the connection the block lowered them on.
 
     A connection replaced meanwhile (an outage) started with the server's values. One the
-    restore can't reach is closed: no lowered wait survives on a reused connection.
+    restore can't reach is closed: no lowered wait survives on a reused connection. The
+    short row-lock wait a broker-owned session keeps for good (``locked.short_wait``), if
+    it was first set inside the block, counts as the session's own value from then on.
     """
     if connection.connection is not raw:
         return
+    if getattr(raw, SESSION_WAIT_ATTRIBUTE, False):
+        rows = min(rows, LOCK_WAIT_SECONDS)
     try:
         with connection.cursor() as cursor:
-            cursor.execute(SET_LOCK_WAITS_SQL, list(values))
+            cursor.execute(SET_LOCK_WAITS_SQL, [metadata, rows])
     except DatabaseError:
         connection.close()
-        return
-    # A short row-lock wait set for the session inside the block (``locked.short_wait``)
-    # was undone with the rest: it is set again when next needed.
-    setattr(raw, SESSION_WAIT_ATTRIBUTE, short)
 
 
 def bounded_statement(connection: BaseDatabaseWrapper, sql: str, seconds: int | None) -> str:
