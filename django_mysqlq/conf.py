@@ -108,6 +108,11 @@ class QueueSettings:
     #: Rows of stopped workers last heard from longer ago than this are deleted by the
     #: recovery leader. None: keep them forever.
     WORKER_RETENTION_SECONDS: float | None = 7 * 86400.0
+    #: Whole seconds a worker's housekeeping step (retention, repairs, promotion,
+    #: schedules) and its throttled claim wait for a table or row lock another session
+    #: holds (``lock_wait_timeout``, ``innodb_lock_wait_timeout``); past that the step is
+    #: skipped until the next round, so claims, heartbeats and recovery go on.
+    UPKEEP_LOCK_WAIT_SECONDS: int = 2
     #: Test mode: ``enqueue()`` runs the task in this process once the enqueuing transaction
     #: commits, touching no queue table, so tests run on SQLite or PostgreSQL too.
     IMMEDIATE: bool = False
@@ -202,6 +207,7 @@ def _validate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check("MAX_PAYLOAD_BYTES", whole(MAX_PAYLOAD_BYTES))
     check("DEAD_RETENTION_SECONDS", limits.optional_seconds_problem)
     check("WORKER_RETENTION_SECONDS", limits.optional_seconds_problem)
+    check("UPKEEP_LOCK_WAIT_SECONDS", whole(3600))
     check("DEFAULT_QUEUE", limits.queue_problem)
     check("DEFAULT_PRIORITY", limits.priority_problem)
     check("PURGE_LAG_WARNING_SECONDS", seconds(zero=True))

@@ -48,6 +48,8 @@ def test_override_settings_is_seen_at_once(settings):
     ({"TASK_MODULES": 5}, "list of dotted module paths"),
     ({"POLL_SECONDS": float("nan")}, "finite number"),
     ({"BATCH_SIZE": float("inf")}, "must be an integer"),
+    ({"UPKEEP_LOCK_WAIT_SECONDS": 0}, "UPKEEP_LOCK_WAIT_SECONDS"),
+    ({"UPKEEP_LOCK_WAIT_SECONDS": 1.5}, "must be an integer from 1 to 3600"),
 ])
 def test_bad_values_are_reported_as_E001(settings, value, fragment):
     settings.MYSQLQ = value

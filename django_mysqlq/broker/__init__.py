@@ -15,6 +15,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``claim``      the claim ``UPDATE … LIMIT`` and its read-back
 ``settle``     ack, retry, dead, release of unstarted messages
 ``promote``    scheduled messages that are due become ready
+``lockwait``   bounded lock waits for housekeeping (a stranger's table or row lock)
 ``recover``    leases, and the claims of vanished workers back to the queue
 ``leader``     who sweeps: a named lock, or a lease row on a Galera cluster
 ``cluster``    what changes on a Galera cluster (per-node ids, locks and process lists)
@@ -59,6 +60,7 @@ from .base import (
     ensure_usable,
     error_code,
     finish_by,
+    is_lock_wait,
     is_refusal,
     is_schema_error,
     is_setup_error,
@@ -102,6 +104,7 @@ from .leaks import (
     transaction_left_open,
     unchanged_since,
 )
+from .lockwait import bounded_lock_waits
 from .operate import (
     Operator,
     RateOfCopy,
@@ -236,6 +239,7 @@ __all__ = [
     "activity_marks",
     "add_missing_schedules",
     "bind_alias",
+    "bounded_lock_waits",
     "cancel",
     "claim",
     "claim_sql",
@@ -272,6 +276,7 @@ __all__ = [
     "holders",
     "idle_wait",
     "initialized_connections",
+    "is_lock_wait",
     "is_recovery_leader",
     "is_refusal",
     "is_schema_error",

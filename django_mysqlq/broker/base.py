@@ -37,8 +37,11 @@ GATE_TABLE = "mysqlq_gate"
 SCHEDULE_TABLE = "mysqlq_schedule"
 
 DEADLOCK = 1213
+#: A lock wait ran out: a row lock (``innodb_lock_wait_timeout``) or a table's metadata
+#: lock (``lock_wait_timeout``: LOCK TABLES, ALTER TABLE) held by another session.
+LOCK_WAIT_TIMEOUT = 1205
 #: MySQL error codes retried with jitter: deadlock, lock wait timeout.
-LOCK_ERRORS = frozenset({DEADLOCK, 1205})
+LOCK_ERRORS = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT})
 #: A wake-up's KILL QUERY that hit a statement instead of a SLEEP: retried at once.
 QUERY_INTERRUPTED = 1317
 LOCK_RETRY_LIMIT = 8
@@ -187,6 +190,27 @@ def _apply_bound(alias: str) -> None:
     setattr(connection.connection, _BOUNDED_ATTRIBUTE, True)
 
 
+def is_lock_wait(exc: BaseException) -> bool:
+    """Whether a statement gave up waiting for a lock another session holds (1205)."""
+    return isinstance(exc, OperationalError) and error_code(exc) == LOCK_WAIT_TIMEOUT
+
+
+def lock_waits_final(final: bool) -> bool:
+    """Make this thread's lock-wait timeouts final (``with_lock_retry`` raises them at
+    once) or retried again; return the previous state.
+
+    A housekeeping step that waited its bounded time for a lock a stranger holds must
+    give up, not wait again seven times: the control loop behind it claims and recovers.
+    """
+    previous = bool(getattr(_bound, "waits_final", False))
+    _bound.waits_final = final
+    return previous
+
+
+def _wait_is_final(code: int | None) -> bool:
+    return code == LOCK_WAIT_TIMEOUT and bool(getattr(_bound, "waits_final", False))
+
+
 def was_interrupted(exc: BaseException) -> bool:
     """Whether a statement was cut short by ``KILL QUERY`` (a wake-up that came late)."""
     return isinstance(exc, OperationalError) and error_code(exc) == QUERY_INTERRUPTED
@@ -212,6 +236,7 @@ def with_lock_retry(alias: str, operation: Callable[[], T],
                 or connection.in_atomic_block
                 or attempt == LOCK_RETRY_LIMIT - 1
                 or past_deadline()
+                or _wait_is_final(code)
             ):
                 raise
             if code == QUERY_INTERRUPTED:

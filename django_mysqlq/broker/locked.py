@@ -32,7 +32,7 @@ AROUND_LONGEST_SECONDS = 60.0
 #: session gets the short wait instead, as does any connection the broker owns.
 _STATEMENT_WAIT = f"SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS} FOR "
 SESSION_WAIT_SQL = f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}"
-_SESSION_WAIT_ATTRIBUTE = "_django_mysqlq_short_lock_wait"
+SESSION_WAIT_ATTRIBUTE = "_django_mysqlq_short_lock_wait"
 
 
 class LockedRows:
@@ -84,10 +84,10 @@ def short_wait(connection: BaseDatabaseWrapper, sql: str) -> str:
     if connection.mysql_is_mariadb and not owned(connection):  # type: ignore[attr-defined]
         return _STATEMENT_WAIT + sql
     raw = connection.connection
-    if not getattr(raw, _SESSION_WAIT_ATTRIBUTE, False):
+    if not getattr(raw, SESSION_WAIT_ATTRIBUTE, False):
         with connection.cursor() as cursor:
             cursor.execute(SESSION_WAIT_SQL)
-        setattr(raw, _SESSION_WAIT_ATTRIBUTE, True)
+        setattr(raw, SESSION_WAIT_ATTRIBUTE, True)
     return sql
 
 

@@ -37,6 +37,7 @@ from .base import (
     with_lock_retry,
 )
 from .isolation import transaction_prelude
+from .lockwait import bounded_statement
 from .session import connection_session
 
 #: The rate-limit keys (``rates``).
@@ -121,7 +122,7 @@ def listen(worker_id: str, listening: bool) -> None:
 
 def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
               watched: Sequence[str] = (), worker_id: str | None = None,
-              rates: bool = False) -> tuple[str, str | None]:
+              rates: bool = False, lock_wait: int | None = None) -> tuple[str, str | None]:
     """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
     (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
     with the paused ones among the ``watched`` queues as they were when it returned
@@ -134,7 +135,9 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
     gone). Both are checked when the statement starts, before it sleeps. On a cluster,
     ``worker_id`` names the row the park holds for producers on other nodes to ring.
     With ``rates`` (a worker that claims throttled messages) the park also ends when a
-    rate-limited key of its queues may start its next message (``RATE_WAIT``).
+    rate-limited key of its queues may start its next message (``RATE_WAIT``), and
+    ``lock_wait`` bounds its wait for the tables' metadata locks (a stranger's ``LOCK
+    TABLES`` on the rate keys; MariaDB): the lock-wait timeout is raised.
     """
     session = connection_session()
     leader_due, leader_params, follower_due, follower_params = leader.park_checks(session)
@@ -148,6 +151,7 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
     params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
               *watched, seconds, *(queues if rates else [])]
     connection = connection_for()
+    sql = bounded_statement(connection, sql, lock_wait)
     held = session.cluster and worker_id is not None
     try:
         with connection.cursor() as cursor:

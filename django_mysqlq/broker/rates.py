@@ -25,10 +25,12 @@ from django.db import DatabaseError
 from ..messages import ClaimedMessage, NewMessage
 from ..models import MessageStatus, rate_id
 from .base import (
+    DEADLOCK,
     MESSAGE_TABLE,
     connection_for,
     default_alias,
     in_transaction,
+    lock_waits_final,
     micros,
     naive_utc,
     placeholders,
@@ -36,6 +38,7 @@ from .base import (
     with_lock_retry,
 )
 from .claim import give_back_tokens, read_claimed_messages
+from .lockwait import bounded_lock_waits, bounded_statement
 from .park import RATE_TABLE
 from .session import connection_session
 
@@ -151,27 +154,55 @@ def ensure_keys(cursor: Any, messages: Sequence[NewMessage]) -> None:
 
 
 def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
-                    alias: str | None = None, *, idle: bool = True) -> list[ClaimedMessage]:
+                    alias: str | None = None, *, idle: bool = True,
+                    lock_wait: int | None = None) -> list[ClaimedMessage]:
     """Claim up to ``limit`` throttled messages whose keys' next start has come, one per
     key and per transaction; return them like :func:`claim.claim` does. A worker that
-    runs something (not ``idle``) leaves messages lost before to an idle one."""
+    runs something (not ``idle``) leaves messages lost before to an idle one.
+
+    With ``lock_wait`` the claim waits at most that many seconds for the rate keys' table
+    (a stranger's ``LOCK TABLES``, an ``ALTER``) and raises the lock-wait timeout at once
+    (``is_lock_wait``): the worker's plain claims must not wait behind it.
+    """
     alias = alias or default_alias()
     require_autocommit(alias, "claim_throttled()")
     if not queues or limit <= 0:
         return []
+    if lock_wait is None:
+        return _claim_throttled(queues, limit, worker_id, lease_seconds, alias, idle, None)
+    if connection_for(alias).mysql_is_mariadb:  # type: ignore[attr-defined]
+        final = lock_waits_final(True)  # (each statement bounds its own wait)
+        try:
+            return _claim_throttled(queues, limit, worker_id, lease_seconds, alias, idle,
+                                    lock_wait)
+        finally:
+            lock_waits_final(final)
+    with bounded_lock_waits(lock_wait, alias):  # MySQL: no statement-scoped variables
+        return _claim_throttled(queues, limit, worker_id, lease_seconds, alias, idle, None)
+
+
+def _claim_throttled(queues: Sequence[str], limit: int, worker_id: str,
+                     lease_seconds: float, alias: str, idle: bool,
+                     lock_wait: int | None) -> list[ClaimedMessage]:
+    """:func:`claim_throttled`'s work; ``lock_wait`` bounds its statements' waits for the
+    tables' metadata locks one by one (MariaDB)."""
+    connection = connection_for(alias)
     session = connection_session(alias)
     token = uuid.uuid4().hex
     stamp = [token, session.stamps_owner, session.owner_start, worker_id,
              micros(lease_seconds)]
+    due_sql = bounded_statement(
+        connection, DUE_KEYS_SQL.format(queues=placeholders(len(queues))), lock_wait)
+    lock_sql = bounded_statement(connection, LOCK_KEY_SQL, lock_wait)
 
     def due_keys() -> list[tuple[str, str, str]]:
-        with connection_for(alias).cursor() as cursor:
-            cursor.execute(DUE_KEYS_SQL.format(queues=placeholders(len(queues))),
-                           [*queues, limit * 4])
+        with connection.cursor() as cursor:
+            cursor.execute(due_sql, [*queues, limit * 4])
             return [(str(row[0]), str(row[1]), str(row[2])) for row in cursor.fetchall()]
 
-    # (A producer's late wake-up, KILL QUERY, landing here is retried like a lock wait.)
-    keys = with_lock_retry(alias, due_keys)
+    # (A producer's late wake-up, KILL QUERY, landing here is retried like a deadlock. A
+    # lock wait can only be a table's metadata lock here: the read locks no row.)
+    keys = with_lock_retry(alias, due_keys, codes=frozenset({DEADLOCK}))
     taken = 0
     for key_id, queue, rate_key in keys:
         if taken >= limit:
@@ -179,7 +210,7 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
 
         def body(cursor: Any, key_id: str = key_id, queue: str = queue,
                  rate_key: str = rate_key) -> int:
-            cursor.execute(LOCK_KEY_SQL, [key_id])
+            cursor.execute(lock_sql, [key_id])
             if cursor.fetchone() is None:
                 return 0  # another worker holds it, or its time moved on
             cursor.execute(NEXT_THROTTLED_SQL, [rate_key, queue, idle])
@@ -207,14 +238,19 @@ def claim_throttled(queues: Sequence[str], limit: int, worker_id: str, lease_sec
 IDLE_KEY_SECONDS = 3600
 
 
-def seconds_to_next_start(queues: Sequence[str]) -> float | None:
+def seconds_to_next_start(queues: Sequence[str],
+                          lock_wait: int | None = None) -> float | None:
     """Seconds until a key of these queues may start its next throttled message (0 or
     less: now), or None when no message is throttled: a worker running tasks pauses
-    between claims until then rather than by its growing poll interval."""
+    between claims until then rather than by its growing poll interval. ``lock_wait``
+    bounds the wait for the tables' metadata locks (MariaDB; see ``claim_throttled``)."""
     if not queues:
         return None
-    with connection_for(default_alias()).cursor() as cursor:
-        cursor.execute(NEXT_START_SQL.format(queues=placeholders(len(queues))), list(queues))
+    connection = connection_for(default_alias())
+    with connection.cursor() as cursor:
+        cursor.execute(bounded_statement(
+            connection, NEXT_START_SQL.format(queues=placeholders(len(queues))), lock_wait),
+            list(queues))
         row = cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
 

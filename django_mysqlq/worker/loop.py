@@ -25,7 +25,7 @@ from ..log import one_line
 from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, retention, schedules, topic_alerts, topic_retention
+from . import draining, fatal, queues, schedules, topic_alerts
 from .acker import Acker
 from .budget import TaskBudget
 from .gate import SoloGate
@@ -36,6 +36,7 @@ from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
 from .topics import PUMP_SECONDS, TopicDuty
+from .upkeep import Housekeeping, RateWatch
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -105,6 +106,9 @@ class Worker:
         self.stop_request = StopRequest(self.wakeup, on_force=lambda: draining.exit_now(self))
         self.give_up = threading.Event()
         self._rated = False  # set once the task modules are imported (run())
+        # Housekeeping and the rate keys' reads wait a bounded time for a stranger's lock.
+        self.housekeeping = Housekeeping(self.id, self.settings.UPKEEP_LOCK_WAIT_SECONDS)
+        self.rate_watch = RateWatch(self.id, self.settings.UPKEEP_LOCK_WAIT_SECONDS)
         self.holdings = Holdings(self.stop_request.event, self.wakeup,
                                  fresh_seconds=2 * self.settings.HEARTBEAT_SECONDS,
                                  clock=broker.database_now)
@@ -260,19 +264,16 @@ class Worker:
             # (A parked worker's next park checks whether a sweep is needed at all.)
             self._sweep(now)
         if broker.is_recovery_leader() and now >= due.stale_check:
-            broker.mark_stale_workers()
-            retention.prune(self.id, self.host, self.pid)  # old dead messages, worker rows
-            topic_retention.prune()  # old topic messages
-            broker.repair_gates(conf.LEASE_SECONDS)  # gate counters changed by hand
-            broker.repair_rate_keys()  # rate keys' rows deleted by hand
+            # Stale workers, retention, repairs (a step on a locked table waits next round).
+            self.housekeeping.leader_round(self.host, self.pid, conf.LEASE_SECONDS)
             due.stale_check = now + conf.LEASE_SECONDS
         if now >= due.paused_check and not self._nothing_ready:
             # (After a park that slept through nothing is claimed, so this can wait.)
             self._refresh_paused()
             due.paused_check = now + PAUSE_CHECK_SECONDS
         if now >= due.promote:
-            broker.promote_due()
-            schedules.fire()  # recurring tasks' due occurrences, once whoever fires them
+            # Due messages, recurring tasks' due occurrences (once, whoever fires them).
+            self.housekeeping.promotion_round()
             due.promote = now + conf.POLL_SECONDS
         self._report_overruns()
         if now >= due.summary:
@@ -327,7 +328,7 @@ class Worker:
             # wakes this wait; asking the rate keys then cost a statement per claim.)
             if self._rated and self._active \
                     and self.holdings.in_flight < self.options.concurrency:
-                soonest = broker.seconds_to_next_start(self._active)
+                soonest = self.rate_watch.next_start(self._active)
                 if soonest is not None:
                     pause = min(pause, max(0.0, soonest))
             self.wakeup.wait(pause)
@@ -345,9 +346,9 @@ class Worker:
             if self.topics.sequencer_busy:
                 self.wakeup.wait(PUMP_SECONDS)
             return
-        result, paused = broker.idle_wait(self._active, min(self._park, until_upkeep),
-                                          sweep_check, watched=self.options.queues,
-                                          worker_id=self.id, rates=self._rated)
+        result, paused = self.rate_watch.park(self._active, min(self._park, until_upkeep),
+                                              sweep_check, self._rated,
+                                              watched=self.options.queues, worker_id=self.id)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
@@ -393,10 +394,10 @@ class Worker:
         messages: list[ClaimedMessage] = []
         try:
             messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
-            if self._rated and len(messages) < wanted:
-                messages += broker.claim_throttled(self._active, wanted - len(messages),
-                                                   self.id, self.settings.LEASE_SECONDS,
-                                                   idle=in_flight == 0 and not messages)
+            if self._rated and len(messages) < wanted:  # (none while its table is locked)
+                messages += self.rate_watch.claim(self._active, wanted - len(messages),
+                                                  self.settings.LEASE_SECONDS,
+                                                  idle=in_flight == 0 and not messages)
         finally:
             # Held even when the throttled claim fails after the plain one committed (a
             # producer's late wake-up, KILL QUERY, cuts it short and the loop just goes
