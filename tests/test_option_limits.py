@@ -211,6 +211,16 @@ def test_a_worker_refuses_queue_names_that_can_never_be_queues(queue):
         WorkerOptions.build([queue])
 
 
+@pytest.mark.parametrize("group", ["a:b", "g" * 59])
+def test_a_worker_refuses_group_names_that_can_never_be_groups(group):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r"--groups: A consumer group name must be .* at "
+                       r"most 58 characters, without commas, colons"):
+        call_command("runqueueworker", "--groups", f"billing,{group}", "--burst")
+
+
 @pytest.mark.parametrize(("options", "fragment"), [
     ({"burst_wait": math.nan}, "burst_wait"),
     ({"burst_wait": math.inf}, "burst_wait"),

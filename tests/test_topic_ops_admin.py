@@ -99,6 +99,10 @@ def test_reset_and_replay_from_the_group_page(root, orders) -> None:
     assert TopicDelivery.objects.filter(group_name="billing", offset=1).count() == 2
     response = root.post(operate, {"op": "replay", "first": "3", "last": "1"}, follow=True)
     assert "is empty" in response.content.decode()
+    # A blank or non-numeric bound is said in the form's terms, not as int()'s error.
+    response = root.post(operate, {"op": "replay", "first": "", "last": "x"}, follow=True)
+    text = response.content.decode()
+    assert "as whole numbers" in text and "invalid literal" not in text
     response = root.post(operate, {"op": "reset", "to": "time", "value": "nonsense"},
                          follow=True)
     assert "ISO date" in response.content.decode()

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_mysqlq import broker
+from django_mysqlq import Topic, broker
 from django_mysqlq.models import Attempt, Message, MessageStatus, TopicDelivery, TopicGroup
 from tests.topic_ops_support import claim, forget_before, group, handle, publish
 
@@ -45,6 +45,25 @@ def test_groups_show_position_lag_oldest_age_and_dead_letter() -> None:
     data = {g["group"]: g for g in json.loads(run("groups", "--json"))}
     assert (data["billing"]["lag"], data["billing"]["dead"]) == (6, 1)
     assert data["audit"]["oldest_unhandled"] == 1
+
+
+def test_lag_counts_messages_no_reader_has_sequenced_yet() -> None:
+    """With every member of a topic's groups down, nothing gives new messages an offset:
+    they are still lag (and their age the oldest unhandled's), not a lag of 0."""
+    billing = group("orders", "billing", start="latest")
+    Topic("orders").publish_many([{"n": i} for i in range(4)])  # no worker sequences them
+    time.sleep(0.05)
+    [state] = broker.groups("orders")
+    assert (state.position, state.last_offset, state.unsequenced, state.lag) == (0, 0, 4, 4)
+    assert state.oldest_unhandled is None  # no offset yet
+    assert state.oldest_age_seconds is not None and 0 < state.oldest_age_seconds < 60
+    [row] = json.loads(run("groups", "--json"))
+    assert (row["lag"], row["unsequenced"]) == (4, 4)
+    broker.sequence("orders")
+    broker.pump(billing, batch=100, window=100)
+    [state] = broker.groups("orders")
+    assert (state.unsequenced, state.not_pumped, state.lag, state.oldest_unhandled) == (
+        0, 0, 4, 1)
 
 
 def test_reset_to_offset_time_earliest_latest_records_who_and_cancels_waiting() -> None:

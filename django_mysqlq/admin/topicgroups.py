@@ -102,6 +102,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         state = self._state(obj)
         if state is None or state.oldest_age_seconds is None:
             return "-"
+        if state.oldest_unhandled is None:  # not given an offset yet
+            return f"{state.oldest_age_seconds:.0f}s"
         return f"#{state.oldest_unhandled}, {state.oldest_age_seconds:.0f}s"
 
     @admin.display(description="dead letter")
@@ -157,8 +159,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         post = request.POST
         try:
             if post.get("op") == "replay":
-                done = topicops.replay(row.topic, row.group_name, int(post.get("first", "")),
-                                       int(post.get("last", "")), actions.who(request))
+                done = topicops.replay(row.topic, row.group_name, *_range(
+                    post.get("first", ""), post.get("last", "")), actions.who(request))
                 self.message_user(request, f"Replayed offsets {done.first}..{done.last} into "
                                   f"group {done.group}: {done.replayed} new deliveries.",
                                   messages.SUCCESS)
@@ -178,6 +180,14 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
                           f"{target.describe()}: position {done.old_position} -> "
                           f"{done.new_position}; {done.cancelled} waiting deliveries "
                           "cancelled.", messages.SUCCESS)
+
+
+def _range(first: str, last: str) -> tuple[int, int]:
+    try:
+        return int(first), int(last)
+    except ValueError:
+        raise ValueError(f"Give the first and last offsets of a replay as whole numbers, "
+                         f"not {first!r} and {last!r}.") from None
 
 
 def _target(kind: str, value: str) -> broker.ResetTarget:

@@ -76,6 +76,12 @@ SELECT MIN(d.msg_offset) FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
 """
 PUBLISHED_AT_SQL = (f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} "
                     "WHERE topic = %s AND msg_offset = %s")
+#: Committed messages no reader has given an offset yet (none runs while every member of
+#: every group and every broadcast subscriber of the topic is down), and the lowest id:
+#: read from the (topic, offset) index alone, whose NULL offsets come first.
+UNSEQUENCED_COUNT_SQL = (f"SELECT COUNT(*), MIN(id) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                         f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset IS NULL")
+PUBLISHED_BY_ID_SQL = f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} WHERE id = %s"
 TOPIC_BOUNDS_SQL = f"SELECT first_offset, last_offset FROM {TOPIC_TABLE} WHERE name = %s"
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE")
@@ -139,9 +145,13 @@ class GroupState:
     first_offset: int
     #: Deliveries by status (ready, scheduled, claimed, blocked, dead).
     deliveries: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: Offset of the oldest message this group has not handled yet, and its age.
+    #: Offset of the oldest message this group has not handled yet, and its age (the
+    #: age alone when that message has no offset yet: see ``unsequenced``).
     oldest_unhandled: int | None = None
     oldest_age_seconds: float | None = None
+    #: Messages published to the topic but not given an offset yet: every group of the
+    #: topic is behind them (they pile up while no worker reads the topic).
+    unsequenced: int = 0
 
     @property
     def task_name(self) -> str:
@@ -154,8 +164,10 @@ class GroupState:
 
     @property
     def lag(self) -> int:
-        """Messages not handled yet: after the position, plus unfinished deliveries."""
-        return self.not_pumped + sum(self.deliveries.get(s, 0) for s in UNFINISHED)
+        """Messages not handled yet: after the position (or without an offset yet),
+        plus unfinished deliveries."""
+        return (self.not_pumped + self.unsequenced
+                + sum(self.deliveries.get(s, 0) for s in UNFINISHED))
 
     @property
     def dead(self) -> int:
@@ -166,7 +178,8 @@ class GroupState:
             "topic": self.topic, "group": self.group, "queue": self.queue,
             "position": self.position, "last_offset": self.last_offset,
             "first_offset": self.first_offset, "lag": self.lag, "dead": self.dead,
-            "not_pumped": self.not_pumped, "deliveries": dict(self.deliveries),
+            "not_pumped": self.not_pumped, "unsequenced": self.unsequenced,
+            "deliveries": dict(self.deliveries),
             "oldest_unhandled": self.oldest_unhandled,
             "oldest_age_seconds": self.oldest_age_seconds,
             "changed_at": self.changed_at.isoformat() if self.changed_at else None,
@@ -207,7 +220,18 @@ def groups(topic: str | None = None, group: str | None = None, *,
         cursor.execute(NOW_SQL)
         now = _aware(cursor.fetchone()[0])
         assert now is not None
+        unsequenced: dict[str, tuple[int, dt.datetime | None]] = {}
+        for name in {state.topic for state in found}:
+            cursor.execute(UNSEQUENCED_COUNT_SQL, [name])
+            count, lowest = cursor.fetchone()
+            first: dt.datetime | None = None
+            if count:
+                cursor.execute(PUBLISHED_BY_ID_SQL, [lowest])
+                row = cursor.fetchone()
+                first = _aware(row[0]) if row is not None else None
+            unsequenced[name] = (int(count), first)
         for state in found:
+            state.unsequenced, first_unsequenced = unsequenced[state.topic]
             oldest: int | None = None
             if any(state.deliveries.get(s, 0) for s in UNFINISHED):
                 cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
@@ -222,6 +246,9 @@ def groups(topic: str | None = None, group: str | None = None, *,
                 published = _aware(row[0]) if row is not None else None
                 if published is not None:
                     state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
+            elif first_unsequenced is not None:
+                # Nothing with an offset is waiting: the oldest unhandled has none yet.
+                state.oldest_age_seconds = max(0.0, (now - first_unsequenced).total_seconds())
     return found
 
 

@@ -13,7 +13,7 @@ from django.db import DatabaseError
 
 from django_mysqlq.conf import LOG_FORMATS, get_settings
 from django_mysqlq.exceptions import WorkerCannotRun
-from django_mysqlq.topicnames import group_queue
+from django_mysqlq.topicnames import group_problem, group_queue
 from django_mysqlq.worker import WorkerOptions, fatal, logsetup
 from django_mysqlq.worker.databases import Workers
 from django_mysqlq.worker.draining import EXIT_DEAD
@@ -101,6 +101,10 @@ class Command(BaseCommand):
         try:
             queues = options["queues"]
             if options["groups"]:
+                for group in options["groups"]:
+                    problem = group_problem(group)
+                    if problem is not None:  # a:b would be served as a queue, never a group
+                        raise ValueError(f"--groups: {problem}")
                 # --queues '*' --groups g: every known queue, and the group's (once).
                 base = list(resolve(None)) if queues == [ALL] else list(queues or [])
                 queues = [*base, *(queue for queue in dict.fromkeys(
