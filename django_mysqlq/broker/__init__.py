@@ -183,7 +183,7 @@ from .topic_ops import (
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
-from .topics import last_offset, publish, read_after, sequence, try_sequence
+from .topics import last_offset, publish, read_after, sequence, sequence_unread, try_sequence
 from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
@@ -331,6 +331,7 @@ __all__ = [
     "seconds_to_next_start",
     "send_robust",
     "sequence",
+    "sequence_unread",
     "served_queues",
     "set_paused",
     "set_priority",

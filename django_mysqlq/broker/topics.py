@@ -28,6 +28,7 @@ for every open business transaction); the sequencer creates it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,6 +184,55 @@ def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = Fals
                    [*params, *ids])
     cursor.execute(ADVANCE_TOPIC_SQL, [last + len(ids), topic])
     return len(ids)
+
+
+#: Topics with committed rows that have no offset yet: a loose scan of the (topic,
+#: offset) index, one step per topic.
+UNSEQUENCED_TOPICS_SQL = (
+    f"SELECT topic FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+    "WHERE msg_offset IS NULL GROUP BY topic"
+)
+
+
+def _round_of(cursor: Any, *, topic: str, skip_locked: bool) -> int | None:
+    return sequence_round(cursor, topic, SEQUENCE_BATCH, skip_locked=skip_locked)
+
+
+def sequence_unread(rounds: int, alias: str | None = None) -> dict[str, int]:
+    """Give offsets to any topic's committed rows that have none, at most ``rounds`` rounds
+    of ``SEQUENCE_BATCH`` per topic; return how many were stamped per topic.
+
+    The recovery leader's duty: only a worker that reads a topic (a member of one of its
+    groups, a broadcast subscriber) sequences it, so the messages of a topic nobody reads
+    at the moment would have no offset and no topic row: retention, lookup and the
+    topic statistics, which all go by offset, would never see them. A topic whose reader
+    is stamping it right now (its row held) is left to that reader.
+    """
+    alias = alias or default_alias()
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(UNSEQUENCED_TOPICS_SQL)
+        topics = [str(row[0]) for row in cursor.fetchall()]
+    done: dict[str, int] = {}
+    for topic in topics:
+        total = 0
+        for _ in range(rounds):
+            stamped = in_transaction(alias, functools.partial(
+                _round_of, topic=topic, skip_locked=True))
+            if stamped is None:
+                with connection_for(alias).cursor() as cursor:
+                    cursor.execute(TOPIC_EXISTS_SQL, [topic])
+                    if cursor.fetchone() is not None:
+                        break  # a reader holds the row: its round stamps them
+                # No row yet: a waiting round makes it (and stamps).
+                stamped = in_transaction(alias, functools.partial(
+                    _round_of, topic=topic, skip_locked=False))
+                assert stamped is not None
+            total += stamped
+            if stamped < SEQUENCE_BATCH:
+                break
+        if total:
+            done[topic] = total
+    return done
 
 
 def last_offset(topic: str, alias: str | None = None) -> int:

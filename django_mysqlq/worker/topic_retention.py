@@ -1,6 +1,9 @@
 """Topic retention, run by the recovery leader beside the queue's (see retention.py):
 ``MYSQLQ['TOPIC_RETENTION_SECONDS']`` (None keeps messages forever) and
-``TOPIC_RETENTION_WAIT_FOR_GROUPS``. A few short batches per topic per call."""
+``TOPIC_RETENTION_WAIT_FOR_GROUPS``. A few short batches per topic per call.
+
+Before it, :func:`sequence_unread` gives offsets to the messages of topics that no
+running worker reads: retention, lookup and the statistics go by offset."""
 
 from __future__ import annotations
 
@@ -12,6 +15,17 @@ from ..conf import get_settings
 from .retention import BATCH, BATCHES_PER_CALL
 
 logger = logging.getLogger("django_mysqlq")
+
+
+def sequence_unread() -> dict[str, int]:
+    """Give offsets to committed messages no reader has sequenced (a topic without a
+    running member or broadcast subscriber); return how many per topic."""
+    done = broker.sequence_unread(BATCHES_PER_CALL)
+    for topic, count in done.items():
+        logger.info("Gave offsets to %d message(s) of topic %r that no running worker reads "
+                    "(no member of its groups, no broadcast subscriber), so that retention, "
+                    "lookups and statistics see them.", count, topic)
+    return done
 
 
 def prune() -> dict[str, int]:

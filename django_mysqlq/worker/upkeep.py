@@ -26,7 +26,7 @@ from django.db import DatabaseError
 from .. import broker
 from ..broker.base import GATE_TABLE, SCHEDULE_TABLE
 from ..broker.park import RATE_TABLE
-from ..broker.topics import TOPIC_MESSAGE_TABLE
+from ..broker.topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 from ..messages import ClaimedMessage
 from . import retention, schedules, topic_retention
 
@@ -82,6 +82,8 @@ class Housekeeping:
             self.step("stale worker marking", broker.WORKER_TABLE, broker.mark_stale_workers)
             # Old dead messages, worker rows, expired unique keys, idle rate keys.
             retention.prune(self.worker_id, host, pid, step=self.step)
+            self.step("sequencing of unread topics", TOPIC_TABLE,
+                      topic_retention.sequence_unread)
             self.step("topic retention", TOPIC_MESSAGE_TABLE, topic_retention.prune)
             # Gate counters and rate keys' rows changed by hand.
             self.step("gate repair", GATE_TABLE, lambda: broker.repair_gates(stale_seconds))
