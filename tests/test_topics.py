@@ -458,3 +458,48 @@ def test_topic_published_after_commit_and_topic_pumped_with_their_documented_arg
     finally:
         topic_published.disconnect(published)
         topic_pumped.disconnect(pumped)
+
+
+def test_the_sequencer_reads_its_backlog_in_index_order_without_a_sort() -> None:
+    """The sequencer's pick reads the offset index in its own order (NULL offsets, then
+    id): no filesort of the whole backlog per round. The rows it stamps are still the
+    lowest ids, in id order, with other topics' rows interleaved."""
+    from django_mysqlq.broker.topics import UNSEQUENCED_IN_INDEX_ORDER_SQL
+
+    for chunk in range(3):
+        Topic("backlog").publish_many([{"n": chunk * 700 + n} for n in range(700)])
+        Topic("other-backlog").publish_many([{"n": n} for n in range(300)])
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + UNSEQUENCED_IN_INDEX_ORDER_SQL, ["backlog", 1000])
+        columns = [column[0] for column in cursor.description]
+        plan = dict(zip(columns, cursor.fetchone(), strict=True))
+    assert plan["key"] == "mysqlq_tmsg_offset"
+    assert "filesort" not in str(plan["Extra"]).lower()
+    assert broker.sequence("backlog", batch=1000) == 2100
+    stamped = offsets("backlog")  # id -> offset
+    assert [stamped[id_] for id_ in sorted(stamped)] == list(range(1, 2101))
+    assert TopicMessage.objects.filter(topic="other-backlog", offset__isnull=True).count() == 900
+
+
+def test_the_sequencer_sorts_when_the_index_order_is_not_ascending() -> None:
+    """Should a server ever hand the index back in another order, the pick reads again
+    with ORDER BY id: never stamps out of id order."""
+    from django_mysqlq.broker.topics import UNSEQUENCED_SQL, unsequenced_ids
+
+    class Cursor:
+        def __init__(self) -> None:
+            self.statements: list[str] = []
+
+        def execute(self, sql: str, params: list[object]) -> None:
+            self.statements.append(sql)
+
+        def fetchall(self) -> list[tuple[int]]:
+            return [(5,), (3,), (9,)] if len(self.statements) == 1 else [(3,), (5,), (9,)]
+
+    cursor = Cursor()
+    assert unsequenced_ids(cursor, "t", 3) == [3, 5, 9]
+    assert cursor.statements[-1] == UNSEQUENCED_SQL
+    ascending = Cursor()
+    ascending.fetchall = lambda: [(3,), (5,), (9,)]  # type: ignore[method-assign]
+    assert unsequenced_ids(ascending, "t", 3) == [3, 5, 9]
+    assert len(ascending.statements) == 1

@@ -29,6 +29,7 @@ for every open business transaction); the sequencer creates it.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +77,15 @@ TOPIC_EXISTS_SQL = f"SELECT 1 FROM {TOPIC_TABLE} WHERE name = %s"
 UNSEQUENCED_SQL = (
     f"SELECT id FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
     "WHERE topic = %s AND msg_offset IS NULL ORDER BY id LIMIT %s"
+)
+#: The same rows in the offset index's own order, without a sort. InnoDB orders a
+#: secondary index's entries by all its fields and then the primary key, so a topic's
+#: NULL offsets come in id order; MariaDB's optimizer doesn't count on that for a UNIQUE
+#: index (its extended keys leave them out) and sorted the whole backlog in every round:
+#: 70 ms a round with 500,000 rows unsequenced (all readers down for a while), 0.5 ms so.
+UNSEQUENCED_IN_INDEX_ORDER_SQL = (
+    f"SELECT id FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+    "WHERE topic = %s AND msg_offset IS NULL LIMIT %s"
 )
 #: Stamp the picked rows: ``{cases}`` is ``WHEN id THEN offset`` per row.
 STAMP_SQL = (f"UPDATE {TOPIC_MESSAGE_TABLE} SET msg_offset = CASE id {{cases}} END, "
@@ -159,6 +169,18 @@ def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = No
             return total
 
 
+def unsequenced_ids(cursor: Any, topic: str, batch: int) -> list[int]:
+    """The lowest ``batch`` ids of the topic's committed rows without an offset, ascending:
+    read in the index's order, and only if that read did not come back ascending (a
+    server that orders the index otherwise) read again with the sort."""
+    cursor.execute(UNSEQUENCED_IN_INDEX_ORDER_SQL, [topic, batch])
+    ids = [int(found[0]) for found in cursor.fetchall()]
+    if all(low < high for low, high in itertools.pairwise(ids)):
+        return ids
+    cursor.execute(UNSEQUENCED_SQL, [topic, batch])
+    return [int(found[0]) for found in cursor.fetchall()]
+
+
 def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = False
                    ) -> int | None:
     """One sequencing round in the caller's open transaction: how many were stamped, or
@@ -172,8 +194,7 @@ def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = Fals
         cursor.execute(LOCK_TOPIC_SQL, [topic])
         row = cursor.fetchone()
     last = int(row[0])
-    cursor.execute(UNSEQUENCED_SQL, [topic, batch])
-    ids = [int(found[0]) for found in cursor.fetchall()]
+    ids = unsequenced_ids(cursor, topic, batch)
     if not ids:
         return 0
     cases = " ".join("WHEN %s THEN %s" for _ in ids)
