@@ -77,6 +77,8 @@ def _rate_of_copy(task: QueueTask[Any, Any], text: str) -> broker.RateOfCopy | N
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+#: ``-2h``: a duration ago written as if negative (refused, saying to drop the dash).
+_DURATION_WITH_DASH = re.compile(r"^\s*-\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: The longest duration as the largest whole number of weeks, for error messages.
 _LONGEST = f"{limits.MAX_SECONDS // _UNITS['w']}w"
@@ -94,10 +96,21 @@ def parse_duration(text: str) -> dt.timedelta:
     return dt.timedelta(seconds=seconds)
 
 
+def without_dash(text: str) -> str | None:
+    """``2h`` for ``-2h`` (a duration ago written with a dash, which means nothing more:
+    refused saying what to write); None for anything else."""
+    dashed = _DURATION_WITH_DASH.match(text)
+    return f"{dashed[1]}{dashed[2]}" if dashed else None
+
+
 def parse_since(text: str) -> dt.datetime:
     """A duration ago (``2h``) or an ISO date/time (UTC when it has no offset)."""
     if _DURATION.match(text):
         return timezone.now() - parse_duration(text)
+    undashed = without_dash(text)
+    if undashed:
+        raise ValueError(f"expected a duration ago without a dash: write {undashed}, not "
+                         f"{text.strip()} (a duration counts back from now)")
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError:

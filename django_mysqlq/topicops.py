@@ -44,9 +44,22 @@ def parse_time(text: str) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def reset(topic: str, group: str, target: broker.ResetTarget,
-          who: Operator) -> broker.ResetResult:
-    return broker.reset_group(topic, group, target, who)
+def reset(topic: str, group: str, target: broker.ResetTarget, who: Operator,
+          names: dict[str, str] | None = None) -> broker.ResetResult:
+    """Reset the group; a refusal names the other targets as ``names`` says (the
+    admin's words by default, ``broker.topic_ops.CLI_NAMES`` for the command)."""
+    return broker.reset_group(topic, group, target, who, names=names)
+
+
+def reset_summary(done: broker.ResetResult, target: broker.ResetTarget) -> str:
+    """What a reset to a time did when no message was published at or after it yet (the
+    group is set to the latest offset); empty otherwise. Said by the command and the
+    admin alike."""
+    if not done.none_at_or_after_time or target.to_time is None:
+        return ""
+    return (f"No message was published at or after {target.to_time.isoformat()} yet: the "
+            f"group is set to the latest offset {done.new_position}; it gets what is "
+            "published from now on.")
 
 
 def replay(topic: str, group: str, first: int, last: int,

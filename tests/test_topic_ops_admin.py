@@ -160,3 +160,35 @@ def test_reset_to_a_time_takes_a_duration_ago_as_the_cli_does(root, orders) -> N
         assert TopicGroup.objects.get(pk=row.pk).position == 0
     page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
     assert b"to time (2h ago, or ISO; UTC)" in page.content
+
+
+def test_reset_refusals_and_notes_speak_the_forms_words(root, orders) -> None:
+    """The reset's refusals named the command's options (``--latest``, ``--earliest``):
+    the page says its own choices; a time nothing was published at or after yet says the
+    group is set to the latest offset; ``-2h`` says to write ``2h``."""
+    import datetime as dt
+
+    row = TopicGroup.objects.get(group_name="billing")
+    operate = reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk])
+
+    def said(**form: str) -> str:
+        response = root.post(operate, {"op": "reset", **form}, follow=True)
+        return " ".join(str(m) for m in response.context["messages"])
+
+    text = said(to="offset", value="99")
+    assert "has no offset 99 yet" in text and "or to the latest." in text
+    assert "--" not in text
+    text = said(to="offset", value="0")
+    assert "has no offset 0: offsets start at 1. Reset to the earliest kept message, or to " \
+        "an offset from 1 to 7" in text
+    assert "--" not in text and "retention" not in text
+    text = said(to="time", value="-2h")
+    assert "Reset to a time: expected a duration ago without a dash: write 2h, not -2h" in text
+    assert TopicGroup.objects.get(pk=row.pk).position == 6
+    said(to="earliest")
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=3)).replace(microsecond=0)
+    text = said(to="time", value=future.isoformat())
+    assert "position 0 -> 6" in text
+    assert (f"No message was published at or after {future.isoformat()} yet: the group is "
+            "set to the latest offset 6; it gets what is published from now on.") in text
+    assert TopicGroup.objects.get(pk=row.pk).position == 6

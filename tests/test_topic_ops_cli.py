@@ -15,6 +15,7 @@ from django.core.management.base import CommandError
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.models import Attempt, Message, MessageStatus, TopicDelivery, TopicGroup
+from tests.operator_support import OPERATOR
 from tests.topic_ops_support import claim, forget_before, group, handle, publish
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -229,3 +230,124 @@ def test_queuestats_lists_topics_by_volume_and_groups_with_lag() -> None:
     billing = next(g for g in data["groups"] if g["group"] == "billing")
     assert (billing["position"], billing["lag"]) == (2, 5)
     assert data["overran"] == []
+
+
+def test_a_reset_to_a_time_nothing_was_published_at_or_after_says_so() -> None:
+    """``--to-time`` in the future (or past the last publish) finds no message: the group is
+    set to the latest offset, as before, and the output says so instead of staying quiet."""
+    made = group("orders", "billing")
+    publish("orders", 3)
+    broker.pump(made, batch=100, window=100)
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).replace(microsecond=0)
+    out = run("reset", "billing", "--topic", "orders", "--earliest")
+    assert "No message was published" not in out
+    out = run("reset", "billing", "--topic", "orders", "--to-time", future.isoformat())
+    assert TopicGroup.objects.get(group_name="billing").position == 3
+    assert (f"No message was published at or after {future.isoformat()} yet: the group is "
+            "set to the latest offset 3; it gets what is published from now on.") in out
+    out = run("reset", "billing", "--topic", "orders", "--to-time", "1h")
+    assert "position 3 -> 0" in out and "No message was published" not in out
+
+
+@pytest.mark.parametrize("option", ["--to-time", "--since", "--until"])
+def test_a_duration_ago_with_a_dash_is_refused_saying_to_write_it_without(
+        option: str) -> None:
+    group("orders", "billing")
+    publish("orders", 2)
+    action = (["reset", "billing", "--topic", "orders"] if option == "--to-time"
+              else ["lookup", "--topic", "orders"])
+    with pytest.raises(CommandError, match=f"{option} 2h, not {option} -2h"):
+        run(*action, option, "-2h")
+    with pytest.raises(CommandError, match="without a dash: write 2h, not -2h"):
+        run(*action, f"{option}=-2h")
+    with pytest.raises(CommandError, match="expected one argument"):  # not a duration
+        run(*action, option, "--json")
+    assert TopicGroup.objects.get(group_name="billing").position == 0
+
+
+def test_offsets_before_1_are_refused_saying_offsets_start_at_1() -> None:
+    made = group("orders", "billing")
+    publish("orders", 10)
+    broker.pump(made, batch=100, window=100)
+    for offset in ("0", "-5"):
+        with pytest.raises(CommandError) as refused:
+            run("reset", "billing", "--topic", "orders", "--to-offset", offset)
+        said = str(refused.value)
+        assert f"has no offset {offset}: offsets start at 1. Reset to --earliest" in said
+        assert "retention" not in said
+    with pytest.raises(CommandError) as refused:
+        run("replay", "--topic", "orders", "--group", "billing", "--from-offset", "0",
+            "--to-offset", "2")
+    assert "has no offset 0: offsets start at 1. Replay from 1." in str(refused.value)
+    assert "retention" not in str(refused.value)
+    forget_before("orders", 6)  # retention deleted 1-5: named, with the first kept
+    with pytest.raises(CommandError, match=r"has no offset -5: offsets start at 1, and "
+                       r"retention deleted the messages before offset 6 \(the earliest "
+                       r"kept\)\. Reset to --earliest, or to an offset from 6 to 11"):
+        run("reset", "billing", "--topic", "orders", "--to-offset", "-5")
+    with pytest.raises(CommandError, match=r"has no offset 0: offsets start at 1, and "
+                       "retention deleted the messages before offset 6. Replay from 6."):
+        run("replay", "--topic", "orders", "--group", "billing", "--from-offset", "0",
+            "--to-offset", "8")
+    assert TopicGroup.objects.get(group_name="billing").position == 10
+
+
+def test_nothing_kept_means_nothing_to_replay() -> None:
+    made = group("orders", "billing")
+    publish("orders", 6)
+    broker.pump(made, batch=100, window=100)
+    forget_before("orders", 7)  # retention deleted every message: first_offset 7, last 6
+    for first in ("0", "3", "7"):
+        with pytest.raises(CommandError) as refused:
+            run("replay", "--topic", "orders", "--group", "billing", "--from-offset", first,
+                "--to-offset", "6" if first != "7" else "7")
+        said = str(refused.value)
+        assert ("keeps no message (retention deleted offsets 1 to 6): there is nothing to "
+                "replay") in said
+        assert "Replay from" not in said
+    with pytest.raises(CommandError, match=r"no longer keeps offset 3: retention deleted the "
+                       r"messages before offset 7 \(none is kept\)\. Reset to offset 7 "
+                       r"\(only new messages\)\."):
+        run("reset", "billing", "--topic", "orders", "--to-offset", "3")
+
+
+def test_groups_of_a_topic_without_groups_or_unknown_name_it() -> None:
+    group("orders", "billing")
+    publish("quiet", 1)  # a topic with messages but no group
+    assert run("groups", "--topic", "nosuch").strip() == (
+        "No topic 'nosuch' is known: no message of it has an offset and no consumer group "
+        "reads it.")
+    assert run("groups", "--topic", "quiet").strip().startswith(
+        "Topic 'quiet' has no consumer groups yet")
+    assert "billing" in run("groups", "--topic", "orders")
+
+
+def test_lookup_counts_attempts_run_not_operator_actions() -> None:
+    """"(N attempts)" counted every history row: a requeue, a cancel by a reset were
+    attempts too. Now the runs only, with the operator's actions named apart."""
+    made = group("orders", "billing")
+    publish("orders", 2)
+    broker.pump(made, batch=100, window=100)
+    [dead] = handle(made, 1, fail=True)  # offset 1: failed for good
+    assert broker.requeue([dead], OPERATOR) == [dead]
+    handle(made, 2)  # offset 2, then offset 1 again: both succeed
+    publish("orders", 1, start=2)
+    broker.pump(made, batch=100, window=100)
+    run("reset", "billing", "--topic", "orders", "--latest")  # cancels offset 3's delivery
+    text = run("lookup", "--topic", "orders", "--offset", "1")
+    assert "succeeded" in text and "(2 attempts; requeued by test:alice)" in text
+    assert "(1 attempt)" in run("lookup", "--topic", "orders", "--offset", "2")
+    text = run("lookup", "--topic", "orders", "--offset", "3")
+    assert "cancelled" in text and "(0 attempts; cancelled by cli:" in text
+    [message] = json.loads(run("lookup", "--topic", "orders", "--offset", "1",
+                               "--json"))["messages"]
+    [delivery] = message["deliveries"]
+    assert delivery["attempts"] == 2
+    assert [(a["action"], a["by"]) for a in delivery["operator_actions"]] == [
+        ("requeued", "test:alice")]
+    [message] = json.loads(run("lookup", "--topic", "orders", "--offset", "3",
+                               "--json"))["messages"]
+    [delivery] = message["deliveries"]
+    assert (delivery["outcome"], delivery["attempts"]) == ("cancelled", 0)
+    assert [(a["action"], a["note"]) for a in delivery["operator_actions"]] == [
+        ("cancelled", "topic group reset")]

@@ -71,9 +71,10 @@ def test_time_alone_when_not_waiting_for_groups() -> None:
     cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
     assert broker.prune_topic_batch("orders", cut, 100) == 0
     assert broker.prune_topic_batch("orders", cut, 100, wait_for_groups=False) == 3
-    # The group, far behind, continues at the first kept message.
+    # The group, far behind, continues at the first kept message: its lag counts only
+    # what is kept (4 and 5), not what retention deleted; its position stays as stored.
     state = broker.groups("orders", "billing")[0]
-    assert (state.position, state.first_offset, state.lag) == (0, 4, 5)
+    assert (state.position, state.first_offset, state.lag) == (0, 4, 2)
 
 
 def test_an_open_publisher_and_the_sequencer_are_not_blocked() -> None:
@@ -117,3 +118,39 @@ def test_the_leader_prunes_with_the_settings() -> None:
         assert topic_retention.prune() == {}
     with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400}):
         assert topic_retention.prune() == {}  # billing has not read them
+
+
+def test_lag_behind_what_retention_deleted_counts_only_what_is_kept() -> None:
+    """Not waiting for groups, retention deletes what a group never read: its lag was
+    ``last_offset - position`` (8 here) with no oldest message ("-"), its deleted offset
+    1 having no publish time. It counts from the first kept offset now."""
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    billing = group("orders", "billing")
+    publish("orders", 10)
+    age("orders", range(1, 9), days=10)
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                   "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
+        assert topic_retention.prune() == {"orders": 8}
+    [state] = broker.groups("orders", "billing")
+    assert (state.position, state.first_offset, state.last_offset) == (0, 9, 10)
+    assert (state.not_pumped, state.lag, state.oldest_unhandled) == (2, 2, 9)
+    assert state.oldest_age_seconds is not None and 0 <= state.oldest_age_seconds < 60
+    out = io.StringIO()
+    call_command("queuetopic", "groups", "--json", stdout=out)
+    [row] = json.loads(out.getvalue())
+    assert (row["position"], row["lag"], row["not_pumped"], row["oldest_unhandled"]) == (
+        0, 2, 2, 9)
+    out = io.StringIO()
+    call_command("queuetopic", "groups", stdout=out)
+    [line] = out.getvalue().splitlines()[1:]
+    assert line.split()[:5] == ["orders", "billing", "0", "10", "2"]
+    assert line.split()[5] != "-"  # the oldest unhandled's age
+    # The pump agrees: 9 and 10 become deliveries, and the lag stays 2 until handled.
+    assert broker.pump(billing, batch=100, window=100) == 2
+    [state] = broker.groups("orders", "billing")
+    assert (state.position, state.not_pumped, state.lag, state.oldest_unhandled) == (
+        10, 0, 2, 9)

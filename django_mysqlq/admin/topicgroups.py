@@ -171,15 +171,17 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         return HttpResponseRedirect(back)
 
     def reset(self, request: HttpRequest, row: TopicGroup, target: broker.ResetTarget) -> None:
-        try:
-            done = topicops.reset(row.topic, row.group_name, target, actions.who(request))
+        try:  # a refusal names the other targets in the form's words
+            done = topicops.reset(row.topic, row.group_name, target, actions.who(request),
+                                  names=broker.topic_ops.TARGET_NAMES)
         except (ValueError, LookupError) as exc:
             self.message_user(request, f"{row.topic} / {row.group_name}: {exc}", messages.ERROR)
             return
+        summary = topicops.reset_summary(done, target)
         self.message_user(request, f"Group {done.group} of {done.topic} reset to "
                           f"{target.describe()}: position {done.old_position} -> "
                           f"{done.new_position}; {done.cancelled} waiting deliveries "
-                          "cancelled.", messages.SUCCESS)
+                          "cancelled." + (f" {summary}" if summary else ""), messages.SUCCESS)
 
 
 def _range(first: str, last: str) -> tuple[int, int]:

@@ -178,6 +178,7 @@ from .topic_ops import (
     groups,
     lookup,
     reset_group,
+    topic_bounds,
     trace,
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
@@ -340,6 +341,7 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "topic_bounds",
     "topic_names",
     "topic_volumes",
     "trace",

@@ -21,6 +21,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from ..models import ATTEMPT_OUTCOMES
 from ..topicnames import delivery_task_name
 from .base import (
     ATTEMPT_TABLE,
@@ -48,6 +49,10 @@ WAITING = ("ready", "scheduled", "blocked")
 
 EARLIEST = "earliest"
 LATEST = "latest"
+#: How a refused reset names the other targets: the admin's words (its form's choices)
+#: unless the caller passes its own (``queuetopic`` passes its options, :data:`CLI_NAMES`).
+TARGET_NAMES = {EARLIEST: "the earliest kept message", LATEST: "the latest"}
+CLI_NAMES = {EARLIEST: "--earliest", LATEST: "--latest"}
 
 
 class TopicOffsetError(ValueError):
@@ -158,9 +163,16 @@ class GroupState:
         return delivery_task_name(self.topic, self.group)
 
     @property
+    def kept_position(self) -> int:
+        """Where the group reads on from among the kept messages: its position, or just
+        before the first kept offset when retention (not waiting for groups) deleted
+        messages it never read (the pump skips them too)."""
+        return max(self.position, self.first_offset - 1)
+
+    @property
     def not_pumped(self) -> int:
-        """Messages after the position: not yet turned into deliveries."""
-        return max(0, self.last_offset - self.position)
+        """Kept messages after the position: not yet turned into deliveries."""
+        return max(0, self.last_offset - self.kept_position)
 
     @property
     def lag(self) -> int:
@@ -237,8 +249,8 @@ def groups(topic: str | None = None, group: str | None = None, *,
                 cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
                 row = cursor.fetchone()
                 oldest = None if row is None or row[0] is None else int(row[0])
-            if state.not_pumped and (oldest is None or state.position + 1 < oldest):
-                oldest = state.position + 1
+            if state.not_pumped and (oldest is None or state.kept_position + 1 < oldest):
+                oldest = state.kept_position + 1
             state.oldest_unhandled = oldest
             if oldest is not None:
                 cursor.execute(PUBLISHED_AT_SQL, [state.topic, oldest])
@@ -289,45 +301,71 @@ class ResetResult:
     new_position: int
     #: Waiting deliveries cancelled (their offsets come again from the new position).
     cancelled: int
+    #: A reset to a time at or after which no message (with an offset) was published yet:
+    #: the group was set to the latest offset, and gets what is published from now on.
+    none_at_or_after_time: bool = False
 
 
-def _new_position(cursor: Any, topic: str, target: ResetTarget) -> int:
+def _offsets_to(first: int, last: int) -> str:
+    """The offsets a reset may target, in words."""
+    if first > last:  # nothing kept
+        return f"to offset {last + 1} (only new messages)"
+    return f"to an offset from {first} to {last + 1} ({last + 1}: only new messages)"
+
+
+def _new_position(cursor: Any, topic: str, target: ResetTarget,
+                  names: dict[str, str]) -> tuple[int, bool]:
+    """The new position, and whether a time target found no message (the latest then)."""
     cursor.execute(TOPIC_BOUNDS_SQL, [topic])
     row = cursor.fetchone()
     first, last = (1, 0) if row is None else (int(row[0]), int(row[1]))
     if target.edge == EARLIEST:
-        return first - 1
+        return first - 1, False
     if target.edge == LATEST:
-        return last
+        return last, False
     if target.to_time is not None:
         cursor.execute(OFFSET_AT_TIME_SQL, [topic, naive_utc(target.to_time)])
         found = cursor.fetchone()
         if found is None:
-            return last  # nothing published since: the group gets what comes next
-        return max(int(found[0]), first) - 1
+            return last, True  # nothing published since: the group gets what comes next
+        return max(int(found[0]), first) - 1, False
     offset = int(target.to_offset or 0)
+    earliest = (f"Reset to {names[EARLIEST]}, or {_offsets_to(first, last)}."
+                if first <= last else f"Reset {_offsets_to(first, last)}.")
+    if offset < 1:
+        deleted = ""
+        if first > 1:
+            kept = "the earliest kept" if first <= last else "none is kept"
+            deleted = f", and retention deleted the messages before offset {first} ({kept})"
+        raise TopicOffsetError(
+            f"Topic {topic!r} has no offset {offset}: offsets start at 1{deleted}. "
+            f"{earliest}")
     if offset < first:
+        kept = "the earliest kept" if first <= last else "none is kept"
         raise TopicOffsetError(
             f"Topic {topic!r} no longer keeps offset {offset}: retention deleted the "
-            f"messages before offset {first} (the earliest kept). Reset to --earliest, or "
-            f"to an offset from {first} to {last + 1}.")
+            f"messages before offset {first} ({kept}). {earliest}")
     if offset > last + 1:
         raise TopicOffsetError(
             f"Topic {topic!r} has no offset {offset} yet: its last offset is {last}. Reset "
-            f"to an offset from {first} to {last + 1} ({last + 1}: only new messages), or "
-            "to --latest.")
-    return offset - 1
+            f"{_offsets_to(first, last)}, or to {names[LATEST]}.")
+    return offset - 1, False
 
 
 def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
-                alias: str | None = None) -> ResetResult:
+                alias: str | None = None, *,
+                names: dict[str, str] | None = None) -> ResetResult:
     """Move the group's position so that the next message it gets is ``target``'s; cancel
     its waiting deliveries (see the module's note). Raises :class:`LookupError` for an
-    unknown group, :class:`TopicOffsetError` for an offset the topic doesn't keep."""
+    unknown group, :class:`TopicOffsetError` for an offset the topic doesn't keep (its
+    message names the other targets as ``names`` says: :data:`TARGET_NAMES` if None)."""
     alias = alias or default_alias()
     task_name = delivery_task_name(topic, group)
+    said = names or TARGET_NAMES
+    none_found = False
 
     def body(cursor: Any) -> tuple[int, int, list[int]]:
+        nonlocal none_found
         cursor.execute(LOCK_GROUP_SQL, [topic, group])
         row = cursor.fetchone()
         if row is None:
@@ -335,7 +373,7 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
                 f"Topic {topic!r} has no consumer group {group!r} (a group is created by "
                 "the first worker that runs its handler).")
         group_id, old = int(row[0]), int(row[1])
-        new = _new_position(cursor, topic, target)
+        new, none_found = _new_position(cursor, topic, target, said)
         cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
         waiting = [int(found[0]) for found in cursor.fetchall()]
         cursor.execute(MOVE_GROUP_SQL, [new, operator.name[:200], group_id])
@@ -346,7 +384,16 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
     logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
                    "%d waiting deliveries cancelled.", group, topic, target.describe(),
                    operator.name, old, new, len(cancelled))
-    return ResetResult(topic, group, old, new, len(cancelled))
+    return ResetResult(topic, group, old, new, len(cancelled), none_found)
+
+
+def topic_bounds(topic: str, alias: str | None = None) -> tuple[int, int] | None:
+    """The topic's first kept and last offsets; None when it has no row yet (no message
+    of it was given an offset)."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TOPIC_BOUNDS_SQL, [topic])
+        row = cursor.fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
 
 
 # ------------------------------------------------------------------ lookup and trace
@@ -435,6 +482,18 @@ class DeliveryTrace:
         if self.status is not None:
             return self.status
         return self.attempts[-1].outcome if self.attempts else "unknown"
+
+    @property
+    def runs(self) -> list[AttemptRow]:
+        """The attempts a worker ran (succeeded, retried, failed, lost): not the history
+        rows of operator actions (requeued, cancelled, …) or of a message given back."""
+        return [row for row in self.attempts if row.outcome in ATTEMPT_OUTCOMES]
+
+    @property
+    def actions(self) -> list[AttemptRow]:
+        """The other history rows: operator actions (requeued, cancelled by hand or by a
+        reset, …), a message given back by a worker that didn't know its task."""
+        return [row for row in self.attempts if row.outcome not in ATTEMPT_OUTCOMES]
 
     @property
     def handled_by(self) -> str:

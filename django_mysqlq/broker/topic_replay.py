@@ -65,7 +65,18 @@ def _check(cursor: Any, spec: GroupSpec, first: int, last: int) -> int:
     group_id, position = int(row[0]), int(row[1])
     cursor.execute(TOPIC_BOUNDS_SQL, [spec.topic])
     bounds = cursor.fetchone()
-    kept = 1 if bounds is None else int(bounds[0])
+    kept, newest = (1, 0) if bounds is None else (int(bounds[0]), int(bounds[1]))
+    if kept > newest:
+        gone = (f"retention deleted offsets 1 to {newest}" if newest
+                else "no message of it has an offset yet")
+        raise TopicOffsetError(
+            f"Topic {spec.topic!r} keeps no message ({gone}): there is nothing to replay.")
+    if first < 1:
+        deleted = (f", and retention deleted the messages before offset {kept}"
+                   if kept > 1 else "")
+        raise TopicOffsetError(
+            f"Topic {spec.topic!r} has no offset {first}: offsets start at 1{deleted}. "
+            f"Replay from {kept}.")
     if first < kept:
         raise TopicOffsetError(
             f"Topic {spec.topic!r} no longer keeps offset {first}: retention deleted the "

@@ -4,14 +4,40 @@ from __future__ import annotations
 
 import json
 from argparse import ArgumentParser
+from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from django_mysqlq import broker, ops, topicops
 from django_mysqlq.management import cli
 
 GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
+
+
+#: Options that take a time, a duration ago (2h) among its forms.
+TIME_OPTIONS = ("--to-time", "--since", "--until")
+
+
+class ActionParser(CommandParser):
+    """An action's parser: ``--to-time -2h`` makes argparse take ``-2h`` for an option and
+    say only "expected one argument"; this says to write ``2h`` (a duration ago)."""
+
+    given: Sequence[str] = ()
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("args")
+        self.given = list(given or ())
+        return super().parse_known_args(*args, **kwargs)
+
+    def error(self, message: str) -> Any:
+        for option, value in zip(self.given, self.given[1:], strict=False):
+            undashed = ops.without_dash(value)
+            if option in TIME_OPTIONS and undashed and message.startswith(f"argument {option}:"):
+                message = (f"argument {option}: a duration ago is written without a dash: "
+                           f"{option} {undashed}, not {option} {value}")
+                break
+        super().error(message)
 
 
 def _age(seconds: float | None) -> str:
@@ -29,13 +55,28 @@ def groups_table(states: list[broker.GroupState]) -> str:
                      .rstrip() for row in rows)
 
 
+def _attempts(delivery: broker.topic_ops.DeliveryTrace) -> str:
+    """``3 attempts``: the runs only; then the operator actions (``requeued by
+    admin:alice``), which are history rows but not attempts."""
+    runs = len(delivery.runs)
+    said = f"{runs} attempt{'' if runs == 1 else 's'}"
+    actions = [f"{a.outcome} by {a.actor}" if a.actor else a.outcome
+               for a in delivery.actions]
+    return "; ".join([said, *actions])
+
+
+def _action_json(row: broker.topic_ops.AttemptRow) -> dict[str, Any]:
+    return {"action": row.outcome, "by": row.actor, "at": row.finished_at.isoformat(),
+            "note": row.error}
+
+
 class Command(cli.SaysDatabaseErrors):
     help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
             "letter), 'reset' a group's position, 'replay' a range into one group, "
             "'lookup' messages by offset, key or time with their trace.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
+        sub = parser.add_subparsers(dest="action", required=True, parser_class=ActionParser)
         listing = sub.add_parser("groups", help="Every group: position, lag, dead letter.")
         listing.add_argument("--topic", default=None)
         listing.add_argument("--json", action="store_true")
@@ -47,8 +88,9 @@ class Command(cli.SaysDatabaseErrors):
         where = reset.add_mutually_exclusive_group(required=True)
         where.add_argument("--to-offset", type=int, help="The next offset the group gets.")
         where.add_argument("--to-time", help="The first message published at or after this "
-                           "time: ISO (UTC unless it has an offset) or a duration ago (2h), "
-                           "as lookup --since takes.")
+                           "time: ISO (UTC unless it has an offset) or a duration ago (2h, "
+                           "no dash), as lookup --since takes. None published at or after "
+                           "it yet: the latest offset.")
         where.add_argument("--earliest", action="store_true", help="The earliest kept message.")
         where.add_argument("--latest", action="store_true", help="Only messages from now on.")
         replay = sub.add_parser("replay", help="New deliveries of a range for one group.")
@@ -77,6 +119,14 @@ class Command(cli.SaysDatabaseErrors):
         states = broker.groups(options["topic"])
         if options["json"]:
             self.stdout.write(json.dumps([g.as_json() for g in states]))
+        elif not states and options["topic"] is not None:
+            topic = options["topic"]
+            if broker.topic_bounds(topic) is None:
+                self.stdout.write(f"No topic {topic!r} is known: no message of it has an "
+                                  "offset and no consumer group reads it.")
+            else:
+                self.stdout.write(f"Topic {topic!r} has no consumer groups yet (a worker "
+                                  "creates a group when it first runs its handler).")
         elif not states:
             self.stdout.write("No consumer groups yet (a worker creates its groups).")
         else:
@@ -87,11 +137,15 @@ class Command(cli.SaysDatabaseErrors):
             to_offset=options["to_offset"],
             to_time=ops.parse_since(options["to_time"]) if options["to_time"] else None,
             edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
-        done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator())
+        done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator(),
+                              names=broker.topic_ops.CLI_NAMES)
         self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "
                           f"{done.old_position} -> {done.new_position} (next offset "
                           f"{done.new_position + 1}); {done.cancelled} waiting "
                           "deliveries cancelled.")
+        summary = topicops.reset_summary(done, target)
+        if summary:
+            self.stdout.write(summary)
 
     def do_replay(self, options: dict[str, Any]) -> None:
         done = topicops.replay(options["topic"], options["group"], options["from_offset"],
@@ -114,7 +168,8 @@ class Command(cli.SaysDatabaseErrors):
                  "deliveries": [{"group": d.group, "message_id": d.message_id,
                                  "outcome": d.outcome, "worker": d.handled_by,
                                  "handled_at": d.handled_at.isoformat() if d.handled_at
-                                 else None, "attempts": len(d.attempts),
+                                 else None, "attempts": len(d.runs),
+                                 "operator_actions": [_action_json(a) for a in d.actions],
                                  "replay": topicops.is_replay(traces[m.offset or 0], d)}
                                 for d in traces.get(m.offset or 0, [])]}
                 for m in found.messages]}))
@@ -128,7 +183,7 @@ class Command(cli.SaysDatabaseErrors):
                 mark = " (replay)" if topicops.is_replay(traces[m.offset or 0], d) else ""
                 when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
                 self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
-                                  f" by {d.handled_by or '-'} ({len(d.attempts)} attempts)")
+                                  f" by {d.handled_by or '-'} ({_attempts(d)})")
         if found.truncated:
             self.stdout.write(f"More messages match: only the first {options['limit']} are "
                               "shown. Narrow the range or raise --limit.")
