@@ -111,3 +111,19 @@ def test_a_running_leader_sequences_a_topic_no_worker_reads(start_worker) -> Non
     wait_for(lambda: "Gave offsets to 3 message(s) of topic 'nobody-reads'" in worker.output(),
              timeout=10, message="the log line")
     connection.close()
+
+
+def test_finding_unread_topics_is_two_index_dives_per_topic() -> None:
+    from django_mysqlq.broker.topics import (
+        ANY_UNSEQUENCED_SQL,
+        NEXT_TOPIC_SQL,
+        UNSEQUENCED_IN_INDEX_ORDER_SQL,
+    )
+    from tests.plan_support import costly
+
+    for name in ("a", "b", "c"):
+        Topic(f"dive-{name}").publish_many([{"n": n} for n in range(300)])
+    broker.sequence("dive-a")
+    assert costly(NEXT_TOPIC_SQL, ["dive-a"]) == []
+    assert costly(ANY_UNSEQUENCED_SQL, ["dive-b"]) == []
+    assert costly(UNSEQUENCED_IN_INDEX_ORDER_SQL, ["dive-b", 1000]) == []
