@@ -67,8 +67,8 @@ def replay(topic: str, group: str, first: int, last: int,
     return broker.replay_range(group_spec(topic, group), first, last, who)
 
 
-def is_replay(deliveries: list[broker.topic_ops.DeliveryTrace],
-              delivery: broker.topic_ops.DeliveryTrace) -> bool:
+def is_replay(deliveries: list[broker.topic_lookup.DeliveryTrace],
+              delivery: broker.topic_lookup.DeliveryTrace) -> bool:
     """Whether an earlier delivery of the same offset went to the same group."""
     return any(other.group == delivery.group and other.message_id < delivery.message_id
                for other in deliveries)

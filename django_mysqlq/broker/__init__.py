@@ -34,7 +34,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``unique``     dedup keys kept taken for a period after success (``unique_for``)
 ``rates``      global rate limits: rate keys' rows, the claim of throttled messages
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
-``topic_ops``  topics for operators: positions and lag, reset, lookup and trace
+``topic_ops``  topics for operators: positions and lag, reset
+``topic_lookup``  topics for operators: lookup and trace
 ``topic_replay`` replay a range of a topic into one group
 ``topic_retention`` deletes a topic's oldest messages in short batches
 ``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
@@ -169,17 +170,15 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_lookup import Lookup, lookup, trace
 from .topic_ops import (
     GroupState,
-    Lookup,
     ResetResult,
     ResetTarget,
     TopicOffsetError,
     groups,
-    lookup,
     reset_group,
     topic_bounds,
-    trace,
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range

@@ -119,6 +119,13 @@ def naive_utc(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.UTC).replace(tzinfo=None)
 
 
+def aware_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A naive time read from the server (UTC) made aware; an aware one, or None, as is."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.UTC)
+
+
 def micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
 

@@ -1,4 +1,4 @@
-"""Operators and topics: a group's position and lag, reset, and looking messages up.
+"""Operators and topics: a group's position and lag, and reset (lookups: ``topic_lookup``).
 
 A **reset** moves a group's position under the group's row lock (the pump takes that
 lock with ``SKIP LOCKED``, so it simply skips a round) and records who and when. The
@@ -7,26 +7,19 @@ transaction and cancelled after it (history keeps them, note :data:`RESET_NOTE`)
 that after a reset each offset past the new position becomes exactly one new delivery:
 a reset backwards does not run the waiting ones twice, a reset forwards skips them. A
 delivery already running finishes; dead ones stay in the dead letter.
-
-A **lookup** reads at most :data:`LOOKUP_MAX` messages along an index (offset, key or
-publish time); its **trace** reads the messages' deliveries (``mysqlq_topic_delivery``
-by offset), their current rows in the queue and their attempts (``mysqlq_attempt`` by
-``message_id``): which groups handled it, when, on which worker, with which outcome.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
 from typing import Any
 
-from ..models import ATTEMPT_OUTCOMES
 from ..topicnames import delivery_task_name
 from .base import (
-    ATTEMPT_TABLE,
     MESSAGE_TABLE,
     NOW_SQL,
+    aware_utc,
     connection_for,
     default_alias,
     in_transaction,
@@ -39,8 +32,6 @@ from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
-#: Messages one lookup returns at most (a wider range says "more").
-LOOKUP_MAX = 1000
 #: The history note of the waiting deliveries a reset cancels.
 RESET_NOTE = "topic group reset"
 #: Statuses of a delivery not handled yet (lag); ``WAITING`` are the ones a reset cancels.
@@ -102,33 +93,6 @@ SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
 """
 MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, changed_at = UTC_TIMESTAMP(6), "
                   "changed_by = %s WHERE id = %s")
-
-_MESSAGE_COLUMNS = "id, topic, msg_offset, msg_key, payload, published_at, sequenced_at"
-BY_OFFSET_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
-                 f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s AND msg_offset <= %s "
-                 "ORDER BY msg_offset LIMIT %s")
-BY_KEY_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
-              "(mysqlq_tmsg_key) WHERE topic = %s AND msg_key = %s AND msg_offset IS NOT NULL "
-              "ORDER BY msg_offset DESC LIMIT %s")
-BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
-               "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
-               "AND published_at < %s AND msg_offset IS NOT NULL "
-               "ORDER BY published_at, id LIMIT %s")
-TRACE_DELIVERIES_SQL = f"""
-SELECT message_id, group_name, msg_offset, created_at FROM {DELIVERY_TABLE}
- WHERE topic = %s AND msg_offset IN ({{offsets}}) ORDER BY msg_offset, group_name, message_id
-"""
-TRACE_CURRENT_SQL = f"""
-SELECT id, status, attempts, max_attempts, worker_id, claimed_at, run_at
-  FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})
-"""
-TRACE_ATTEMPTS_SQL = f"""
-SELECT message_id, id, attempt, outcome, started_at, finished_at, worker_id, host, pid,
-       error_class, error_message, actor
-  FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_message)
- WHERE message_id IN ({{ids}}) ORDER BY message_id, id
-"""
-
 
 # ------------------------------------------------------------------ groups, lag
 
@@ -199,12 +163,6 @@ class GroupState:
         }
 
 
-def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=dt.UTC)
-
-
 def groups(topic: str | None = None, group: str | None = None, *,
            lag: bool = True, alias: str | None = None) -> list[GroupState]:
     """Every consumer group (of ``topic``; named ``group``), with its lag unless not
@@ -220,7 +178,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(GROUPS_SQL.format(where=where), params)
         found = [GroupState(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]),
-                            _aware(r[5]) or r[5], _aware(r[6]), _aware(r[7]), str(r[8]),
+                            aware_utc(r[5]) or r[5], aware_utc(r[6]), aware_utc(r[7]), str(r[8]),
                             int(r[9]), int(r[10])) for r in cursor.fetchall()]
         if not lag or not found:
             return found
@@ -230,7 +188,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
         for task_name, status, count in cursor.fetchall():
             by_task[str(task_name)].deliveries[str(status)] = int(count)
         cursor.execute(NOW_SQL)
-        now = _aware(cursor.fetchone()[0])
+        now = aware_utc(cursor.fetchone()[0])
         assert now is not None
         unsequenced: dict[str, tuple[int, dt.datetime | None]] = {}
         for name in {state.topic for state in found}:
@@ -240,7 +198,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
             if count:
                 cursor.execute(PUBLISHED_BY_ID_SQL, [lowest])
                 row = cursor.fetchone()
-                first = _aware(row[0]) if row is not None else None
+                first = aware_utc(row[0]) if row is not None else None
             unsequenced[name] = (int(count), first)
         for state in found:
             state.unsequenced, first_unsequenced = unsequenced[state.topic]
@@ -255,7 +213,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
             if oldest is not None:
                 cursor.execute(PUBLISHED_AT_SQL, [state.topic, oldest])
                 row = cursor.fetchone()
-                published = _aware(row[0]) if row is not None else None
+                published = aware_utc(row[0]) if row is not None else None
                 if published is not None:
                     state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
             elif first_unsequenced is not None:
@@ -394,148 +352,3 @@ def topic_bounds(topic: str, alias: str | None = None) -> tuple[int, int] | None
         cursor.execute(TOPIC_BOUNDS_SQL, [topic])
         row = cursor.fetchone()
     return None if row is None else (int(row[0]), int(row[1]))
-
-
-# ------------------------------------------------------------------ lookup and trace
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicMessageRow:
-    id: int
-    topic: str
-    offset: int | None
-    key: str | None
-    payload: str
-    published_at: dt.datetime
-    sequenced_at: dt.datetime | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Lookup:
-    messages: list[TopicMessageRow]
-    #: More messages matched than ``limit``: narrow the range.
-    truncated: bool
-
-
-def _rows(cursor: Any) -> list[TopicMessageRow]:
-    return [TopicMessageRow(int(r[0]), str(r[1]), None if r[2] is None else int(r[2]), r[3],
-                            str(r[4]), _aware(r[5]) or r[5], _aware(r[6]))
-            for r in cursor.fetchall()]
-
-
-def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = None,
-           key: str | None = None, since: dt.datetime | None = None,
-           until: dt.datetime | None = None, limit: int = 100,
-           alias: str | None = None) -> Lookup:
-    """Messages of ``topic`` by offset (or an offset range to ``to_offset``), by key
-    (newest first), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX),
-    each one index range read."""
-    if not 1 <= limit <= LOOKUP_MAX:
-        raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages, not {limit}.")
-    ways = [offset is not None, key is not None, since is not None or until is not None]
-    if sum(ways) != 1:
-        raise ValueError("Look messages up by an offset, a key, or a time range (one).")
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        if offset is not None:
-            end = offset if to_offset is None else to_offset
-            cursor.execute(BY_OFFSET_SQL, [topic, offset, end, limit + 1])
-        elif key is not None:
-            cursor.execute(BY_KEY_SQL, [topic, key, limit + 1])
-        else:
-            low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-            high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
-            cursor.execute(BY_TIME_SQL, [topic, naive_utc(low), naive_utc(high), limit + 1])
-        found = _rows(cursor)
-    return Lookup(found[:limit], len(found) > limit)
-
-
-@dataclasses.dataclass(frozen=True)
-class AttemptRow:
-    id: int
-    attempt: int
-    outcome: str
-    started_at: dt.datetime | None
-    finished_at: dt.datetime
-    worker_id: str
-    host: str
-    pid: int | None
-    error: str
-    actor: str
-
-
-@dataclasses.dataclass
-class DeliveryTrace:
-    """One delivery of a message to a group: its queue message and attempts."""
-
-    message_id: int
-    group: str
-    offset: int
-    created_at: dt.datetime
-    #: Its row in the queue now (None: finished and gone, see the attempts).
-    status: str | None = None
-    worker_id: str = ""
-    attempts: list[AttemptRow] = dataclasses.field(default_factory=list)
-
-    @property
-    def outcome(self) -> str:
-        """``succeeded`` / ``cancelled`` …, or the status while it is in the queue."""
-        if self.status is not None:
-            return self.status
-        return self.attempts[-1].outcome if self.attempts else "unknown"
-
-    @property
-    def runs(self) -> list[AttemptRow]:
-        """The attempts a worker ran (succeeded, retried, failed, lost): not the history
-        rows of operator actions (requeued, cancelled, …) or of a message given back."""
-        return [row for row in self.attempts if row.outcome in ATTEMPT_OUTCOMES]
-
-    @property
-    def actions(self) -> list[AttemptRow]:
-        """The other history rows: operator actions (requeued, cancelled by hand or by a
-        reset, …), a message given back by a worker that didn't know its task."""
-        return [row for row in self.attempts if row.outcome not in ATTEMPT_OUTCOMES]
-
-    @property
-    def handled_by(self) -> str:
-        """The worker of the last attempt (or the one running it)."""
-        if self.status == "claimed":
-            return self.worker_id
-        for row in reversed(self.attempts):
-            if row.worker_id:
-                return row.worker_id
-        return ""
-
-    @property
-    def handled_at(self) -> dt.datetime | None:
-        return self.attempts[-1].finished_at if self.attempts else None
-
-
-def trace(topic: str, offsets: Sequence[int],
-          alias: str | None = None) -> dict[int, list[DeliveryTrace]]:
-    """The deliveries of these offsets of ``topic`` to every group (replays too), each
-    with its current status and attempts, by offset."""
-    result: dict[int, list[DeliveryTrace]] = {int(o): [] for o in offsets}
-    if not result:
-        return result
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(TRACE_DELIVERIES_SQL.format(offsets=placeholders(len(result))),
-                       [topic, *result])
-        deliveries = {int(r[0]): DeliveryTrace(int(r[0]), str(r[1]), int(r[2]),
-                                               _aware(r[3]) or r[3])
-                      for r in cursor.fetchall()}
-        if deliveries:
-            ids = list(deliveries)
-            cursor.execute(TRACE_CURRENT_SQL.format(ids=placeholders(len(ids))), ids)
-            for r in cursor.fetchall():
-                delivery = deliveries[int(r[0])]
-                delivery.status, delivery.worker_id = str(r[1]), str(r[4] or "")
-            cursor.execute(TRACE_ATTEMPTS_SQL.format(ids=placeholders(len(ids))), ids)
-            for r in cursor.fetchall():
-                error = f"{r[9]}: {r[10]}" if r[9] else str(r[10] or "")
-                deliveries[int(r[0])].attempts.append(AttemptRow(
-                    int(r[1]), int(r[2]), str(r[3]), _aware(r[4]), _aware(r[5]) or r[5],
-                    str(r[6] or ""), str(r[7] or ""), None if r[8] is None else int(r[8]),
-                    error, str(r[11] or "")))
-    for delivery in deliveries.values():
-        result[delivery.offset].append(delivery)
-    return result

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from ..topicnames import GROUP_QUEUE_PREFIX
-from .base import MESSAGE_TABLE, connection_for, default_alias
+from .base import MESSAGE_TABLE, aware_utc, connection_for, default_alias
 from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 #: Windows of the publish-rate columns, in minutes.
@@ -59,16 +59,11 @@ class TopicVolume:
                 "rate_per_second": self.rate_per_second}
 
 
-def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    return value.replace(tzinfo=dt.UTC) if value is not None and value.tzinfo is None \
-        else value
-
-
 def topic_volumes(alias: str | None = None) -> list[TopicVolume]:
     """Every topic with its publish volume, the busiest (last hour) first."""
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(TOPICS_SQL, [MAX_TOPICS])
-        found = [TopicVolume(str(r[0]), int(r[1]), int(r[2]), _aware(r[3]))
+        found = [TopicVolume(str(r[0]), int(r[1]), int(r[2]), aware_utc(r[3]))
                  for r in cursor.fetchall()]
         for topic in found:
             for minutes in WINDOWS:
@@ -95,5 +90,5 @@ def overran_deliveries(limit: int = 100, alias: str | None = None) -> list[Overr
         cursor.execute(OVERRAN_SQL, [f"{GROUP_QUEUE_PREFIX}%", limit])
         # Sorted here: an ORDER BY id would sort every claimed delivery of every group.
         return sorted((Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
-                               _aware(r[4]) or r[4], float(r[5]), float(r[6]))
+                               aware_utc(r[4]) or r[4], float(r[5]), float(r[6]))
                        for r in cursor.fetchall()), key=lambda found: found.message_id)

@@ -55,7 +55,7 @@ def groups_table(states: list[broker.GroupState]) -> str:
                      .rstrip() for row in rows)
 
 
-def _attempts(delivery: broker.topic_ops.DeliveryTrace) -> str:
+def _attempts(delivery: broker.topic_lookup.DeliveryTrace) -> str:
     """``3 attempts``: the runs only; then the operator actions (``requeued by
     admin:alice``), which are history rows but not attempts."""
     runs = len(delivery.runs)
@@ -65,7 +65,7 @@ def _attempts(delivery: broker.topic_ops.DeliveryTrace) -> str:
     return "; ".join([said, *actions])
 
 
-def _action_json(row: broker.topic_ops.AttemptRow) -> dict[str, Any]:
+def _action_json(row: broker.topic_lookup.AttemptRow) -> dict[str, Any]:
     return {"action": row.outcome, "by": row.actor, "at": row.finished_at.isoformat(),
             "note": row.error}
 
@@ -105,7 +105,7 @@ class Command(cli.SaysDatabaseErrors):
         lookup.add_argument("--since", default=None, help="ISO time or a duration ago (2h).")
         lookup.add_argument("--until", default=None, help="ISO time or a duration ago.")
         lookup.add_argument("--limit", type=int, default=100,
-                            help=f"At most this many (up to {broker.topic_ops.LOOKUP_MAX}).")
+                            help=f"At most this many (up to {broker.topic_lookup.LOOKUP_MAX}).")
         lookup.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:

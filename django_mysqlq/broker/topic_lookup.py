@@ -1,0 +1,201 @@
+"""Operators and topics: looking messages up, and where each went.
+
+A **lookup** reads at most :data:`LOOKUP_MAX` messages along an index (offset, key or
+publish time); its **trace** reads the messages' deliveries (``mysqlq_topic_delivery``
+by offset), their current rows in the queue and their attempts (``mysqlq_attempt`` by
+``message_id``): which groups handled it, when, on which worker, with which outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from ..models import ATTEMPT_OUTCOMES
+from .base import (
+    ATTEMPT_TABLE,
+    MESSAGE_TABLE,
+    aware_utc,
+    connection_for,
+    default_alias,
+    naive_utc,
+    placeholders,
+)
+from .topic_ops import DELIVERY_TABLE
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
+
+#: Messages one lookup returns at most (a wider range says "more").
+LOOKUP_MAX = 1000
+
+_MESSAGE_COLUMNS = "id, topic, msg_offset, msg_key, payload, published_at, sequenced_at"
+BY_OFFSET_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                 f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s AND msg_offset <= %s "
+                 "ORDER BY msg_offset LIMIT %s")
+BY_KEY_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+              "(mysqlq_tmsg_key) WHERE topic = %s AND msg_key = %s AND msg_offset IS NOT NULL "
+              "ORDER BY msg_offset DESC LIMIT %s")
+BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+               "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
+               "AND published_at < %s AND msg_offset IS NOT NULL "
+               "ORDER BY published_at, id LIMIT %s")
+TRACE_DELIVERIES_SQL = f"""
+SELECT message_id, group_name, msg_offset, created_at FROM {DELIVERY_TABLE}
+ WHERE topic = %s AND msg_offset IN ({{offsets}}) ORDER BY msg_offset, group_name, message_id
+"""
+TRACE_CURRENT_SQL = f"""
+SELECT id, status, attempts, max_attempts, worker_id, claimed_at, run_at
+  FROM {MESSAGE_TABLE} WHERE id IN ({{ids}})
+"""
+TRACE_ATTEMPTS_SQL = f"""
+SELECT message_id, id, attempt, outcome, started_at, finished_at, worker_id, host, pid,
+       error_class, error_message, actor
+  FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_message)
+ WHERE message_id IN ({{ids}}) ORDER BY message_id, id
+"""
+
+
+# ------------------------------------------------------------------ lookup and trace
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicMessageRow:
+    id: int
+    topic: str
+    offset: int | None
+    key: str | None
+    payload: str
+    published_at: dt.datetime
+    sequenced_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    messages: list[TopicMessageRow]
+    #: More messages matched than ``limit``: narrow the range.
+    truncated: bool
+
+
+def _rows(cursor: Any) -> list[TopicMessageRow]:
+    return [TopicMessageRow(int(r[0]), str(r[1]), None if r[2] is None else int(r[2]), r[3],
+                            str(r[4]), aware_utc(r[5]) or r[5], aware_utc(r[6]))
+            for r in cursor.fetchall()]
+
+
+def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = None,
+           key: str | None = None, since: dt.datetime | None = None,
+           until: dt.datetime | None = None, limit: int = 100,
+           alias: str | None = None) -> Lookup:
+    """Messages of ``topic`` by offset (or an offset range to ``to_offset``), by key
+    (newest first), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX),
+    each one index range read."""
+    if not 1 <= limit <= LOOKUP_MAX:
+        raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages, not {limit}.")
+    ways = [offset is not None, key is not None, since is not None or until is not None]
+    if sum(ways) != 1:
+        raise ValueError("Look messages up by an offset, a key, or a time range (one).")
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        if offset is not None:
+            end = offset if to_offset is None else to_offset
+            cursor.execute(BY_OFFSET_SQL, [topic, offset, end, limit + 1])
+        elif key is not None:
+            cursor.execute(BY_KEY_SQL, [topic, key, limit + 1])
+        else:
+            low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+            high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+            cursor.execute(BY_TIME_SQL, [topic, naive_utc(low), naive_utc(high), limit + 1])
+        found = _rows(cursor)
+    return Lookup(found[:limit], len(found) > limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRow:
+    id: int
+    attempt: int
+    outcome: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    worker_id: str
+    host: str
+    pid: int | None
+    error: str
+    actor: str
+
+
+@dataclasses.dataclass
+class DeliveryTrace:
+    """One delivery of a message to a group: its queue message and attempts."""
+
+    message_id: int
+    group: str
+    offset: int
+    created_at: dt.datetime
+    #: Its row in the queue now (None: finished and gone, see the attempts).
+    status: str | None = None
+    worker_id: str = ""
+    attempts: list[AttemptRow] = dataclasses.field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """``succeeded`` / ``cancelled`` …, or the status while it is in the queue."""
+        if self.status is not None:
+            return self.status
+        return self.attempts[-1].outcome if self.attempts else "unknown"
+
+    @property
+    def runs(self) -> list[AttemptRow]:
+        """The attempts a worker ran (succeeded, retried, failed, lost): not the history
+        rows of operator actions (requeued, cancelled, …) or of a message given back."""
+        return [row for row in self.attempts if row.outcome in ATTEMPT_OUTCOMES]
+
+    @property
+    def actions(self) -> list[AttemptRow]:
+        """The other history rows: operator actions (requeued, cancelled by hand or by a
+        reset, …), a message given back by a worker that didn't know its task."""
+        return [row for row in self.attempts if row.outcome not in ATTEMPT_OUTCOMES]
+
+    @property
+    def handled_by(self) -> str:
+        """The worker of the last attempt (or the one running it)."""
+        if self.status == "claimed":
+            return self.worker_id
+        for row in reversed(self.attempts):
+            if row.worker_id:
+                return row.worker_id
+        return ""
+
+    @property
+    def handled_at(self) -> dt.datetime | None:
+        return self.attempts[-1].finished_at if self.attempts else None
+
+
+def trace(topic: str, offsets: Sequence[int],
+          alias: str | None = None) -> dict[int, list[DeliveryTrace]]:
+    """The deliveries of these offsets of ``topic`` to every group (replays too), each
+    with its current status and attempts, by offset."""
+    result: dict[int, list[DeliveryTrace]] = {int(o): [] for o in offsets}
+    if not result:
+        return result
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TRACE_DELIVERIES_SQL.format(offsets=placeholders(len(result))),
+                       [topic, *result])
+        deliveries = {int(r[0]): DeliveryTrace(int(r[0]), str(r[1]), int(r[2]),
+                                               aware_utc(r[3]) or r[3])
+                      for r in cursor.fetchall()}
+        if deliveries:
+            ids = list(deliveries)
+            cursor.execute(TRACE_CURRENT_SQL.format(ids=placeholders(len(ids))), ids)
+            for r in cursor.fetchall():
+                delivery = deliveries[int(r[0])]
+                delivery.status, delivery.worker_id = str(r[1]), str(r[4] or "")
+            cursor.execute(TRACE_ATTEMPTS_SQL.format(ids=placeholders(len(ids))), ids)
+            for r in cursor.fetchall():
+                error = f"{r[9]}: {r[10]}" if r[9] else str(r[10] or "")
+                deliveries[int(r[0])].attempts.append(AttemptRow(
+                    int(r[1]), int(r[2]), str(r[3]), aware_utc(r[4]), aware_utc(r[5]) or r[5],
+                    str(r[6] or ""), str(r[7] or ""), None if r[8] is None else int(r[8]),
+                    error, str(r[11] or "")))
+    for delivery in deliveries.values():
+        result[delivery.offset].append(delivery)
+    return result
