@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import socket
 import threading
 
@@ -21,9 +22,15 @@ COMMANDS = {0x01: "COM_QUIT", 0x02: "COM_INIT_DB", 0x03: "COM_QUERY", 0x0E: "COM
 CLIENT_SSL = 0x0800
 
 
+#: MariaDB's per-statement variables (``SET STATEMENT lock_wait_timeout = 2 FOR SELECT
+#: …``): the statement's shape is what follows them.
+_STATEMENT_VARIABLES = re.compile(r"^\s*SET\s+STATEMENT\s+.*?\bFOR\s+", re.S | re.I)
+
+
 def _shape(sql: bytes) -> str:
     """A statement's first words, e.g. ``UPDATE mysqlq_worker SET last_heartbeat =``."""
-    return " ".join(sql[:160].decode(errors="replace").split()[:5])
+    text = _STATEMENT_VARIABLES.sub("", sql[:400].decode(errors="replace"), count=1)
+    return " ".join(text.split()[:5])
 
 
 class CountingProxy:
