@@ -79,3 +79,37 @@ def test_an_unclean_stop_is_excused_only_when_its_node_was_down_during_the_stop(
         stop, [sigterm, ev.Event(ev.NODE_KILL, 25.0, port=4307), stop])
     assert not ev.node_down_while_stopping(ev.Event(ev.STOP_STATUS, 20.0, pid=7),
                                          [sigterm, down])
+
+
+def test_kill_orphans_whose_wait_overlapped_a_node_kill_are_counted_apart():
+    """A kill -9's orphans wait for the recovery sweep; a Galera node killed meanwhile may
+    have been the sweeper's, and a new sweeper takes over only after its lease: those
+    orphans are counted apart, not in the kill -9 recovery figures."""
+    from bench.chaos.recovery import recovery
+
+    def lost(pid: int, started: float, finished: float) -> Any:
+        return SimpleNamespace(attempt=1, outcome="lost", pid=pid, started=started,
+                               finished=finished, error_class="WorkerLost")
+
+    def again(started: float) -> Any:
+        return SimpleNamespace(attempt=2, outcome="succeeded", pid=9, started=started,
+                               finished=started + 0.1, error_class="")
+
+    facts: Any = SimpleNamespace(messages={
+        1: SimpleNamespace(id=1, runs=[], tries=[lost(7, 9.0, 14.0), again(14.2)]),
+        2: SimpleNamespace(id=2, runs=[], tries=[lost(8, 29.0, 34.0), again(34.5)]),
+    })
+    kills = [ev.Event(ev.KILL, 10.0, pid=7), ev.Event(ev.KILL, 30.0, pid=8)]
+    # No node kill: both orphans count (sweeps 4 s after their kills).
+    clean = recovery(facts, kills).as_dict()
+    assert (clean["orphans"], clean["node_down"], clean["sweep_seconds"]["median"]) == (2, 0, 4.0)
+    # A node down from 12 to 20 s overlaps the first orphan's wait (10 → 14) only.
+    node = ev.Event(ev.NODE_KILL, 12.0, until=20.0, port=4307)
+    apart = recovery(facts, [*kills, node]).as_dict()
+    assert (apart["orphans"], apart["node_down"]) == (1, 1)
+    assert apart["reclaim_seconds"]["median"] == 4.5
+    # Overlap cases: down before and back during; killed during and never back; not.
+    assert ev.node_down_during([ev.Event(ev.NODE_KILL, 5.0, until=11.0)], 10.0, 14.0)
+    assert ev.node_down_during([ev.Event(ev.NODE_KILL, 13.0)], 10.0, 14.0)
+    assert not ev.node_down_during([ev.Event(ev.NODE_KILL, 2.0, until=9.0)], 10.0, 14.0)
+    assert not ev.node_down_during([ev.Event(ev.NODE_KILL, 15.0, until=19.0)], 10.0, 14.0)

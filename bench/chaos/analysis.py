@@ -141,6 +141,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "unclean_stops_node_down": len(node_down_stops),
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
+        "kill_orphans_node_down": rec["node_down"],
         "node_kill_orphans": node_rec["orphans"],
         "node_recovery_median_seconds": node_rec["reclaim_seconds"]["median"],
         "node_recovery_max_seconds": node_rec["reclaim_seconds"]["max"],

@@ -78,3 +78,11 @@ def node_down_while_stopping(stop: Event, events: list[Event]) -> bool:
     return any(e.kind == NODE_KILL and e.port == stop.port
                and e.at <= stop.at and (e.until is None or e.until >= signalled)
                for e in events)
+
+
+def node_down_during(downs: list[Event], start: float, end: float) -> bool:
+    """Whether a Galera node was down (killed, not Synced again yet) at some time in
+    [start, end]: a kill -9's orphans waiting for the sweep then, the sweeper may have
+    been on that node, and a new one takes over only once its lease ran out."""
+    return any(down.at <= end and (down.until is None or down.until >= start)
+               for down in downs)

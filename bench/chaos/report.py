@@ -43,6 +43,8 @@ ROWS = (
      "the stop (excused)"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
     ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
+    ("kill_orphans_node_down", "kill -9 orphans whose wait overlapped a Galera node kill "
+     "(the sweeper's node may be gone: left out of the two figures above)"),
     ("node_kill_orphans", "claims of workers on the killed node, taken back"),
     ("node_recovery_median_seconds", "node kill -9 to such a claim claimed again: median"),
     ("node_recovery_max_seconds", "node kill -9 to such a claim claimed again: max"),
