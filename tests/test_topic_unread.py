@@ -100,6 +100,17 @@ def test_a_backlog_is_stamped_a_bounded_number_of_rounds_per_call() -> None:
     assert TopicState.objects.get(name="big").last_offset == 2500
 
 
+def test_topics_take_turns_and_the_budget_bounds_later_rounds() -> None:
+    Topic("turn-a").publish_many([{"n": n} for n in range(2500)])
+    Topic("turn-b").publish_many([{"n": n} for n in range(1500)])
+    # No time left after the first round of each: one round each, none starved.
+    assert broker.sequence_unread(10, budget_seconds=0) == {"turn-a": 1000, "turn-b": 1000}
+    assert broker.sequence_unread(10, budget_seconds=30) == {"turn-a": 1500, "turn-b": 500}
+    assert broker.sequence_unread(10, budget_seconds=30) == {}
+    assert [TopicState.objects.get(name=name).last_offset for name in ("turn-a", "turn-b")] \
+        == [2500, 1500]
+
+
 @pytest.mark.worker
 @pytest.mark.parametrize("isolation", ["", "repeatable read"])
 def test_a_running_leader_sequences_a_topic_no_worker_reads(start_worker, isolation) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -239,38 +240,55 @@ def _round_of(cursor: Any, *, topic: str, skip_locked: bool) -> int | None:
     return sequence_round(cursor, topic, SEQUENCE_BATCH, skip_locked=skip_locked)
 
 
-def sequence_unread(rounds: int, alias: str | None = None) -> dict[str, int]:
-    """Give offsets to any topic's committed rows that have none, at most ``rounds`` rounds
-    of ``SEQUENCE_BATCH`` per topic; return how many were stamped per topic.
+def sequence_unread(rounds: int, alias: str | None = None,
+                    budget_seconds: float | None = None) -> dict[str, int]:
+    """Give offsets to any topic's committed rows that have none: rounds of
+    ``SEQUENCE_BATCH`` taken in turn across the topics, at most ``rounds`` per topic, and
+    after each topic's first round only while ``budget_seconds`` last; return how many
+    were stamped per topic.
 
     The recovery leader's duty: only a worker that reads a topic (a member of one of its
     groups, a broadcast subscriber) sequences it, so the messages of a topic nobody reads
     at the moment would have no offset and no topic row: retention, lookup and the
     topic statistics, which all go by offset, would never see them. A topic whose reader
-    is stamping it right now (its row held) is left to that reader.
+    is stamping it right now (its row held) is left to that reader. Taking the topics in
+    turn keeps one topic's backlog from using the whole budget.
     """
     alias = alias or default_alias()
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
     done: dict[str, int] = {}
-    for topic in _topics_with_unsequenced(alias):
-        total = 0
-        for _ in range(rounds):
-            stamped = in_transaction(alias, functools.partial(
-                _round_of, topic=topic, skip_locked=True))
-            if stamped is None:
-                with connection_for(alias).cursor() as cursor:
-                    cursor.execute(TOPIC_EXISTS_SQL, [topic])
-                    if cursor.fetchone() is not None:
-                        break  # a reader holds the row: its round stamps them
-                # No row yet: a waiting round makes it (and stamps).
-                stamped = in_transaction(alias, functools.partial(
-                    _round_of, topic=topic, skip_locked=False))
-                assert stamped is not None
-            total += stamped
-            if stamped < SEQUENCE_BATCH:
+    pending = _topics_with_unsequenced(alias)
+    for turn in range(rounds):
+        more: list[str] = []
+        for topic in pending:
+            if turn and deadline is not None and time.monotonic() >= deadline:
                 break
-        if total:
-            done[topic] = total
+            stamped = _unread_round(alias, topic)
+            if stamped is None:
+                continue  # a reader holds the row: its round stamps them
+            if stamped:
+                done[topic] = done.get(topic, 0) + stamped
+            if stamped == SEQUENCE_BATCH:
+                more.append(topic)
+        pending = more
+        if not pending:
+            break
     return done
+
+
+def _unread_round(alias: str, topic: str) -> int | None:
+    """One round for :func:`sequence_unread`: how many were stamped, or None when a reader
+    holds the topic's row."""
+    stamped = in_transaction(alias, functools.partial(_round_of, topic=topic,
+                                                      skip_locked=True))
+    if stamped is not None:
+        return stamped
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(TOPIC_EXISTS_SQL, [topic])
+        if cursor.fetchone() is not None:
+            return None
+    # No row yet: a waiting round makes it (and stamps).
+    return in_transaction(alias, functools.partial(_round_of, topic=topic, skip_locked=False))
 
 
 def last_offset(topic: str, alias: str | None = None) -> int:
