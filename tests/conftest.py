@@ -19,6 +19,18 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"
 
 
+def raw_connection() -> Any:
+    """An autocommit MySQLdb connection of its own to the tests' database, outside Django
+    (a stranger who locks tables or rows, kills statements)."""
+    import MySQLdb
+
+    params = connection.settings_dict
+    conn = MySQLdb.connect(host=params["HOST"], port=int(params["PORT"]), user=params["USER"],
+                           password=params["PASSWORD"], database=params["NAME"])
+    conn.autocommit(True)
+    return conn
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
              message: str = "condition") -> object:
     """Poll until ``predicate()`` is truthy; fail the test with ``message`` on timeout."""

@@ -17,11 +17,10 @@ import time
 
 import MySQLdb
 import pytest
-from django.db import connection
 
 from django_mysqlq.broker.park import RATE_TABLE
 from django_mysqlq.models import Attempt, Message, MessageStatus, Outcome
-from tests.conftest import wait_for
+from tests.conftest import raw_connection, wait_for
 from tests.testapp import rated_tasks
 from tests.testapp.models import GateRun
 
@@ -29,15 +28,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 #: Long next to the test: before the fix the message's lease (not a sweep) took it back.
 LEASE = "30"
-
-
-def _raw() -> MySQLdb.Connection:
-    """The test's own autocommit connection (it locks a table the ORM's can't use then)."""
-    params = connection.settings_dict
-    conn = MySQLdb.connect(host=params["HOST"], port=int(params["PORT"]), user=params["USER"],
-                           password=params["PASSWORD"], database=params["NAME"])
-    conn.autocommit(True)
-    return conn
 
 
 def _waiting_on_lock(raw: MySQLdb.Connection) -> list[int]:
@@ -76,7 +66,7 @@ def test_a_batch_claimed_before_the_throttled_claim_fails_still_runs(start_worke
     warm = rated_tasks.unlimited.enqueue(0, f"{label}-warm").id
     wait_for(lambda: not Message.objects.filter(id=warm).exists(), timeout=30,
              message="the worker to run a first message")
-    raw = _raw()
+    raw = raw_connection()
     try:
         with raw.cursor() as cursor:
             # Every worker statement reading the rate keys now waits on this lock.

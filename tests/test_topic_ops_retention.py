@@ -6,18 +6,16 @@ offset is refused clearly."""
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
 
 import pytest
-from django.db import connections, transaction
 from django.test import override_settings
 
-from django_mysqlq import Topic, broker
+from django_mysqlq import broker
 from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
 from django_mysqlq.worker import topic_retention
 from tests.operator_support import OPERATOR
-from tests.topic_ops_support import group, handle, publish
+from tests.topic_ops_support import group, handle, open_publisher, publish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,26 +79,11 @@ def test_an_open_publisher_and_the_sequencer_are_not_blocked() -> None:
     publish("orders", 6)
     group("orders", "billing", start="latest")  # at 6: it has passed them
     age("orders", range(1, 7), days=10)
-    opened, release = threading.Event(), threading.Event()
-
-    def publisher() -> None:
-        try:
-            with transaction.atomic():
-                Topic("orders").publish({"n": "late"})
-                opened.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=publisher)
-    thread.start()
-    assert opened.wait(10)
-    began = time.monotonic()
-    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
-    assert broker.prune_topic_batch("orders", cut, 100) == 6
-    assert time.monotonic() - began < 2.0
-    release.set()
-    thread.join()
+    with open_publisher("orders", {"n": "late"}):
+        began = time.monotonic()
+        cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+        assert broker.prune_topic_batch("orders", cut, 100) == 6
+        assert time.monotonic() - began < 2.0
     assert broker.sequence("orders") == 1
     assert kept("orders") == [7]
 

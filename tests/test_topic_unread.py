@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import threading
 import time
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.test import override_settings
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.models import TopicMessage, TopicState
 from django_mysqlq.worker import topic_retention
 from tests.conftest import wait_for
+from tests.topic_ops_support import open_publisher
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,21 +54,7 @@ def test_an_open_publisher_is_not_stamped_and_a_busy_reader_is_not_waited_for() 
     Topic("busy").publish({"n": 0})
     broker.sequence("busy")  # the topic's row exists
     Topic("busy").publish({"n": 1})
-    opened, release = threading.Event(), threading.Event()
-
-    def publisher() -> None:
-        try:
-            with transaction.atomic():
-                Topic("busy").publish({"n": "open"})
-                opened.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=publisher)
-    thread.start()
-    try:
-        assert opened.wait(10)
+    with open_publisher("busy", {"n": "open"}):
         # A reader's round holds the topic's row: the leader leaves the topic to it.
         holder = connections.create_connection("default")
         try:
@@ -86,9 +72,6 @@ def test_an_open_publisher_is_not_stamped_and_a_busy_reader_is_not_waited_for() 
         # (it is not visible here either).
         assert broker.sequence_unread(5) == {"busy": 1}
         assert [offset for _, offset in offsets("busy")] == [1, 2]
-    finally:
-        release.set()
-        thread.join()
     assert broker.sequence_unread(5) == {"busy": 1}
     assert [offset for _, offset in offsets("busy")] == [1, 2, 3]
 

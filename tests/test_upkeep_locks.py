@@ -24,7 +24,7 @@ from django_mysqlq import broker
 from django_mysqlq.broker.park import RATE_TABLE
 from django_mysqlq.models import Message, Worker
 from django_mysqlq.worker.upkeep import Housekeeping
-from tests.conftest import wait_for
+from tests.conftest import raw_connection, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
@@ -35,18 +35,9 @@ LEASE = "4"
 WAITS_SQL = "SELECT @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout"
 
 
-def _raw() -> MySQLdb.Connection:
-    """The stranger: its own autocommit connection, outside Django."""
-    params = connection.settings_dict
-    conn = MySQLdb.connect(host=params["HOST"], port=int(params["PORT"]), user=params["USER"],
-                           password=params["PASSWORD"], database=params["NAME"])
-    conn.autocommit(True)
-    return conn
-
-
 @pytest.fixture
 def stranger() -> Iterator[MySQLdb.Connection]:
-    conn = _raw()
+    conn = raw_connection()
     try:
         yield conn
     finally:

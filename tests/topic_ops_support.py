@@ -3,6 +3,12 @@ publishers, the pump and workers make them (no worker process)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from django.db import connections, transaction
+
 from django_mysqlq import Topic, broker
 from django_mysqlq.messages import AttemptResult, ClaimedMessage
 from django_mysqlq.models import TopicMessage, TopicState
@@ -53,3 +59,28 @@ def forget_before(topic: str, offset: int) -> None:
     """What retention leaves: messages before ``offset`` deleted, first_offset moved."""
     TopicMessage.objects.filter(topic=topic, offset__lt=offset).delete()
     TopicState.objects.filter(name=topic).update(first_offset=offset)
+
+
+@contextlib.contextmanager
+def open_publisher(topic: str, payload: object) -> Iterator[None]:
+    """Within the block, another thread holds a publish of ``payload`` to ``topic`` in
+    its open transaction; it commits as the block ends."""
+    opened, release = threading.Event(), threading.Event()
+
+    def publisher() -> None:
+        try:
+            with transaction.atomic():
+                Topic(topic).publish(payload)
+                opened.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        assert opened.wait(10), "the publisher never published"
+        yield
+    finally:
+        release.set()
+        thread.join()
