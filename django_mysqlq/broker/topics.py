@@ -157,27 +157,17 @@ def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = No
             return 0
     total = 0
     while True:
-        stamped = _round_unless_held(topic, batch, alias)
+        stamped = in_transaction(
+            alias, lambda cursor: sequence_round(cursor, topic, batch, skip_locked=True))
         if stamped is None:
+            with connection_for(alias).cursor() as cursor:
+                cursor.execute(TOPIC_EXISTS_SQL, [topic])
+                if cursor.fetchone() is None:  # no row yet: the waiting round makes it
+                    return total + sequence(topic, batch, alias)
             return total or None
         total += stamped
         if stamped < batch:
             return total
-
-
-def _round_unless_held(topic: str, batch: int, alias: str) -> int | None:
-    """One sequencing round in its own transaction, the topic's row taken ``SKIP
-    LOCKED``: how many were stamped, or None when another round holds the row. A topic
-    without a row yet gets it from a waiting round (which stamps too)."""
-    stamped = in_transaction(alias, functools.partial(
-        sequence_round, topic=topic, batch=batch, skip_locked=True))
-    if stamped is not None:
-        return stamped
-    with connection_for(alias).cursor() as cursor:
-        cursor.execute(TOPIC_EXISTS_SQL, [topic])
-        if cursor.fetchone() is not None:
-            return None
-    return in_transaction(alias, functools.partial(sequence_round, topic=topic, batch=batch))
 
 
 def unsequenced_ids(cursor: Any, topic: str, batch: int) -> list[int]:
@@ -246,6 +236,10 @@ def _topics_with_unsequenced(alias: str) -> list[str]:
     return found
 
 
+def _round_of(cursor: Any, *, topic: str, skip_locked: bool) -> int | None:
+    return sequence_round(cursor, topic, SEQUENCE_BATCH, skip_locked=skip_locked)
+
+
 def sequence_unread(rounds: int, alias: str | None = None,
                     budget_seconds: float | None = None) -> dict[str, int]:
     """Give offsets to any topic's committed rows that have none: rounds of
@@ -269,7 +263,7 @@ def sequence_unread(rounds: int, alias: str | None = None,
         for topic in pending:
             if turn and deadline is not None and time.monotonic() >= deadline:
                 break
-            stamped = _round_unless_held(topic, SEQUENCE_BATCH, alias)
+            stamped = _unread_round(alias, topic)
             if stamped is None:
                 continue  # a reader holds the row: its round stamps them
             if stamped:
@@ -280,6 +274,21 @@ def sequence_unread(rounds: int, alias: str | None = None,
         if not pending:
             break
     return done
+
+
+def _unread_round(alias: str, topic: str) -> int | None:
+    """One round for :func:`sequence_unread`: how many were stamped, or None when a reader
+    holds the topic's row."""
+    stamped = in_transaction(alias, functools.partial(_round_of, topic=topic,
+                                                      skip_locked=True))
+    if stamped is not None:
+        return stamped
+    with connection_for(alias).cursor() as cursor:
+        cursor.execute(TOPIC_EXISTS_SQL, [topic])
+        if cursor.fetchone() is not None:
+            return None
+    # No row yet: a waiting round makes it (and stamps).
+    return in_transaction(alias, functools.partial(_round_of, topic=topic, skip_locked=False))
 
 
 def last_offset(topic: str, alias: str | None = None) -> int:
