@@ -133,6 +133,37 @@ class WorkerStarter:
                 os.killpg(process.pid, signal.SIGKILL)
             if process.popen.poll() is None:
                 process.popen.wait(timeout=10)
+        if self.started:
+            end_dead_sessions()
+
+
+#: Sessions a killed worker leaves on the server: one inside its park's ``SLEEP()`` reads
+#: its socket (and sees it closed) only when the sleep ends, holding its named locks (the
+#: recovery leader's) until then, so the next test's in-process ``recover()`` finds the
+#: lock taken. Every worker of the test is dead by now: any session of the test database
+#: still sleeping, or still holding a named lock, is one of theirs.
+LEFTOVER_SESSIONS_SQL = """
+SELECT ID FROM information_schema.PROCESSLIST
+ WHERE DB = DATABASE() AND ID <> CONNECTION_ID()
+   AND (INFO LIKE '%SLEEP(%'
+        OR ID = IS_USED_LOCK(CONCAT('django_mysqlq:recover:', DATABASE()))
+        OR ID = IS_USED_LOCK(CONCAT('mysqlq_archive:', DATABASE())))
+"""
+
+
+def end_dead_sessions() -> None:
+    """End the server sessions of the test's killed workers (``LEFTOVER_SESSIONS_SQL``)."""
+    import MySQLdb
+
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute(LEFTOVER_SESSIONS_SQL)
+        for (session,) in cursor.fetchall():
+            with contextlib.suppress(MySQLdb.OperationalError):  # gone meanwhile
+                cursor.execute(f"KILL {int(session)}")
+    finally:
+        conn.close()
 
 
 @pytest.fixture
