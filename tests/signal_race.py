@@ -47,4 +47,4 @@ def _clear(event: threading.Event) -> None:
 
 def install() -> None:
     signal.signal(signal.SIGUSR1, _arm)
-    threading.Event.clear = _clear  # type: ignore[method-assign]
+    threading.Event.clear = _clear  # type: ignore[method-assign, assignment]
