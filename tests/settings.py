@@ -100,6 +100,10 @@ if os.environ.get("MYSQLQ_TEST_READ_DATABASE"):
     MYSQLQ["READ_DATABASE"] = json.loads(os.environ["MYSQLQ_TEST_READ_DATABASE"])
 if os.environ.get("MYSQLQ_TEST_DEAD_RETENTION"):  # tests/test_retention.py's worker
     MYSQLQ["DEAD_RETENTION_SECONDS"] = float(os.environ["MYSQLQ_TEST_DEAD_RETENTION"])
+if os.environ.get("MYSQLQ_TEST_SIGNAL_RACE"):  # tests/test_stop_deadline.py's worker
+    from tests import signal_race
+
+    signal_race.install()
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -123,3 +123,52 @@ def test_a_stop_with_the_database_unreachable_ends_within_its_grace_period(start
     assert (counts["succeeded"], counts["unacked"]) == (0, 3), output
     assert "unacked=3" in stopped_line(worker)
     assert Message.objects.claimed().count() == 3
+
+
+def kill_worker_connections() -> list[int]:
+    """``KILL CONNECTION`` every connection to the test database but this test's own."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s "
+                       "AND ID <> CONNECTION_ID()", [connection.settings_dict["NAME"]])
+        ids = [int(row[0]) for row in cursor.fetchall()]
+        for connection_id in ids:
+            cursor.execute(f"KILL CONNECTION {connection_id}")
+    return ids
+
+
+def test_a_sigterm_inside_the_control_loops_wakeup_lock_still_stops_the_worker(start_worker):
+    """CI's hang: a worker SIGTERMed just after an outage logged "SIGTERM received" and
+    nothing more. The handler ran on the main thread while that thread held its wake-up
+    event's lock (``wakeup.clear()`` at the top of a loop round), then waited for that
+    lock itself. tests/signal_race.py puts the signal exactly there; the stop must still
+    end within its bound, ack what ran and release what had not started."""
+    worker = start_worker("--concurrency", "2", "--batch", "4", "--json-summary",
+                          env={"MYSQLQ_TEST_GRACE": str(GRACE), "MYSQLQ_TEST_SIGNAL_RACE": "1"})
+    labels = [f"race{i}" for i in range(4)]
+    ids = [h.id for h in tasks.naps.enqueue_many([[label, 2] for label in labels])]
+    running = wait_for(lambda: len(started(labels)) == 2 and started(labels),
+                       timeout=PATIENCE, message="two tasks to start (two more claimed)")
+    assert kill_worker_connections()  # the outage the CI worker had just come through
+    wait_for(lambda: "Database error in the worker loop" in worker.output(),
+             timeout=PATIENCE, message="the control loop to notice the outage")
+    sent = time.monotonic()
+    worker.signal(signal.SIGUSR1)  # arms the rig: SIGTERM inside the next wakeup.clear()
+    try:
+        status = worker.wait(timeout=GRACE + STOP_STATEMENT_SECONDS + SLACK)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"worker {worker.pid} did not finish its stop:\n{worker.output()[-3000:]}")
+    elapsed = time.monotonic() - sent
+    output = worker.output()
+    assert status == 0, output[-3000:]
+    assert elapsed < GRACE + STOP_STATEMENT_SECONDS + SLACK, output[-3000:]
+    assert output.count("SIGTERM received") == 1, output[-3000:]
+    counts = summary(worker)
+    # The two that ran are acked, the two that waited go back unstarted: nothing is left
+    # for a lease to run out on, nothing ran twice.
+    assert (counts["succeeded"], counts["released"], counts["unacked"]) == (2, 2, 0), output
+    assert not Message.objects.claimed().exists()
+    ran = {f"{label}:start" for label in running}  # type: ignore[union-attr]
+    assert set(Ledger.objects.values_list("label", flat=True)) == ran
+    assert Attempt.objects.succeeded().count() == 2
+    assert set(Message.objects.values_list("id", flat=True)) < set(ids)
+    assert Message.objects.filter(status="ready").count() == 2

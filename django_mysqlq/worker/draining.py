@@ -159,6 +159,12 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     result = AttemptResult(started_at=task.started_at,
                            error_class=f"{type(error).__module__}.{type(error).__qualname__}",
                            error_message=str(error))
+    # Bounded like a stop's last statements: a hung ack or lock wait must not keep a
+    # process that is going anyway (the acker's join would otherwise wait for ever).
+    end = time.monotonic() + STOP_STATEMENT_SECONDS
+    broker.finish_by(end)
+    if worker.acker is not None:
+        worker.acker.finish_by(end)
     try:
         broker.fail(message, runner, result)
         release_unstarted(worker)
