@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_mysqlq.admin.indexhints import IndexOrder, along, pin
 from django_mysqlq.admin.listing import capped_count
+from django_mysqlq.admin.messages import CLAIM_ORDER, DUE_ORDER, NEWEST_FIRST, TASK_ORDER
 from django_mysqlq.models import BlockedMessage, Message
 
 pytestmark = pytest.mark.django_db
@@ -90,6 +91,16 @@ def test_statements_the_index_does_not_serve_whole_are_left_to_the_optimizer():
     hinted = {name: sqls for name, sqls in statements.items()
               if not sqls or any("FORCE INDEX" in sql for sql in sqls)}
     assert hinted == {}
+
+
+def test_the_lists_orders_are_held_by_their_indexes():
+    assert (CLAIM_ORDER.prefix, CLAIM_ORDER.columns) == (
+        ("queue",), ("queue", "status", "priority", "id"))
+    assert (TASK_ORDER.prefix, TASK_ORDER.columns) == (("task_name",), ("task_name", "status"))
+    assert (DUE_ORDER.prefix, DUE_ORDER.columns) == (("status",), ("status", "run_at"))
+    assert (NEWEST_FIRST.prefix, NEWEST_FIRST.columns) == ((), ("id",))
+    # Every key ends with the primary key: a task's messages of one status by id.
+    assert IndexOrder(Message, ("id",), "mysqlq_msg_task").prefix == ("task_name", "status")
 
 
 @pytest.mark.parametrize("fields,index", [
