@@ -18,6 +18,7 @@ from .actions import ACTIONS
 from .databases import DatabaseFilter
 from .filters import BlockedQueueFilter, BlockedTaskFilter
 from .gates import describe_holders, gate_ref, holders_of
+from .indexhints import IndexOrder
 from .messages import _bulk, _EntryPoint, message_ordering
 
 #: The holders of the gates on the page being rendered (one statement per page).
@@ -32,7 +33,7 @@ class BlockedMessageAdmin(_EntryPoint):
     actions = [_bulk(ACTIONS[name])
                for name in ("requeue_head", "release_subject", "cancel", "priority")]
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+    def list_order(self, request: HttpRequest) -> IndexOrder:
         return message_ordering(request.GET, dead_only=True)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:

@@ -25,12 +25,13 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, ops, routing
-from ..models import Attempt, DeadMessage, Message, MessageStatus, StuckMessage
+from ..models import CLAIM_INDEX, Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions, databases, payloads
 from .actions import ACTIONS, Action, outside_request_transaction
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
 from .gates import gate_holders, gate_label, holds_or_waits
+from .indexhints import IndexOrder, along, pin
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
 
@@ -40,14 +41,15 @@ else:  # ModelAdmin is generic for the type checker only
     _Base = admin.ModelAdmin
 
 
-#: Orders a list's index holds, so a page walks it and stops (see :mod:`.listing`).
+#: Orders a list's index holds, so a page walks it and stops (see :mod:`.listing`); the
+#: list's statements name that index (:mod:`.indexhints`).
 #: The claim index (queue, status, priority DESC, id): what a queue's workers take next.
-CLAIM_ORDER = ("status", "-priority", "id")
+CLAIM_ORDER = IndexOrder(Message, ("status", "-priority", "id"), CLAIM_INDEX)
 #: mysqlq_msg_task (task_name, status, id).
-TASK_ORDER = ("status", "id")
+TASK_ORDER = IndexOrder(Message, ("status", "id"), "mysqlq_msg_task")
 #: mysqlq_msg_due (status, run_at, id), backwards: the most recently due first.
-DUE_ORDER = ("-run_at", "-id")
-NEWEST_FIRST = ("-id",)
+DUE_ORDER = IndexOrder(Message, ("-run_at", "-id"), "mysqlq_msg_due")
+NEWEST_FIRST = IndexOrder(Message, ("-id",))
 #: Characters of an error a list row shows: its first line, cut here with an ellipsis.
 ERROR_WIDTH = 120
 
@@ -90,7 +92,7 @@ def search(term: str) -> tuple[Q, bool]:
 
 
 def message_ordering(params: MultiValueDict[str, Any], *, dead_only: bool = False
-                     ) -> tuple[str, ...]:
+                     ) -> IndexOrder:
     """The order of a message list: the one the index of its narrowest filter holds."""
     if given(params, "stuck"):  # a primary-key list of the few stuck messages
         return NEWEST_FIRST
@@ -137,7 +139,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     search_fields = ("=id", "=dedup_key", "=task_name")
     search_help_text = ("A message id, a dedup key, an ordered subject or concurrency key, or a "
                         "task's full name (exact).")
-    ordering = NEWEST_FIRST
+    ordering = NEWEST_FIRST.fields
     # Each list is in the order its filter's index holds (get_ordering); a column's
     # order would sort every match.
     sortable_by = ()
@@ -178,8 +180,17 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     # ------------------------------------------------------------- list
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+    def list_order(self, request: HttpRequest) -> IndexOrder:
+        """This list's order and the index holding it, for its filters."""
         return message_ordering(request.GET)
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return self.list_order(request).fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # The list's rows and count along its order's index (actions on selected ids,
+        # detail pages: along the primary key, unhinted).
+        return pin(super().get_queryset(request), self.list_order(request))
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
                            search_term: str) -> tuple[QuerySet[Any], bool]:
@@ -348,8 +359,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             raise Http404("Unknown filter; go back to the list and filter again.") from None
-        dead = changelist.get_queryset(request).filter(status=MessageStatus.DEAD) \
-            .order_by(*message_ordering(request.GET, dead_only=True))
+        dead = along(changelist.get_queryset(request).filter(status=MessageStatus.DEAD),
+                     message_ordering(request.GET, dead_only=True))
         query = request.GET.urlencode()
         back = reverse("admin:django_mysqlq_message_changelist") + (f"?{query}" if query else "")
         if request.method == "POST":
@@ -417,7 +428,7 @@ class StuckMessageAdmin(_EntryPoint):
                     "last_error_line", "owner", "claimed_at"]
     list_filter = [DatabaseFilter, QueueFilter, TaskFilter]
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+    def list_order(self, request: HttpRequest) -> IndexOrder:
         return NEWEST_FIRST  # a primary-key list of the few stuck messages
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -444,7 +455,7 @@ class DeadMessageAdmin(_EntryPoint):
     def died(self, obj: Message) -> dt.datetime:
         return obj.run_at  # a message's death sets run_at to that moment
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+    def list_order(self, request: HttpRequest) -> IndexOrder:
         return message_ordering(request.GET, dead_only=True)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
