@@ -22,6 +22,7 @@ from django_mysqlq.models import Attempt, Message, UniqueKey, unique_key_id
 from django_mysqlq.registry import registry
 from django_mysqlq.tasks import DERIVED_KEY_PREFIX
 from django_mysqlq.worker import retention
+from tests.conftest import raw_connection
 from tests.testapp import tasks
 from tests.testapp.models import GateRun
 from tests.testapp.unique_tasks import PERIOD, unique_step, unique_while_queued
@@ -256,6 +257,95 @@ def test_two_transactions_enqueuing_one_key_at_once_make_one_message(unique_for)
     assert all(isinstance(i, int) for i in ids), ids
     assert ids[0] == ids[1]
     assert list(Message.objects.values_list("pk", flat=True)) == [ids[0]]
+
+
+def _crowd(produce: Callable[[], Any], count: int) -> list[Any]:
+    """``count`` threads running ``produce`` at once; each one's result or error."""
+    threads = [in_thread(produce) for _ in range(count)]
+    for thread, _ in threads:
+        thread.join(30)
+    return [out[0] for _, out in threads]
+
+
+def _produce(key: str) -> Callable[[], int]:
+    def produce() -> int:
+        with transaction.atomic():
+            return unique_step.using(dedup_key=key).enqueue(key, 99, key).id
+    return produce
+
+
+def test_producers_inserting_over_an_acked_message_of_their_key_make_one_message():
+    """Hostile (the CI failure, made certain): an acked message's ``dedup_key`` entry stays,
+    delete-marked, until purge. Each producer's duplicate check took a shared lock on the
+    gap after it, and each one's insert then waited for the other's. A REPEATABLE READ
+    reader holds purge back and, with shared locks of its own, holds both inserts up."""
+    for round_ in range(2):
+        reader = raw_connection()
+        try:
+            cursor = reader.cursor()
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            unique_step.using(dedup_key="gone").enqueue("gone", round_, "gone")
+            run_all()
+            expire("gone")
+            cursor.execute("SELECT id FROM mysqlq_message FORCE INDEX (dedup_key) "
+                           "WHERE dedup_key >= 'gone' LOCK IN SHARE MODE")
+            threads = [in_thread(_produce("gone")) for _ in range(2)]
+            time.sleep(0.5)  # both inserts wait behind the reader's locks
+        finally:
+            reader.close()
+        for thread, _ in threads:
+            thread.join(30)
+        ids = [out[0] for _, out in threads]
+        assert isinstance(ids[0], int) and ids[0] == ids[1], (round_, ids)
+        Message.objects.all().delete()
+
+
+def test_producers_arriving_while_the_ack_commits_all_get_the_message_that_succeeded():
+    """Hostile: producers waiting on the ack went on side by side; the first met the
+    period and undid its insert, and the others inherited gap locks from its entry."""
+    for round_ in range(3):
+        first = unique_step.using(dedup_key="crowd").enqueue("crowd", round_, "crowd")
+        [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
+        acked = threading.Event()
+
+        def ack_slowly(claimed: Any = claimed, acked: threading.Event = acked) -> bool:
+            with transaction.atomic():
+                owned = broker.ack_within(claimed, RUNNER, ok())
+                acked.set()
+                time.sleep(0.3)  # the producers arrive while this ack is uncommitted
+            return owned
+
+        acker, acked_out = in_thread(ack_slowly)
+        assert acked.wait(10)
+        ids = _crowd(_produce("crowd"), 4)
+        acker.join(30)
+        assert acked_out == [True] and ids == [first.id] * 4, (round_, ids)
+        expire("crowd")
+
+
+def test_a_producer_rolling_back_while_two_wait_for_the_key_leaves_them_one_message():
+    """Hostile: the two waiting on the rolled-back insert inherited gap locks from it."""
+    for round_ in range(3):
+        unique_step.using(dedup_key="undo").enqueue("undo", round_, "undo")
+        run_all()
+        expire("undo")  # the key's row stays, its period over: the next enqueue inserts
+        entered = threading.Event()
+
+        def give_up(entered: threading.Event = entered) -> None:
+            with transaction.atomic():
+                unique_step.using(dedup_key="undo").enqueue("undo", 98, "undo")
+                entered.set()
+                time.sleep(0.3)  # the others wait for this transaction...
+                raise LookupError("...which rolls back")
+
+        first, first_out = in_thread(give_up)
+        assert entered.wait(10)
+        ids = _crowd(_produce("undo"), 2)
+        first.join(30)
+        assert isinstance(first_out[0], LookupError)
+        assert isinstance(ids[0], int) and ids[0] == ids[1], (round_, ids)
+        Message.objects.all().delete()
 
 
 def test_a_producer_racing_the_ack_gets_the_message_that_succeeded():

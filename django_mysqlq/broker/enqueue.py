@@ -30,7 +30,7 @@ from .packets import escaped_size, split_by_size, statement_room
 from .park import wake
 from .rates import ensure_keys
 from .subjects import GateRef, acquire
-from .unique import period_holder
+from .unique import take_key
 
 #: Rows per multi-row INSERT in enqueue_many (bytes per statement: see packets.py).
 INSERT_CHUNK = 1000
@@ -250,32 +250,16 @@ def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int]
     return in_transaction(alias, body)
 
 
-class _PeriodRuns(Exception):
-    """The key is kept taken by a message that succeeded (``unique_for``): undo ours."""
-
-    def __init__(self, holder: int) -> None:
-        super().__init__(holder)
-        self.holder = holder
-
-
 def _insert_keyed(alias: str, message: NewMessage) -> int:
-    """The INSERT of a message with a dedup key, then the check of a ``unique_for``
-    period (after the INSERT: see the lock order in ``unique``)."""
+    """The INSERT of a message with a dedup key, after its rate keys and its gate."""
     if message.rate_key is not None:
         with connection_for(alias).cursor() as cursor:
             ensure_keys(cursor, [message])
     if message.gate_key is None:
-        message_id = _insert_one(alias, message)
-    else:
-        with connection_for(alias).cursor() as cursor:
-            statuses = gate_statuses(cursor, [message])
-        message_id = _insert_one(alias, message, statuses)
-    if message.unique_for > 0:
-        with connection_for(alias).cursor() as cursor:
-            holder = period_holder(cursor, message)
-        if holder is not None:
-            raise _PeriodRuns(holder)
-    return message_id
+        return _insert_one(alias, message)
+    with connection_for(alias).cursor() as cursor:
+        statuses = gate_statuses(cursor, [message])
+    return _insert_one(alias, message, statuses)
 
 
 def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
@@ -284,13 +268,34 @@ def _insert_deduplicated(alias: str, message: NewMessage) -> tuple[int, bool]:
 
     A dead message gives its key up, so only ready, scheduled, blocked or running ones
     block, and succeeded ones during their period.
+
+    With ``unique_for``, the key's row is locked first and held until the transaction
+    ends (the lock order in ``unique``): producers of the key insert one at a time, and
+    one that finds a period inserts nothing.
     """
+    if message.unique_for <= 0:
+        return _insert_or_find(alias, message)
+    connection = connection_for(alias)
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return _take_key_then_insert(alias, message)
+    with transaction.atomic(using=alias):  # the key's row is held until the commit
+        return _take_key_then_insert(alias, message)
+
+
+def _take_key_then_insert(alias: str, message: NewMessage) -> tuple[int, bool]:
+    with connection_for(alias).cursor() as cursor:
+        holder = take_key(cursor, message)
+    if holder is not None:
+        return holder, False
+    return _insert_or_find(alias, message)
+
+
+def _insert_or_find(alias: str, message: NewMessage) -> tuple[int, bool]:
+    """Insert, or return the pending message that holds the key (a duplicate)."""
     for attempt in range(3):
         try:
-            with transaction.atomic(using=alias):
+            with transaction.atomic(using=alias):  # a duplicate undoes its gate's count
                 return _insert_keyed(alias, message), True
-        except _PeriodRuns as taken:
-            return taken.holder, False
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])

@@ -215,6 +215,11 @@ class _AckAttempt:
 
     def run(self, cursor: Any) -> set[int]:
         self.in_flight = 0
+        # Keys kept taken after success (``unique_for``): their rows before the gates and
+        # the DELETEs (the lock order in ``unique``), and the careful DELETE, which never
+        # rolls back rows made here while producers of their keys may wait on them.
+        keyed = unique.take_rows(cursor, self.messages)
+        careful = self.careful or keyed > 0
         gated = {index: ref for index, message in enumerate(self.messages)
                  if message.gate_key is not None
                  and (ref := subjects.GateRef.of(message.queue, message.gate_mode,
@@ -227,9 +232,8 @@ class _AckAttempt:
         else:
             now = list(range(len(self.messages)))
         acking = [self.messages[index] for index in now]
-        owned = _delete_acked(cursor, acking, self.careful)
-        # Keys kept taken after success (``unique_for``): after the DELETEs (lock order).
-        if any(message.unique_for > 0 for message in acking):
+        owned = _delete_acked(cursor, acking, careful)
+        if keyed:
             unique.remember(cursor, [message for message in acking if message.id in owned])
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
@@ -311,6 +315,7 @@ def ack_within(message: ClaimedMessage, runner: Runner, result: AttemptResult) -
     fit_row(message, params, row_room(alias))
     ref = subjects.GateRef.of(message.queue, message.gate_mode, message.gate_key)
     with connection_for(alias).cursor() as cursor:
+        unique.take_rows(cursor, [message])  # the key's row first (see ``unique``)
         gates = subjects.lock_or_create(cursor, [ref], {}) if ref is not None else {}
         cursor.execute(ACK_DELETE_SQL, [message.id, message.claim_token])
         owned = bool(cursor.rowcount)

@@ -7,13 +7,30 @@ in the ack's own transaction, and an enqueue with ``unique_for`` refuses the key
 that row's ``expires_at`` lies ahead.
 
 Locks, in the one order everyone takes them (so producers and acks never deadlock):
-the message row's dedup key first (the enqueue's INSERT, the ack's DELETE), then the
-key's row. The enqueue never reads a missing key row with a locking read (under
-REPEATABLE READ that locks the gap beside it, which would hold up the acks of other
-keys for as long as the caller's transaction lasts): it makes the row first, already
-expired, with an upsert on the primary key, which locks that one row; then it reads it
-back with ``FOR UPDATE``, which sees the latest committed row whatever the caller's
-snapshot. Retention deletes expired rows, stepping over locked ones.
+the key's row first, then the message rows' dedup key. An enqueue with ``unique_for``
+locks the key's row before its rate keys, gates and INSERT and holds it until its
+transaction ends: producers of one key check the period and insert one at a time, and
+one that finds a period inserts nothing. They must not insert side by side: InnoDB's
+duplicate check on the ``dedup_key`` index takes a shared next-key lock on each entry of
+the key it meets (an acked message's entry stays, delete-marked, until purge) and on the
+entry after them, and producers waiting on an insert that is rolled back inherit such
+locks on the gap it leaves; two producers holding them each wait for the other's insert,
+a deadlock. The ack locks its messages' key rows (making missing ones, already expired)
+before its gates and its DELETE, and writes the periods after the DELETE, on the rows
+it holds. It learns which claims it still owns before it deletes (a locking read), so a
+lost claim never rolls back key rows it made while producers may be waiting on them.
+
+One case is left to InnoDB, as for any new row: a transaction that made the key's row
+(the first enqueue of a key, or the first since retention deleted its row) and then
+rolls back while two or more producers of the key wait on that row; they inherit a gap
+lock from it and one of them gets a deadlock.
+
+The enqueue never reads a missing key row with a locking read (under REPEATABLE READ
+that locks the gap beside it, which would hold up the acks of other keys for as long as
+the caller's transaction lasts): it makes the row first, already expired, with an upsert
+on the primary key, which locks that one row; then it reads it back with ``FOR UPDATE``,
+which sees the latest committed row whatever the caller's snapshot. Retention deletes
+expired rows, stepping over locked ones.
 """
 
 from __future__ import annotations
@@ -28,12 +45,13 @@ from .base import connection_for, default_alias, in_transaction, naive_utc, plac
 
 UNIQUE_TABLE = "mysqlq_unique_key"
 
-#: The key's row for this enqueue: made (already expired: nothing taken) when missing;
-#: locked either way (an upsert on the primary key locks the row, not a gap).
-TAKE_ROW_SQL = f"""
+#: The key's row of an enqueue or an ack: made (already expired: nothing taken) when
+#: missing; locked either way (an upsert on the primary key locks the row, not a gap).
+_TAKE_ROW = "(%s, %s, 0, %s, %s, NULL, UTC_TIMESTAMP(6))"
+TAKE_ROWS_SQL = f"""
 INSERT INTO {UNIQUE_TABLE} (id, dedup_key, message_id, task_name, queue, succeeded_at,
                             expires_at)
-VALUES (%s, %s, 0, %s, %s, NULL, UTC_TIMESTAMP(6))
+VALUES {{rows}}
 ON DUPLICATE KEY UPDATE id = id
 """
 #: The message that keeps the key taken, if its period still runs (latest committed row).
@@ -67,23 +85,44 @@ DELETE_EXPIRED_SQL = f"DELETE FROM {UNIQUE_TABLE} WHERE id IN ({{ids}}) AND expi
 FREE_SQL = f"DELETE FROM {UNIQUE_TABLE} WHERE id IN ({{ids}})"
 
 
-def period_holder(cursor: Any, message: NewMessage) -> int | None:
-    """Inside the enqueue's transaction, after its INSERT: the id of the message whose
-    success keeps ``message.dedup_key`` taken, or None if no period runs."""
-    assert message.dedup_key is not None
-    key_id = unique_key_id(message.dedup_key)
-    cursor.execute(TAKE_ROW_SQL, [key_id, message.dedup_key, message.task_name[-255:],
-                                  message.queue])
-    cursor.execute(PERIOD_HOLDER_SQL, [key_id])
+def _keyed(messages: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(key row id, message) of the messages with a period, one per key, in key order:
+    rows are always locked in that order."""
+    keyed = {unique_key_id(m.dedup_key): m for m in messages
+             if m.unique_for > 0 and m.dedup_key is not None}
+    return sorted(keyed.items(), key=lambda pair: pair[0])
+
+
+def take_rows(cursor: Any, messages: Sequence[NewMessage | ClaimedMessage]) -> int:
+    """Lock the key rows of these messages (those with ``unique_for``), making missing
+    ones already expired; return how many. The first statement of an enqueue with
+    ``unique_for`` and of an ack of such messages (see the lock order above)."""
+    keyed = _keyed(messages)
+    if not keyed:
+        return 0
+    params: list[Any] = []
+    for key_id, message in keyed:
+        params += [key_id, message.dedup_key, message.task_name[-255:], message.queue]
+    cursor.execute(TAKE_ROWS_SQL.format(rows=", ".join([_TAKE_ROW] * len(keyed))), params)
+    return len(keyed)
+
+
+def take_key(cursor: Any, message: NewMessage) -> int | None:
+    """Inside the enqueue's transaction, before its INSERT: lock the key's row, then
+    return the id of the message whose success keeps ``message.dedup_key`` taken, or
+    None if no period runs (the caller inserts, still holding the row)."""
+    assert message.dedup_key is not None and message.unique_for > 0
+    take_rows(cursor, [message])
+    cursor.execute(PERIOD_HOLDER_SQL, [unique_key_id(message.dedup_key)])
     row = cursor.fetchone()
     return None if row is None else int(row[0])
 
 
 def remember(cursor: Any, messages: Sequence[ClaimedMessage]) -> int:
-    """Inside an ack's transaction: keep the keys of these succeeded messages taken for
-    their ``unique_for`` seconds (messages without one are left out)."""
-    keep = sorted(((unique_key_id(m.dedup_key), m) for m in messages
-                   if m.unique_for > 0 and m.dedup_key is not None), key=lambda pair: pair[0])
+    """Inside an ack's transaction, after its DELETE: keep the keys of these succeeded
+    messages taken for their ``unique_for`` seconds (messages without one are left out);
+    their rows are already locked (:func:`take_rows`)."""
+    keep = _keyed(messages)
     if not keep:
         return 0
     params: list[Any] = []
