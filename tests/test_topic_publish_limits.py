@@ -14,6 +14,8 @@ from django.db import connection
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic
 from django_mysqlq.broker.topics import DELIVERY_ROW_BYTES
+from django_mysqlq.conf import SettingsError, get_settings
+from django_mysqlq.exceptions import InvalidTaskOptions
 from django_mysqlq.models import TopicMessage
 from django_mysqlq.payload import MAX_PUBLISHED_DEPTH
 from tests.conftest import wait_for
@@ -105,3 +107,32 @@ def test_the_largest_and_deepest_payloads_publish_takes_reach_a_worker(settings,
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0, worker.output()
     assert "max_allowed_packet" not in worker.output()
+
+
+@pytest.mark.parametrize("values", ["abc", {"a": 1}, 5, None, b"xy"])
+def test_publish_many_refuses_a_single_value_for_its_list(values):
+    """A str or a dict was taken apart into one message per character or key; a number
+    raised a bare TypeError."""
+    with pytest.raises(InvalidTaskOptions, match=r"publish_many\(\) takes values as a list"):
+        Topic("orders").publish_many(values)
+    with pytest.raises(InvalidTaskOptions, match=r"publish_many\(\) takes keys as a list"):
+        Topic("orders").publish_many([1, 2], keys="ab")
+    assert not TopicMessage.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["a\nb", "a\tb", "a\x00b", "a\u00a0b", "line\r"])
+def test_topic_and_group_names_with_unprintable_characters_are_refused(name):
+    with pytest.raises(InvalidTaskOptions, match=r"topic name .*unprintable characters"):
+        Topic(name)
+    with pytest.raises(InvalidTaskOptions, match=r"group name .*unprintable characters"):
+        Topic("orders").subscribe(group=name)
+
+
+@pytest.mark.parametrize("backoff", [5, 2.5, "10,30", None])
+def test_a_retry_backoff_that_is_not_a_list_is_refused_saying_so(backoff, settings):
+    if backoff is not None:
+        with pytest.raises(InvalidTaskOptions, match=r"must be a list of 1 to 100 delays"):
+            Topic("orders").subscribe(group="g", retry_backoff=backoff)
+    settings.MYSQLQ = {**settings.MYSQLQ, "TOPIC_RETRY_BACKOFF": backoff or 7}
+    with pytest.raises(SettingsError, match=r"TOPIC_RETRY_BACKOFF.*must be a list"):
+        get_settings()
