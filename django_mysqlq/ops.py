@@ -317,7 +317,8 @@ class Dashboard:
             "groups": [group.as_json() for group in self.groups],
             "overran": [{"message_id": o.message_id, "task": o.task_name,
                          "worker": o.worker_id, "seconds": o.running_seconds,
-                         "timeout": o.timeout} for o in self.overran],
+                         "timeout": o.timeout, "topic": o.topic, "group": o.group,
+                         "offset": o.offset} for o in self.overran],
         }
 
 

@@ -13,6 +13,12 @@ _ENCODING_ERRORS = (TypeError, ValueError, RecursionError)
 _CONTAINERS = (dict, list, tuple)
 #: One encoder for every payload (json.dumps with options builds a new one per call).
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+#: Deepest nesting of a topic message's payload (lists and dicts within one another): a
+#: worker parses it with ``json.loads`` inside its own call stack, and CPython refuses a
+#: document nested about 1,000 levels deep or more (the exact depth varies with the
+#: version and the stack in use), so a deeper payload would publish and then fail in
+#: every group (dead, ``PayloadDecodeError``) and every broadcast handler.
+MAX_PUBLISHED_DEPTH = 500
 
 
 def _non_string_key(value: Any) -> object | None:
@@ -33,6 +39,30 @@ def _non_string_key(value: Any) -> object | None:
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return None
+
+
+def _nested_past(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and dicts within one another more than ``limit``
+    levels deep. A walk with a stack of its own (a value nested past Python's recursion
+    limit is measured too) that stops at the first container past the limit; a cycle
+    counts as not deep, for the encoder to refuse it by name."""
+    leave = object()
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    path: set[int] = set()
+    while stack:
+        item, depth = stack.pop()
+        if item is leave:
+            path.discard(depth)
+            continue
+        if not isinstance(item, dict | list | tuple) or id(item) in path:
+            continue
+        if depth > limit:
+            return True
+        path.add(id(item))
+        stack.append((leave, id(item)))
+        stack.extend((child, depth + 1)
+                     for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _check_argument(task_name: str, label: str, value: Any) -> None:
@@ -107,6 +137,12 @@ def encode_published(topic: str, value: Any, max_bytes: int) -> str:
         raise ArgumentEncodingError(
             f"{label} can't be encoded as JSON: the dict key {key!r} isn't a string, and JSON "
             "would turn it into one, so handlers would get a different value. Use str keys.")
+    if isinstance(value, _CONTAINERS) and _nested_past(value, MAX_PUBLISHED_DEPTH):
+        raise ArgumentEncodingError(
+            f"{label} is nested more than {MAX_PUBLISHED_DEPTH} levels deep (lists and dicts "
+            "within one another), deeper than a handler's worker can parse back: flatten it "
+            "(a list of rows rather than rows within rows), or store it in a table or file "
+            "and publish its key.")
     try:
         text = _ENCODER.encode(value)
     except _ENCODING_ERRORS as exc:

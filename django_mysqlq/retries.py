@@ -44,9 +44,11 @@ def exception_classes(value: object, option: str) -> ExceptionClasses:
     return tuple(items)
 
 
-def backoff_schedule(value: Sequence[object]) -> tuple[float, ...]:
-    """A list of retry delays in seconds, checked one by one."""
-    if isinstance(value, str | bytes) or not value or len(value) > MAX_SCHEDULE_STEPS:
+def backoff_schedule(value: object) -> tuple[float, ...]:
+    """A list of retry delays in seconds, checked one by one (anything else, a single
+    number included, is refused saying what is expected)."""
+    if (isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value
+            or len(value) > MAX_SCHEDULE_STEPS):
         raise InvalidTaskOptions(
             f"retry_backoff as a schedule must be a list of 1 to {MAX_SCHEDULE_STEPS} "
             f"delays in seconds, e.g. [1, 5, 30, 300], not {value!r}.")

@@ -24,10 +24,12 @@ KEY_MAX = 255 - TOPIC_NAME_MAX - 1
 
 def _name_problem(value: object, what: str, longest: int) -> str | None:
     if (isinstance(value, str) and value and len(value) <= longest and "," not in value
-            and ":" not in value and value == value.strip() and limits.is_utf8(value)):
+            and ":" not in value and value == value.strip() and value.isprintable()
+            and limits.is_utf8(value)):
         return None
     return (f"{what} must be a non-empty string of at most {longest} characters, without "
-            f"commas, colons or surrounding whitespace, in valid UTF-8, not {value!r}.")
+            "commas, colons, unprintable characters (a newline, a tab, NUL) or surrounding "
+            f"whitespace, in valid UTF-8, not {value!r}.")
 
 
 def topic_problem(value: object) -> str | None:

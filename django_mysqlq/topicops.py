@@ -72,3 +72,23 @@ def is_replay(deliveries: list[broker.topic_lookup.DeliveryTrace],
     """Whether an earlier delivery of the same offset went to the same group."""
     return any(other.group == delivery.group and other.message_id < delivery.message_id
                for other in deliveries)
+
+
+def no_match(topic: str, offset: int | None) -> str:
+    """What a lookup that found nothing says: for an offset, whether retention deleted it
+    or it was not given out yet (or the topic is unknown)."""
+    if offset is None:
+        return "No message matches."
+    bounds = broker.topic_bounds(topic)
+    if bounds is None:
+        return (f"No message matches: no message of topic {topic!r} has an offset yet (or "
+                "no such topic).")
+    first, last = bounds
+    if offset < first:
+        kept = f"it keeps offsets {first} to {last}" if first <= last else "it keeps none now"
+        return (f"No message matches: retention deleted the messages of topic {topic!r} "
+                f"before offset {first} ({kept}).")
+    if offset > last:
+        return (f"No message matches: topic {topic!r} has given offsets up to {last} so "
+                "far.")
+    return "No message matches."

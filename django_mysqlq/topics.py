@@ -74,6 +74,16 @@ def _key(topic: str, key: object) -> str | None:
     return key
 
 
+def _many_problem(what: str, given: object) -> str | None:
+    """publish_many() takes a list (any iterable) of payloads or keys: not a single
+    string, dict or number, which would be taken apart or fail in the middle."""
+    if isinstance(given, Iterable) and not isinstance(given, str | bytes | dict):
+        return None
+    return (f"publish_many() takes {what} as a list (one per message), not "
+            f"{type(given).__name__} {given!r:.60}: to publish one message, use "
+            "publish(value, key=...).")
+
+
 @dataclasses.dataclass(frozen=True)
 class Subscription:
     """A handler subscribed to a topic: in a consumer group, or broadcast."""
@@ -206,6 +216,8 @@ class Topic:
         payload is encoded first: one that can't be writes none of them."""
         from . import broker
 
+        _checked(_many_problem("values", values) or (
+            None if keys is None else _many_problem("keys", keys)))
         limit = get_settings().MAX_PAYLOAD_BYTES
         texts = [payload.encode_published(self.name, value, limit) for value in values]
         key_list = [None] * len(texts) if keys is None else [
@@ -260,7 +272,9 @@ class Topic:
         attempts = conf.TOPIC_MAX_ATTEMPTS if max_attempts is None else max_attempts
         _checked(limits.max_attempts_problem(attempts))
         schedule = (conf.TOPIC_RETRY_BACKOFF if retry_backoff is None
-                    else retries.backoff_schedule(list(retry_backoff)))
+                    else retries.backoff_schedule(
+                        list(retry_backoff) if isinstance(retry_backoff, Iterable)
+                        and not isinstance(retry_backoff, str | bytes) else retry_backoff))
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
 

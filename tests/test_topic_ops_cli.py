@@ -351,3 +351,32 @@ def test_lookup_counts_attempts_run_not_operator_actions() -> None:
     assert (delivery["outcome"], delivery["attempts"]) == ("cancelled", 0)
     assert [(a["action"], a["note"]) for a in delivery["operator_actions"]] == [
         ("cancelled", "topic group reset")]
+
+
+def test_lookup_shows_a_failed_deliverys_error_and_when_a_retry_runs_next() -> None:
+    """The trace said ``scheduled at <its last run>`` with neither the error nor the time
+    of the next try, and a dead delivery without its error."""
+    from django_mysqlq.messages import AttemptResult
+    from tests.operator_support import RUNNER
+
+    billing = group("orders", "billing")
+    publish("orders", 2)
+    broker.pump(billing, batch=10, window=100)
+    first, second = claim(billing, 2)
+    failure = AttemptResult(started_at=broker.database_now(), error_class="RuntimeError",
+                            error_message="card declined", traceback="...")
+    broker.fail(first, RUNNER, failure, retry=True, retry_in=600)
+    broker.fail(second, RUNNER, failure, retry=False)
+    text = run("lookup", "--topic", "orders", "--since", "1h")
+    scheduled, dead = (line for line in text.splitlines() if line.startswith("  billing"))
+    assert ", next try at " in scheduled and scheduled.endswith(
+        "; last error: RuntimeError: card declined"), scheduled
+    assert " dead at " in dead and dead.endswith("; last error: RuntimeError: card declined")
+    data = json.loads(run("lookup", "--topic", "orders", "--since", "1h",
+                          "--json"))
+    one, two = (m["deliveries"][0] for m in data["messages"])
+    assert one["outcome"] == "scheduled" and one["error"] == "RuntimeError: card declined"
+    next_try = dt.datetime.fromisoformat(one["next_try_at"])
+    assert 500 < (next_try - dt.datetime.now(dt.UTC)).total_seconds() < 700
+    assert (two["outcome"], two["error"], two["next_try_at"]) == (
+        "dead", "RuntimeError: card declined", None)

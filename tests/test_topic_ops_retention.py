@@ -137,3 +137,32 @@ def test_lag_behind_what_retention_deleted_counts_only_what_is_kept() -> None:
     [state] = broker.groups("orders", "billing")
     assert (state.position, state.not_pumped, state.lag, state.oldest_unhandled) == (
         10, 0, 2, 9)
+
+
+def test_a_lookup_of_an_offset_retention_deleted_says_so() -> None:
+    """It said only "No message matches." for a deleted offset, a future one and an
+    unknown topic alike."""
+    import io
+
+    from django.core.management import call_command
+
+    group("orders", "billing")
+    publish("orders", 10)
+    age("orders", range(1, 5), days=10)
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                   "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
+        assert topic_retention.prune() == {"orders": 4}
+
+    def lookup(*args: str) -> str:
+        out = io.StringIO()
+        call_command("queuetopic", "lookup", *args, stdout=out)
+        return out.getvalue().strip()
+
+    assert lookup("--topic", "orders", "--offset", "2") == (
+        "No message matches: retention deleted the messages of topic 'orders' before "
+        "offset 5 (it keeps offsets 5 to 10).")
+    assert lookup("--topic", "orders", "--offset", "11") == (
+        "No message matches: topic 'orders' has given offsets up to 10 so far.")
+    assert lookup("--topic", "nothing", "--offset", "1").startswith(
+        "No message matches: no message of topic 'nothing' has an offset yet")
+    assert lookup("--topic", "orders", "--offset", "5").startswith("orders@5 ")

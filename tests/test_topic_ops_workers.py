@@ -4,10 +4,13 @@ timeout (the ``topic_handler_overran`` signal in the worker, its log line, the d
 
 from __future__ import annotations
 
+import io
+import json
 import signal
 import time
 
 import pytest
+from django.core.management import call_command
 
 from django_mysqlq import broker, ops
 from django_mysqlq.models import Message, TopicGroup
@@ -18,6 +21,7 @@ from tests.testapp.models import GateRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
+DASHBOARD = "/admin/django_mysqlq/queuestate/"
 ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.topic_ops_handlers"}
 WORKER = ("--concurrency", "4", "--batch", "8")
 
@@ -78,15 +82,33 @@ def test_reset_while_a_worker_consumes(start_worker) -> None:
     assert "Traceback" not in worker.output()
 
 
-def test_a_handler_past_its_timeout_is_signalled_logged_and_shown(start_worker) -> None:
+def test_a_handler_past_its_timeout_is_signalled_logged_and_shown(start_worker,
+                                                                   root) -> None:
     worker = start_worker(*WORKER, env=ENV)
     started(worker)
     wait_for(lambda: TopicGroup.objects.filter(group_name="slowops").exists(),
              message="the group's row")
-    publish("slow", 1, slow_ms=2500)
+    publish("slow", 1, slow_ms=5000)
     running = wait_for(broker.overran_deliveries, timeout=30,
                        message="the dashboard's overran delivery")
-    assert running[0].task_name == "topic:opsfeed:slowops"  # type: ignore[index]
+    overran = running[0]  # type: ignore[index]
+    assert overran.task_name == "topic:opsfeed:slowops"
+    # Named by topic, group and offset everywhere it is shown, as in the worker's log.
+    assert (overran.topic, overran.group, overran.offset) == ("opsfeed", "slowops", 1)
+    text, raw = io.StringIO(), io.StringIO()
+    call_command("queuestats", stdout=text)
+    call_command("queuestats", "--json", stdout=raw)
+    assert ("WARNING: topic handler of group 'slowops' on topic 'opsfeed' has run"
+            in text.getvalue()), text.getvalue()
+    assert f"on offset 1 (delivery #{overran.message_id}), past its timeout" in text.getvalue()
+    listed = json.loads(raw.getvalue())["overran"]
+    assert [(o["topic"], o["group"], o["offset"], o["task"]) for o in listed] == [
+        ("opsfeed", "slowops", 1, "topic:opsfeed:slowops")]
+    page = root.get(DASHBOARD)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="topic-overran"' in body and "group slowops on topic opsfeed, offset 1" in body
+    assert 'id="topic-opsfeed"' in body
     data = ops.dashboard()
     assert [o.message_id for o in data.overran] == [running[0].message_id]  # type: ignore[index]
     assert any(g.group == "slowops" for g in data.groups)

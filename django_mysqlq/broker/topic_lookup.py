@@ -135,6 +135,15 @@ class DeliveryTrace:
     status: str | None = None
     worker_id: str = ""
     attempts: list[AttemptRow] = dataclasses.field(default_factory=list)
+    #: When a scheduled delivery (a retry) runs next; None otherwise.
+    next_try_at: dt.datetime | None = None
+
+    @property
+    def last_error(self) -> str:
+        """The error of its last run when that run failed (retried, failed, lost): what a
+        scheduled retry or a dead delivery is waiting on; '' otherwise."""
+        runs = self.runs
+        return runs[-1].error if runs and runs[-1].outcome != "succeeded" else ""
 
     @property
     def outcome(self) -> str:
@@ -189,6 +198,8 @@ def trace(topic: str, offsets: Sequence[int],
             for r in cursor.fetchall():
                 delivery = deliveries[int(r[0])]
                 delivery.status, delivery.worker_id = str(r[1]), str(r[4] or "")
+                if delivery.status == "scheduled":
+                    delivery.next_try_at = aware_utc(r[6])
             cursor.execute(TRACE_ATTEMPTS_SQL.format(ids=placeholders(len(ids))), ids)
             for r in cursor.fetchall():
                 error = f"{r[9]}: {r[10]}" if r[9] else str(r[10] or "")

@@ -8,7 +8,8 @@ import datetime as dt
 from typing import Any
 
 from ..topicnames import GROUP_QUEUE_PREFIX
-from .base import MESSAGE_TABLE, aware_utc, connection_for, default_alias
+from .base import MESSAGE_TABLE, aware_utc, connection_for, default_alias, placeholders
+from .deliveries import DELIVERY_TABLE
 from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 #: Windows of the publish-rate columns, in minutes.
@@ -31,6 +32,10 @@ SELECT id, queue, task_name, worker_id, claimed_at, timeout,
    AND TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) > timeout * 1e6
  LIMIT %s
 """
+
+#: The topic, group and offset of those deliveries (primary key lookups).
+OVERRAN_LINKS_SQL = (f"SELECT message_id, topic, group_name, msg_offset FROM {DELIVERY_TABLE} "
+                     "WHERE message_id IN ({ids})")
 
 
 @dataclasses.dataclass
@@ -83,12 +88,24 @@ class Overran:
     claimed_at: dt.datetime
     timeout: float
     running_seconds: float
+    #: The topic, group and offset it delivers (from its mysqlq_topic_delivery link; empty
+    #: and None for a message of a group's queue that is no delivery).
+    topic: str = ""
+    group: str = ""
+    offset: int | None = None
 
 
 def overran_deliveries(limit: int = 100, alias: str | None = None) -> list[Overran]:
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(OVERRAN_SQL, [f"{GROUP_QUEUE_PREFIX}%", limit])
-        # Sorted here: an ORDER BY id would sort every claimed delivery of every group.
-        return sorted((Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
-                               aware_utc(r[4]) or r[4], float(r[5]), float(r[6]))
-                       for r in cursor.fetchall()), key=lambda found: found.message_id)
+        rows = cursor.fetchall()
+        links: dict[int, tuple[str, str, int]] = {}
+        if rows:
+            cursor.execute(OVERRAN_LINKS_SQL.format(ids=placeholders(len(rows))),
+                           [int(r[0]) for r in rows])
+            links = {int(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in cursor.fetchall()}
+    # Sorted here: an ORDER BY id would sort every claimed delivery of every group.
+    return sorted((Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
+                           aware_utc(r[4]) or r[4], float(r[5]), float(r[6]),
+                           *links.get(int(r[0]), ("", "", None)))
+                   for r in rows), key=lambda found: found.message_id)

@@ -36,9 +36,10 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
+from ..exceptions import PayloadTooLarge
 from ..signals import topic_published
 from .base import connection_for, default_alias, in_transaction, logger, send_robust
-from .packets import escaped_size, split_by_size, statement_room
+from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
 from .park import wake
 
 TOPIC_TABLE = "mysqlq_topic"
@@ -51,6 +52,11 @@ OFFSET_INDEX = "mysqlq_tmsg_offset"
 PUBLISH_CHUNK = 1000
 #: Bytes of a row besides its payload and key.
 PUBLISH_ROW_BYTES = 120
+#: Bytes a group's delivery row takes in the pump's INSERT besides the message's payload,
+#: at most: the enqueue row's own (400), its queue, task and subject names (4 bytes a
+#: character, 448 characters), and the payload's wrapper with the offset, the key (JSON
+#: escapes, up to 12 bytes a character) and the time.
+DELIVERY_ROW_BYTES = 8192
 #: Rows one sequencing transaction stamps.
 SEQUENCE_BATCH = 1000
 
@@ -107,6 +113,7 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
     alias = default_alias()
     sizes = [escaped_size(payload) + 4 * len(key or "") + PUBLISH_ROW_BYTES
              for key, payload in rows]
+    _check_packet(topic, [escaped_size(payload) for _, payload in rows], alias)
     first = 0
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(list(rows), sizes, statement_room(alias), PUBLISH_CHUNK):
@@ -119,6 +126,22 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
     count = len(rows)
     transaction.on_commit(lambda: _after_publish(topic, count, wake_queues), using=alias)
     return first
+
+
+def _check_packet(topic: str, sizes: Sequence[int], alias: str) -> None:
+    """Refuse, before anything is written, a payload whose delivery would not fit in one
+    statement under the server's ``max_allowed_packet`` (only a site that raised
+    ``MAX_PAYLOAD_BYTES`` near it can publish one): every group's pump would fail on it
+    again and again, and its worker with it."""
+    largest = max(sizes)
+    room = row_room(alias) - DELIVERY_ROW_BYTES
+    if largest > room:
+        raise PayloadTooLarge(
+            f"The payload of a message to topic {topic!r} takes {largest} bytes in a "
+            f"statement, and the server's max_allowed_packet ({max_packet(alias)} bytes) "
+            f"leaves {room} for a payload with its delivery to a group: store large data "
+            "in a table or file and publish its key, or raise max_allowed_packet on the "
+            "server (and keep MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
 
 
 def _after_publish(topic: str, count: int, queues: Sequence[str]) -> None:

@@ -53,12 +53,15 @@ def _topic_lines(data: ops.Dashboard) -> list[str]:
         lines.extend(["", "topic  last-offset  kept  1m  5m  60m  msg/s (busiest first)"])
         lines.extend(f"{t.name}  {t.last_offset}  {t.kept}  {t.published.get(1, 0)}  "
                      f"{t.published.get(5, 0)}  {t.published.get(60, 0)}  "
-                     f"{t.rate_per_second:.1f}" for t in data.topics)
+                     f"{t.rate_per_second:.2f}" for t in data.topics)
     if data.groups:
         lines.extend(["", groups_table(data.groups)])
     for o in data.overran:
-        lines.append(f"WARNING: topic handler {o.task_name} #{o.message_id} has run "
-                     f"{o.running_seconds:.0f}s, past its timeout of {o.timeout:.0f}s "
+        of = (f"of group {o.group!r} on topic {o.topic!r} " if o.group
+              else f"{o.task_name} ")
+        on = f" on offset {o.offset}" if o.offset is not None else ""
+        lines.append(f"WARNING: topic handler {of}has run {o.running_seconds:.0f}s{on} "
+                     f"(delivery #{o.message_id}), past its timeout of {o.timeout:.0f}s "
                      f"({o.worker_id or '-'}).")
     return lines
 

@@ -170,20 +170,26 @@ class Command(cli.SaysDatabaseErrors):
                                  "handled_at": d.handled_at.isoformat() if d.handled_at
                                  else None, "attempts": len(d.runs),
                                  "operator_actions": [_action_json(a) for a in d.actions],
-                                 "replay": topicops.is_replay(traces[m.offset or 0], d)}
+                                 "replay": topicops.is_replay(traces[m.offset or 0], d),
+                                 "error": d.last_error or None,
+                                 "next_try_at": d.next_try_at.isoformat() if d.next_try_at
+                                 else None}
                                 for d in traces.get(m.offset or 0, [])]}
                 for m in found.messages]}))
             return
         if not found.messages:
-            self.stdout.write("No message matches.")
+            self.stdout.write(topicops.no_match(topic, options["offset"]))
         for m in found.messages:
             self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published "
                               f"{m.published_at:%Y-%m-%d %H:%M:%S} payload={m.payload[:200]}")
             for d in traces.get(m.offset or 0, []):
                 mark = " (replay)" if topicops.is_replay(traces[m.offset or 0], d) else ""
                 when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
+                then = (f", next try at {d.next_try_at:%Y-%m-%d %H:%M:%S}"
+                        if d.next_try_at else "")
+                error = f"; last error: {d.last_error[:300]}" if d.last_error else ""
                 self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
-                                  f" by {d.handled_by or '-'} ({_attempts(d)})")
+                                  f" by {d.handled_by or '-'} ({_attempts(d)}){then}{error}")
         if found.truncated:
             self.stdout.write(f"More messages match: only the first {options['limit']} are "
                               "shown. Narrow the range or raise --limit.")
