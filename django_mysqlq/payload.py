@@ -19,6 +19,9 @@ _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 #: version and the stack in use), so a deeper payload would publish and then fail in
 #: every group (dead, ``PayloadDecodeError``) and every broadcast handler.
 MAX_PUBLISHED_DEPTH = 500
+#: The same for one task argument (its payload wraps it two levels deeper): a deeper one
+#: would enqueue and then die in the worker, unparsed.
+MAX_ARGUMENT_DEPTH = MAX_PUBLISHED_DEPTH
 
 
 def _non_string_key(value: Any) -> object | None:
@@ -103,6 +106,10 @@ def encode(
             _check_argument(task_name, f"Argument {key!r}", value)
         raise ArgumentEncodingError(f"The arguments of task {task_name!r} can't be encoded "
                                     "as JSON.")
+    # A document with fewer brackets than the limit can't nest past it: most payloads
+    # are checked by this count alone (in C), without a walk.
+    if text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
+        _check_depths(task_name, args, kwargs)
     size = len(text.encode())
     if size > max_bytes:
         raise PayloadTooLarge(
@@ -111,6 +118,19 @@ def encode(
             "and pass its key, or raise the setting."
         )
     return text
+
+
+def _check_depths(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse, by name, the first argument nested deeper than a worker parses back."""
+    labelled = [*((f"Positional argument {i}", v) for i, v in enumerate(args)),
+                *((f"Argument {k!r}", v) for k, v in kwargs.items())]
+    for label, value in labelled:
+        if isinstance(value, _CONTAINERS) and _nested_past(value, MAX_ARGUMENT_DEPTH):
+            raise ArgumentEncodingError(
+                f"{label} of task {task_name!r} is nested more than {MAX_ARGUMENT_DEPTH} "
+                "levels deep (lists and dicts within one another), deeper than a worker can "
+                "parse back: flatten it (a list of rows rather than rows within rows), or "
+                "store it in a table or file and pass its key.")
 
 
 def decode(text: str) -> tuple[list[Any], dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 
+from ..exceptions import PayloadTooLarge
 from ..messages import NewMessage
 from ..models import MessageStatus
 from ..routing import alias_for_queue
@@ -26,7 +27,7 @@ from .base import (
     send_robust,
 )
 from .literals import execute_escaped
-from .packets import escaped_size, split_by_size, statement_room
+from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
 from .park import wake
 from .rates import ensure_keys
 from .subjects import GateRef, acquire
@@ -192,16 +193,34 @@ def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses 
     return ids
 
 
+def _sent_size(message: NewMessage) -> int:
+    """Bytes the message's row takes in an INSERT as sent, at most."""
+    return (escaped_size(message.payload) + INSERT_ROW_BYTES
+            + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or "")
+                   + len(message.gate_key or "")))
+
+
 def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int
             ) -> list[Sequence[int]]:
     """Split into INSERTs of at most INSERT_CHUNK rows and ``room`` bytes as sent."""
-    sizes = [
-        escaped_size(message.payload) + INSERT_ROW_BYTES
-        + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or "")
-               + len(message.gate_key or ""))
-        for message in messages
-    ]
-    return split_by_size(indexes, sizes, room, INSERT_CHUNK)
+    return split_by_size(indexes, [_sent_size(m) for m in messages], room, INSERT_CHUNK)
+
+
+def _check_packet(alias: str, messages: Sequence[NewMessage]) -> None:
+    """Refuse, before anything is written, a message whose row alone would pass the
+    server's ``max_allowed_packet`` (only a site that raised ``MAX_PAYLOAD_BYTES`` near it
+    can make one): the server would refuse the INSERT and close the connection, the
+    caller's transaction with it."""
+    room = row_room(alias)
+    for message in messages:
+        size = _sent_size(message)
+        if size > room:
+            raise PayloadTooLarge(
+                f"The arguments of task {message.task_name!r} take {size} bytes in a "
+                f"statement, and the server's max_allowed_packet ({max_packet(alias)} "
+                f"bytes) leaves {room} for one row: store large data in a table or file "
+                "and pass its key, or raise max_allowed_packet on the server (and keep "
+                "MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
 
 
 def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | None]:
@@ -346,6 +365,7 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
 
 
 def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
+    _check_packet(alias, messages)
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
         message_id, inserted = _insert_deduplicated(alias, messages[0])

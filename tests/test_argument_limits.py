@@ -1,0 +1,90 @@
+"""What an enqueue refuses up front, so that nothing it accepts fails later: an argument
+nested deeper than a worker parses back, and a message whose row alone would pass the
+server's ``max_allowed_packet`` (the server would refuse the INSERT and close the
+connection, the caller's transaction with it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from django_mysqlq import ArgumentEncodingError, PayloadTooLarge
+from django_mysqlq.broker.enqueue import INSERT_ROW_BYTES
+from django_mysqlq.broker.packets import PACKET_HEADROOM
+from django_mysqlq.models import Message
+from django_mysqlq.payload import MAX_ARGUMENT_DEPTH, decode
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MiB = 2**20
+
+
+def nested(depth: int, inner: Any = None) -> Any:
+    """``depth`` lists within one another around ``inner``."""
+    value = inner
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def server_packet() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        return int(cursor.fetchone()[0])
+
+
+def test_an_argument_nested_deeper_than_a_worker_parses_is_refused_by_name():
+    # 1,400 levels encode (the encoder stops about 1,500) but don't parse back in a worker:
+    # before, the enqueue took them and the message died unparsed (PayloadDecodeError).
+    for depth in (MAX_ARGUMENT_DEPTH + 1, 1_400):
+        with pytest.raises(ArgumentEncodingError,
+                           match=rf"Positional argument 0 of task '.*echo' is nested more "
+                                 rf"than {MAX_ARGUMENT_DEPTH} levels deep.*flatten it"):
+            tasks.echo.enqueue(nested(depth))
+        with pytest.raises(ArgumentEncodingError, match=r"Argument 'value' of task .* nested"):
+            tasks.echo.enqueue(value={"rows": nested(depth)})
+    with pytest.raises(ArgumentEncodingError, match=r"Positional argument 0 .* nested"):
+        tasks.echo.enqueue_many([(1,), (nested(MAX_ARGUMENT_DEPTH + 1),)])
+    assert not Message.objects.exists()
+
+
+def test_an_argument_at_the_depth_limit_is_taken_and_parses_back():
+    deepest = nested(MAX_ARGUMENT_DEPTH - 1, {"a": 1})  # 500 containers
+    handle = tasks.echo.enqueue(deepest)
+    args, _ = decode(Message.objects.get(pk=handle.id).payload)
+    assert args == [deepest]
+    # Many brackets but shallow (the walk runs, and finds nothing): taken.
+    wide = [[i] for i in range(5_000)]
+    assert tasks.echo.enqueue(wide).id
+
+
+def test_a_message_over_max_allowed_packet_is_refused_and_the_transaction_goes_on(settings):
+    """Only a site that raised MAX_PAYLOAD_BYTES near the packet can make one: before, the
+    server refused the INSERT (1153) and closed the connection."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "MAX_PAYLOAD_BYTES": 64 * MiB}
+    packet = server_packet()
+    with transaction.atomic():
+        kept = tasks.echo.enqueue("before")
+        for size in (packet - 1_000, packet + 1_000):
+            with pytest.raises(PayloadTooLarge,
+                               match=r"task '.*echo' take \d+ bytes.*max_allowed_packet"):
+                tasks.echo.enqueue("x" * size)
+        with pytest.raises(PayloadTooLarge, match="max_allowed_packet"):
+            tasks.echo.enqueue_many([("small",), ("x" * packet,)])
+        after = tasks.echo.enqueue("after")  # the connection and the transaction live on
+    assert sorted(Message.objects.values_list("pk", flat=True)) == sorted([kept.id, after.id])
+
+
+def test_the_largest_message_the_packet_takes_is_stored_whole(settings):
+    settings.MYSQLQ = {**settings.MYSQLQ, "MAX_PAYLOAD_BYTES": 64 * MiB}
+    packet = server_packet()
+    room = max(packet // 2, packet - PACKET_HEADROOM)
+    names = 4 * (len(tasks.echo.queue) + len(tasks.echo.name))
+    wrapper = '{"args":[""],"kwargs":{}}'  # as sent: its 6 quotes escaped, and 2 around
+    largest = room - INSERT_ROW_BYTES - names - (len(wrapper) + 6 + 2)
+    handle = tasks.echo.enqueue("x" * largest)
+    args, _ = decode(Message.objects.get(pk=handle.id).payload)
+    assert len(args[0]) == largest
