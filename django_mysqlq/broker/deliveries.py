@@ -41,15 +41,15 @@ from .base import (
     micros,
     send_robust,
 )
-from .enqueue import INSERT_ROW_BYTES, gate_statuses, insert_rows
+from .enqueue import gate_statuses, insert_rows
 from .literals import execute_escaped
 from .operate import Operator, requeue
-from .packets import escaped_size, split_by_size, statement_room
+from .oversized import PUMP_READ_SQL, Oversized, delivery_row_size, fitting
+from .packets import row_room, split_by_size, statement_room
 from .park import wake
 from .session import connection_session
 from .topics import (
     OFFSET_INDEX,
-    READ_AFTER_SQL,
     SEQUENCE_BATCH,
     TOPIC_MESSAGE_TABLE,
     TOPIC_TABLE,
@@ -197,6 +197,8 @@ class Pumped(NamedTuple):
     #: Another caller held the topic's sequencing lock: look again shortly (its commit
     #: wakes nobody).
     busy: bool = False
+    #: The group stopped before this message: its delivery would not fit in a statement.
+    oversized: Oversized | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,12 +273,13 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
                 if take and claim is not None else None)
     if behind:
-        made, claimed = _pump(spec, wanted, alias, keep=keep, claim=claiming)
-        return Pumped(made, True), claimed
+        made, claimed, oversized = _pump(spec, wanted, alias, keep=keep, claim=claiming)
+        return Pumped(made, True, oversized=oversized), claimed
     if not (sequence and unsequenced):
         return Pumped(0, False), []
-    made, claimed = _pump(spec, wanted, alias, sequence_first=True, keep=keep, claim=claiming)
-    return Pumped(max(made, 0), False, busy=made < 0), claimed
+    made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
+                                     claim=claiming)
+    return Pumped(max(made, 0), False, busy=made < 0, oversized=oversized), claimed
 
 
 def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
@@ -302,9 +305,7 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
             claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
-    sizes = [escaped_size(m.payload) + INSERT_ROW_BYTES
-             + 4 * (len(m.queue) + len(m.task_name) + len(m.gate_key or ""))
-             for m in messages]
+    sizes = [delivery_row_size(m) for m in messages]
     returned: list[Sequence[Any]] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
@@ -331,12 +332,17 @@ def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> Claime
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
-          keep: int = 0, claim: PumpClaim | None = None) -> tuple[int, list[ClaimedMessage]]:
+          keep: int = 0, claim: PumpClaim | None = None
+          ) -> tuple[int, list[ClaimedMessage], Oversized | None]:
     """The pump's transaction: up to ``wanted`` deliveries (-1 when ``sequence_first``
-    found the topic's row held), and those it claimed for ``claim``."""
+    found the topic's row held), those it claimed for ``claim``, and the message it
+    stopped before because its delivery would not fit in a statement (see oversized.py)."""
     token = uuid.uuid4().hex
+    room = row_room(alias)
+    oversized: list[Oversized] = []
 
     def body(cursor: Any) -> tuple[int, list[str], list[ClaimedMessage]]:
+        oversized.clear()
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
@@ -348,11 +354,12 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
                 return -1, [], []
-        cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
-        rows = cursor.fetchall()
+        cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
+        rows, messages, too_big = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
+        if too_big is not None:
+            oversized.append(too_big)
         if not rows:
             return 0, [], []
-        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids, taken = _insert_deliveries(alias, messages, statuses, claim, token)
         params: list[Any] = []
@@ -377,7 +384,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         except DatabaseError as exc:  # the deliveries are committed; members poll them
             logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)
-    return pumped, taken
+    return pumped, taken, (oversized[0] if oversized else None)
 
 
 def dead_deliveries(topic: str, group: str, limit: int = 1000,

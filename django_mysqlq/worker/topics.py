@@ -85,6 +85,9 @@ class TopicDuty:
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
+        #: Groups stopped before a message too big for its delivery: (topic, group) to
+        #: its offset (logged once per message, not every round).
+        self.oversized: dict[tuple[str, str], int] = {}
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -136,6 +139,7 @@ class TopicDuty:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
             self.taken += len(claimed)
+            self._note_oversized(spec, pumped)
             made += pumped.made
             busy = busy or pumped.busy
             more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
@@ -147,7 +151,20 @@ class TopicDuty:
     def behind(self, active: Sequence[str]) -> bool:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
         ``--burst`` member pumps until its groups have caught up with their topics)."""
-        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active)
+        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
+                   and (spec.topic, spec.group) not in self.oversized)
+
+    def _note_oversized(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
+        """Log a group stopped before a message too big for its delivery, once per
+        message; forget it once the group gets past it."""
+        name = (spec.topic, spec.group)
+        if pumped.oversized is None:
+            if pumped.made:
+                self.oversized.pop(name, None)
+            return
+        if self.oversized.get(name) != pumped.oversized.offset:
+            self.oversized[name] = pumped.oversized.offset
+            logger.error("%s", pumped.oversized.describe(spec.topic, spec.group))
 
     def _claims(self) -> bool:
         """Whether pumps claim for this worker (MariaDB: ``INSERT … RETURNING``)."""

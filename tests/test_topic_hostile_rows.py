@@ -1,0 +1,115 @@
+"""Hostile rows in the topic tables, with a real worker: a stored message too big for its
+delivery, tampered message, group and topic rows. Each must hold up at most its own group
+(never the worker's other groups and queues), and say what is wrong and what to do.
+
+Timeouts below are liveness bounds, never performance assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from django_mysqlq.models import Message, TopicGroup, TopicMessage
+from tests.burst import assert_succeeded, enqueue_good
+from tests.conftest import raw_connection, wait_for
+from tests.testapp import topic_handlers, topic_ops_handlers
+from tests.testapp.models import GateRun
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES":
+       "tests.testapp.topic_handlers,tests.testapp.topic_ops_handlers"}
+WORKER = ("--concurrency", "2")
+
+
+def started(worker) -> None:
+    wait_for(lambda: "started: queues=" in worker.output(), timeout=60,
+             message="the worker to start")
+
+
+def stopped(worker) -> str:
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
+    return worker.output()
+
+
+def handled(label: str, group: str) -> set[int]:
+    return set(GateRun.objects.filter(label=label, key__startswith=f"{group}:", edge="end",
+                                      outcome="ok").values_list("seq", flat=True))
+
+
+def server_packet() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        return int(cursor.fetchone()[0])
+
+
+def insert_raw(topic: str, payload: str, key: str | None = None) -> int:
+    """A message row written past publish's checks (a stranger, an old version)."""
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute("INSERT INTO mysqlq_topic_message (topic, msg_key, payload, "
+                       "published_at) VALUES (%s, %s, %s, UTC_TIMESTAMP(6))",
+                       [topic, key, payload])
+        return int(cursor.lastrowid)
+    finally:
+        conn.close()
+
+
+def offset_of(row_id: int) -> int:
+    wait_for(lambda: TopicMessage.objects.get(pk=row_id).offset is not None, timeout=20,
+             message="the row to get its offset")
+    return int(TopicMessage.objects.get(pk=row_id).offset)
+
+
+def queuetopic(*args: str) -> str:
+    out = StringIO()
+    call_command("queuetopic", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_stored_message_too_big_for_its_delivery_stops_only_its_groups(start_worker):
+    """A row a publisher of an older version (or a stranger) stored just under the packet:
+    its delivery (the payload in a wrapper, with the queue's columns) would pass it. Every
+    group of the topic stops before it, once logged with the way out; the messages before
+    it, the other topic's group and the task queue flow; a reset past it lets the group
+    go on."""
+    label = "oversized"
+    worker = start_worker(*WORKER, env=ENV)
+    started(worker)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    head = json.dumps({"label": label, "seq": 2, "pad": ""})
+    big = head[:-2] + "x" * (server_packet() - 400 - len(head)) + "\"}"
+    big_id = insert_raw("ledger", big)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (3, 4)])
+    wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
+             message="billing to handle the messages before the big one")
+    big_offset = offset_of(big_id)
+    topic_ops_handlers.feed.publish({"label": label, "seq": 10})
+    tasks = [enqueue_good(f"{label}-{i}") for i in range(3)]
+    wait_for(lambda: handled(label, "ops") == {10}, timeout=20,
+             message="the other topic's group to be served meanwhile")
+    wait_for(lambda: not Message.objects.filter(pk__in=tasks).exists(), timeout=20,
+             message="the task queue to be served meanwhile")
+    assert_succeeded(*tasks)
+    for group in ("billing", "audit", "broken"):
+        assert TopicGroup.objects.get(topic="ledger", group_name=group).position \
+            == big_offset - 1
+    output = worker.output()
+    for group in ("billing", "audit", "broken"):
+        line = (f"Group '{group}' of topic 'ledger' stops before offset {big_offset}")
+        assert output.count(line) == 1, output[-3000:]
+    assert "max_allowed_packet" in output
+    assert f"queuetopic reset billing --topic ledger --to-offset {big_offset + 1}" in output
+    assert "Database error in the worker loop" not in output
+    queuetopic("reset", "billing", "--topic", "ledger", "--to-offset", str(big_offset + 1))
+    wait_for(lambda: handled(label, "billing") == {0, 1, 3, 4}, timeout=20,
+             message="billing to go on after the reset")
+    stopped(worker)
