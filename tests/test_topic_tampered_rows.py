@@ -4,11 +4,13 @@ commands each hold up at most the group or topic concerned, and say what is wron
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import deliveries
-from django_mysqlq.models import TopicDelivery, TopicMessage
+from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,3 +51,38 @@ def test_the_pump_stops_before_a_message_too_big_and_never_reads_one_past_the_ro
     assert sorted(TopicDelivery.objects.filter(topic="sized").values_list(
         "offset", flat=True)) == [1, 2, 4]
     assert TopicMessage.objects.filter(topic="sized").count() == 6
+
+
+def set_topic(name: str, **columns: int) -> None:
+    TopicState.objects.filter(name=name).update(**columns)
+
+
+@pytest.mark.parametrize("tamper", ["last_offset lowered", "an offset moved past it"])
+def test_a_counter_behind_the_offsets_given_out_is_repaired_once_and_logged(tamper, caplog):
+    """The next offset would be one a message has: the unique index refused every round's
+    stamp, so the topic was never sequenced again, and every member's loop failed."""
+    topic = Topic("counted")
+    billing = spec("counted", "billing")
+    topic.publish_many(["a", "b", "c"])
+    broker.sequence("counted")
+    broker.create_group(billing)
+    if tamper == "last_offset lowered":
+        set_topic("counted", last_offset=1)
+        highest = 3
+    else:
+        TopicMessage.objects.filter(topic="counted", offset=3).update(offset=7)
+        highest = 7
+    topic.publish_many(["d", "e", "f", "g", "h"])  # offsets up to 8 would collide
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert broker.sequence("counted") == 5
+        topic.publish("i")
+        assert broker.sequence("counted") == 1
+    later = TopicMessage.objects.filter(topic="counted").exclude(payload__in=['"a"', '"b"',
+                                                                               '"c"'])
+    assert sorted(later.values_list("offset", flat=True)) == list(range(highest + 1,
+                                                                        highest + 7))
+    assert broker.last_offset("counted") == highest + 6
+    [record] = [r for r in caplog.records if "counted" in r.getMessage()]
+    assert f"offsets up to {highest}" in record.getMessage()
+    assert broker.pump(billing, batch=100, window=100) == 9
+    assert broker.position("counted", "billing") == highest + 6
