@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from io import StringIO
 
 import pytest
@@ -113,3 +114,57 @@ def test_a_stored_message_too_big_for_its_delivery_stops_only_its_groups(start_w
     wait_for(lambda: handled(label, "billing") == {0, 1, 3, 4}, timeout=20,
              message="billing to go on after the reset")
     stopped(worker)
+
+
+class Stranger:
+    """Another session holding rows ``FOR UPDATE`` in an open transaction."""
+
+    def __init__(self, sql: str, params: list[object]) -> None:
+        self.conn = raw_connection()
+        cursor = self.conn.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(sql, params)
+        assert cursor.fetchall()
+
+    def release(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def test_a_stranger_holding_the_topic_row_blocks_no_publisher_and_no_other_work(
+        start_worker):
+    """The counter's row locked: publish is a plain insert and never waits; the members go
+    on with what is sequenced and with their other groups and queues, a worker starts;
+    the new messages get offsets once the lock is gone."""
+    label = "topic-row-held"
+    worker = start_worker(*WORKER, env=ENV)
+    started(worker)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
+             message="billing to handle the first messages")
+    stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
+    try:
+        began = time.monotonic()
+        topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (2, 3)])
+        assert time.monotonic() - began < 1.0
+        late = start_worker(*WORKER, env=ENV)
+        topic_ops_handlers.feed.publish({"label": label, "seq": 10})
+        tasks = [enqueue_good(f"{label}-{i}") for i in range(3)]
+        wait_for(lambda: handled(label, "ops") == {10}, timeout=20,
+                 message="the other topic's group to be served meanwhile")
+        wait_for(lambda: not Message.objects.filter(pk__in=tasks).exists(), timeout=20,
+                 message="the task queue to be served meanwhile")
+        started(late)
+        assert handled(label, "billing") == {0, 1}
+        wait_for(lambda: "Topic 'ledger': another session has held its row" in
+                 worker.output(), timeout=15, message="the held row to be logged")
+    finally:
+        stranger.release()
+    wait_for(lambda: handled(label, "billing") == {0, 1, 2, 3}, timeout=20,
+             message="the messages published meanwhile, once the lock is gone")
+    assert_succeeded(*tasks)
+    stopped(late)
+    output = stopped(worker)
+    assert output.count("Topic 'ledger': another session has held its row") == 1
+    assert "Topic 'ledger': its row is free again" in output
+    assert "Database error in the worker loop" not in output

@@ -34,6 +34,10 @@ logger = logging.getLogger("django_mysqlq")
 
 #: Shortest pause between two pumps of a busy worker (a parked one pumps before parking).
 PUMP_SECONDS = 0.02
+#: A topic's row held this long by someone else (a sequencing round holds it for
+#: milliseconds) is a stranger's lock: logged once, and looked at less and less often.
+HELD_LOG_SECONDS = 5.0
+HELD_LONGEST_PAUSE = 1.0
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
 
@@ -88,6 +92,10 @@ class TopicDuty:
         #: Groups stopped before a message too big for its delivery: (topic, group) to
         #: its offset (logged once per message, not every round).
         self.oversized: dict[tuple[str, str], int] = {}
+        #: Topics whose row another session has held at every look since (monotonic),
+        #: and those of them logged.
+        self._held_since: dict[str, float] = {}
+        self._held_logged: set[str] = set()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -97,7 +105,8 @@ class TopicDuty:
         """Create this worker's groups (where they have no row) and start the broadcast
         reader at the latest offset of its topics."""
         for topic in self.topics:
-            broker.sequence(topic)
+            # (Not waiting: a stranger holding the topic's row must not stop a start.)
+            broker.try_sequence(topic)
         for spec in self.specs:
             broker.create_group(spec)
         if self.reader is not None and not self.reader.is_alive():
@@ -140,6 +149,7 @@ class TopicDuty:
                     claimer.pump_took(claimed, room)
             self.taken += len(claimed)
             self._note_oversized(spec, pumped)
+            self._note_held(spec.topic, pumped)
             made += pumped.made
             busy = busy or pumped.busy
             more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
@@ -153,6 +163,34 @@ class TopicDuty:
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
                    and (spec.topic, spec.group) not in self.oversized)
+
+    def busy_pause(self) -> float:
+        """How long to wait before looking again while a topic's row is held: short while
+        it is another member's round, up to a second while a stranger keeps it."""
+        if not self._held_since:
+            return PUMP_SECONDS
+        held = time.monotonic() - min(self._held_since.values())
+        return min(HELD_LONGEST_PAUSE, max(PUMP_SECONDS, held / 20))
+
+    def _note_held(self, topic: str, pumped: broker.Pumped) -> None:
+        """Follow a topic's row held by another session; log one that stays held."""
+        now = time.monotonic()
+        if pumped.busy:
+            since = self._held_since.setdefault(topic, now)
+            if now - since >= HELD_LOG_SECONDS and topic not in self._held_logged:
+                self._held_logged.add(topic)
+                logger.warning(
+                    "Topic %r: another session has held its row in mysqlq_topic for %.0f s "
+                    "(a transaction left open? see information_schema.INNODB_TRX): messages "
+                    "published since wait for their offsets, and no group gets them until "
+                    "it ends; publishing and the groups' other deliveries go on.",
+                    topic, now - since)
+        elif not pumped.behind and topic in self._held_since:
+            since = self._held_since.pop(topic)
+            if topic in self._held_logged:
+                self._held_logged.discard(topic)
+                logger.warning("Topic %r: its row is free again after %.0f s; its messages "
+                               "get their offsets.", topic, now - since)
 
     def _note_oversized(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
         """Log a group stopped before a message too big for its delivery, once per
@@ -199,7 +237,7 @@ class BroadcastReader(threading.Thread):
         """Take the starting positions (on the caller's connection, before the worker
         counts as started)."""
         for topic in self.listeners:
-            broker.sequence(topic)
+            broker.try_sequence(topic)  # (not waiting for a held row)
             self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:
