@@ -5,13 +5,15 @@ commands each hold up at most the group or topic concerned, and say what is wron
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import deliveries
-from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
+from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,3 +88,49 @@ def test_a_counter_behind_the_offsets_given_out_is_repaired_once_and_logged(tamp
     assert f"offsets up to {highest}" in record.getMessage()
     assert broker.pump(billing, batch=100, window=100) == 9
     assert broker.position("counted", "billing") == highest + 6
+
+
+def test_a_group_row_held_by_a_stranger_holds_up_that_group_only() -> None:
+    """Its pump skips it; a member's start (create_group) reads it without waiting: the
+    INSERT IGNORE it ran waited out the stranger's lock (innodb_lock_wait_timeout)."""
+    billing, audit = spec("guarded", "billing"), spec("guarded", "audit")
+    Topic("guarded").publish_many(["a", "b"])
+    broker.sequence("guarded")
+    broker.create_group(billing)
+    broker.create_group(audit)
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute("SELECT * FROM mysqlq_topic_group WHERE topic = 'guarded' AND "
+                       "group_name = 'billing' FOR UPDATE")
+        began = time.monotonic()
+        assert broker.create_group(billing) is False
+        assert broker.pump(billing, batch=10, window=10) == 0
+        assert broker.pump(audit, batch=10, window=10) == 2
+        assert time.monotonic() - began < 2
+    finally:
+        conn.rollback()
+        conn.close()
+    assert broker.pump(billing, batch=10, window=10) == 2
+
+
+def test_a_group_row_deleted_while_its_members_run_is_made_again_after_its_last_delivery(
+        caplog) -> None:
+    billing = spec("dropped", "billing")
+    topic = Topic("dropped")
+    topic.publish_many(["a", "b", "c"])
+    broker.sequence("dropped")
+    broker.create_group(billing)
+    assert broker.pump(billing, batch=2, window=10) == 2
+    TopicGroup.objects.filter(topic="dropped").delete()
+    topic.publish("d")
+    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
+        assert broker.pump_group(billing, batch=10, window=10).made == 0  # not asked
+        assert broker.pump_group(billing, batch=10, window=10, recreate=True).made == 0
+    assert "Group 'billing' of topic 'dropped' had no row" in caplog.text
+    assert "position 2" in caplog.text
+    assert sum(broker.pump_group(billing, batch=10, window=10, sequence=True).made
+               for _ in range(3)) == 2
+    assert sorted(TopicDelivery.objects.filter(topic="dropped").values_list(
+        "offset", flat=True)) == [1, 2, 3, 4]  # none lost, none twice

@@ -62,13 +62,17 @@ DELIVERY_TABLE = "mysqlq_topic_delivery"
 CLAIM_INDEX = "mysqlq_msg_claim"
 
 #: Create a group where it has no row yet: latest starts after the last offset given
-#: out, earliest before the first one kept.
+#: out, earliest before the first one kept; a group whose row was deleted while it had
+#: deliveries (their links are kept) goes on after the last of them.
 CREATE_GROUP_SQL = (
     f"INSERT IGNORE INTO {GROUP_TABLE} (topic, group_name, queue, start, position, "
-    "created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT IF(%s = 'earliest', "
+    f"created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT MAX(msg_offset) FROM "
+    f"{DELIVERY_TABLE} WHERE topic = %s AND group_name = %s), (SELECT IF(%s = 'earliest', "
     f"first_offset - 1, last_offset) FROM {TOPIC_TABLE} WHERE name = %s), 0), "
     "UTC_TIMESTAMP(6), ''"
 )
+#: Whether the group has its row (a plain read: never waits for a lock on it).
+GROUP_EXISTS_SQL = f"SELECT 1 FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
@@ -139,11 +143,17 @@ class GroupSpec:
     start: str = "latest"
 
 
-def create_group(spec: GroupSpec, alias: str | None = None) -> None:
-    """Give the group a row (and its position) unless it has one."""
+def create_group(spec: GroupSpec, alias: str | None = None) -> bool:
+    """Give the group a row (and its position) unless it has one; return whether it made
+    one. A row that exists is only read (``INSERT IGNORE`` would wait for a lock a
+    stranger holds on it: a worker's start must not)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(GROUP_EXISTS_SQL, [spec.topic, spec.group])
+        if cursor.fetchone() is not None:
+            return False
         cursor.execute(CREATE_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
-                                          spec.start, spec.topic])
+                                          spec.topic, spec.group, spec.start, spec.topic])
+        return int(cursor.rowcount) == 1
 
 
 def position(topic: str, group: str, alias: str | None = None) -> int | None:
@@ -229,7 +239,8 @@ def pump_claims_supported(alias: str | None = None) -> bool:
 
 
 def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
-               least: int = 1, sequence: bool = False, keep: int = 0) -> Pumped:
+               least: int = 1, sequence: bool = False, keep: int = 0,
+               recreate: bool = False) -> Pumped:
     """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
     is not behind while committed messages of its topic lack an offset stamps them and
     pumps them in one transaction (the group's row, then the topic's, both ``SKIP
@@ -237,13 +248,17 @@ def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = Non
 
     The window is the look's count: two members pumping one after the other off the same
     look may pass it by one batch. ``keep``: deliveries the caller claims itself right
-    after (a member that pumped one message wakes no other member for it)."""
-    return pump_claiming(spec, batch, window, None, alias, least, sequence, keep)[0]
+    after (a member that pumped one message wakes no other member for it). ``recreate``:
+    a group without a row gets one again (a member's, whose group was created at its
+    start: the row was deleted while it ran), after its last delivery."""
+    return pump_claiming(spec, batch, window, None, alias, least, sequence, keep,
+                         recreate)[0]
 
 
 def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | None,
                   alias: str | None = None, least: int = 1, sequence: bool = False,
-                  keep: int = 0) -> tuple[Pumped, list[ClaimedMessage]]:
+                  keep: int = 0, recreate: bool = False
+                  ) -> tuple[Pumped, list[ClaimedMessage]]:
     """:func:`pump_group` for a member with room to run ``claim.count`` deliveries now.
 
     When no delivery of the group waits, it pumps only that many and inserts them already
@@ -257,7 +272,7 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
         look = cursor.fetchone()
     if look is None:
-        return Pumped(0, False), []  # no such group
+        return (_missing(spec, alias) if recreate else Pumped(0, False)), []
     if look[0] is None or look[1] is None:
         # A producer's wake-up (KILL QUERY) that lands in the look's subquery can make
         # MariaDB answer NULL instead of error 1317 (seen in a chaos run): nothing is
@@ -280,6 +295,19 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
                                      claim=claiming)
     return Pumped(max(made, 0), False, busy=made < 0, oversized=oversized), claimed
+
+
+def _missing(spec: GroupSpec, alias: str) -> Pumped:
+    """The look found no row of the group (or of its topic): a member makes the group's
+    again (its row deleted by hand while it runs), after its last delivery."""
+    if not create_group(spec, alias):
+        return Pumped(0, False)  # (its topic has no row: a sequencing round makes it)
+    logger.warning(
+        "Group %r of topic %r had no row in %s (deleted while its members ran?): made it "
+        "again at position %s (after its last delivery, or at its start %r if it had none).",
+        spec.group, spec.topic, GROUP_TABLE, position(spec.topic, spec.group, alias),
+        spec.start)
+    return Pumped(0, True)
 
 
 def _insert_deliveries(alias: str, messages: Sequence[NewMessage],

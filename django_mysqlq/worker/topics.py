@@ -143,7 +143,7 @@ class TopicDuty:
             try:
                 pumped, claimed = broker.pump_claiming(
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
-                    sequence=True, keep=self.keep)
+                    sequence=True, keep=self.keep, recreate=True)
             finally:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
