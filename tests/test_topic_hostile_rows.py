@@ -168,3 +168,23 @@ def test_a_stranger_holding_the_topic_row_blocks_no_publisher_and_no_other_work(
     assert output.count("Topic 'ledger': another session has held its row") == 1
     assert "Topic 'ledger': its row is free again" in output
     assert "Database error in the worker loop" not in output
+
+
+def test_a_message_changed_into_bad_json_fails_its_delivery_not_the_pump(start_worker):
+    label = "bad-json"
+    worker = start_worker(*WORKER, "--groups", "billing", env=ENV)
+    started(worker)
+    bad_id = insert_raw("ledger", '{"label": "bad-json", "seq": ')
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (1, 2)])
+    wait_for(lambda: handled(label, "billing") == {1, 2}, timeout=20,
+             message="billing to handle the messages after the bad one")
+    bad_offset = offset_of(bad_id)
+    wait_for(lambda: Message.objects.filter(task_name="topic:ledger:billing",
+                                            status="dead").exists(), timeout=20,
+             message="the bad message's delivery to go dead")
+    dead = Message.objects.get(task_name="topic:ledger:billing", status="dead")
+    assert "JSON" in dead.last_error
+    trace = queuetopic("lookup", "--topic", "ledger", "--offset", str(bad_offset))
+    assert f"billing: #{dead.pk} dead" in trace and "JSON" in trace, trace
+    output = stopped(worker)
+    assert "Database error in the worker loop" not in output
