@@ -5,14 +5,17 @@ commands each hold up at most the group or topic concerned, and say what is wron
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import deliveries
+from django_mysqlq.conf import get_settings
 from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
+from django_mysqlq.worker.topics import TopicDuty
 from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -134,3 +137,26 @@ def test_a_group_row_deleted_while_its_members_run_is_made_again_after_its_last_
                for _ in range(3)) == 2
     assert sorted(TopicDelivery.objects.filter(topic="dropped").values_list(
         "offset", flat=True)) == [1, 2, 3, 4]  # none lost, none twice
+
+
+def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
+    """Before, the pump said nothing and went on from there once the topic got that far:
+    the offsets between were never delivered to the group."""
+    billing = spec("ahead", "billing")
+    Topic("ahead").publish_many(["a", "b"])
+    broker.sequence("ahead")
+    broker.create_group(billing)
+    TopicGroup.objects.filter(topic="ahead").update(position=10)
+    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
+    assert pumped == broker.Pumped(0, False, ahead=(10, 2))
+    duty = TopicDuty([], threading.Event(), get_settings())
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        for _ in range(3):  # once per cause, not every round
+            duty._note_oversized(billing, pumped)
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        "Group 'billing' of topic 'ahead' is at position 10, past the topic's last offset 2")
+    assert "queuetopic reset billing --topic ahead --to-offset 3" in record.getMessage()
+    TopicGroup.objects.filter(topic="ahead").update(position=-5)  # negative: from the start
+    assert broker.pump_group(billing, batch=10, window=10).made == 2
+    assert broker.position("ahead", "billing") == 2

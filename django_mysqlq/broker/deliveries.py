@@ -85,7 +85,8 @@ LOOK_SQL = (
     f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
     f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
-    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL)"
+    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
+    " g.position, t.last_offset"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -209,6 +210,9 @@ class Pumped(NamedTuple):
     busy: bool = False
     #: The group stopped before this message: its delivery would not fit in a statement.
     oversized: Oversized | None = None
+    #: The group's position and its topic's last offset when the position is past it
+    #: (changed by hand): the offsets between would be skipped.
+    ahead: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +283,8 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         # known, so say "behind" and the worker looks again instead of parking.
         return Pumped(0, True), []
     behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
+    if int(look[3]) > int(look[4]):
+        return Pumped(0, False, ahead=(int(look[3]), int(look[4]))), []
     take = 0
     if claim is not None and claim.count > 0 and not waiting and pump_claims_supported(alias):
         take = min(claim.count, batch)

@@ -89,9 +89,10 @@ class TopicDuty:
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
-        #: Groups stopped before a message too big for its delivery: (topic, group) to
-        #: its offset (logged once per message, not every round).
-        self.oversized: dict[tuple[str, str], int] = {}
+        #: Groups stopped by a row only an operator can fix, logged once per cause:
+        #: (topic, group) to the offset of a message too big for its delivery, or to
+        #: minus a position past the topic's last offset.
+        self.stopped: dict[tuple[str, str], int] = {}
         #: Topics whose row another session has held at every look since (monotonic),
         #: and those of them logged.
         self._held_since: dict[str, float] = {}
@@ -162,7 +163,7 @@ class TopicDuty:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
-                   and (spec.topic, spec.group) not in self.oversized)
+                   and (spec.topic, spec.group) not in self.stopped)
 
     def busy_pause(self) -> float:
         """How long to wait before looking again while a topic's row is held: short while
@@ -196,12 +197,23 @@ class TopicDuty:
         """Log a group stopped before a message too big for its delivery, once per
         message; forget it once the group gets past it."""
         name = (spec.topic, spec.group)
+        if pumped.ahead is not None:
+            if self.stopped.get(name) != -pumped.ahead[0]:
+                self.stopped[name] = -pumped.ahead[0]
+                at, last = pumped.ahead
+                logger.error(
+                    "Group %r of topic %r is at position %d, past the topic's last offset %d "
+                    "(changed by hand?): it waits there and would skip offsets %d to %d. "
+                    "Put it back: manage.py queuetopic reset %s --topic %s --to-offset %d.",
+                    spec.group, spec.topic, at, last, last + 1, at, spec.group, spec.topic,
+                    last + 1)
+            return
         if pumped.oversized is None:
             if pumped.made:
-                self.oversized.pop(name, None)
+                self.stopped.pop(name, None)
             return
-        if self.oversized.get(name) != pumped.oversized.offset:
-            self.oversized[name] = pumped.oversized.offset
+        if self.stopped.get(name) != pumped.oversized.offset:
+            self.stopped[name] = pumped.oversized.offset
             logger.error("%s", pumped.oversized.describe(spec.topic, spec.group))
 
     def _claims(self) -> bool:
