@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import deliveries
@@ -160,3 +162,19 @@ def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
     TopicGroup.objects.filter(topic="ahead").update(position=-5)  # negative: from the start
     assert broker.pump_group(billing, batch=10, window=10).made == 2
     assert broker.position("ahead", "billing") == 2
+
+
+def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_rest(
+        ) -> None:
+    billing, audit = spec("unlinked", "billing"), spec("unlinked", "audit")
+    Topic("unlinked").publish({"n": 1})
+    broker.sequence("unlinked")
+    for group in (billing, audit):
+        broker.create_group(group)
+        assert broker.pump(group, batch=10, window=10) == 1
+    TopicDelivery.objects.filter(topic="unlinked", group_name="billing").delete()
+    out = StringIO()
+    call_command("queuetopic", "lookup", "--topic", "unlinked", "--offset", "1", stdout=out)
+    assert "unlinked@1" in out.getvalue() and "audit: #" in out.getvalue()
+    claimed = broker.claim(["group:billing"], 10, "w", lease_seconds=30)
+    assert [m.task_name for m in claimed] == ["topic:unlinked:billing"]  # still runs
