@@ -186,7 +186,9 @@ class TopicDuty:
                     "published since wait for their offsets, and no group gets them until "
                     "it ends; publishing and the groups' other deliveries go on.",
                     topic, now - since)
-        elif not pumped.behind and topic in self._held_since:
+        elif pumped.made and topic in self._held_since:
+            # (Only a pump that made deliveries says the row was free: a look can miss
+            # the unsequenced rows, e.g. one a producer's wake-up cut short.)
             since = self._held_since.pop(topic)
             if topic in self._held_logged:
                 self._held_logged.discard(topic)
