@@ -186,9 +186,10 @@ class TopicDuty:
                     "published since wait for their offsets, and no group gets them until "
                     "it ends; publishing and the groups' other deliveries go on.",
                     topic, now - since)
-        elif pumped.made and topic in self._held_since:
-            # (Only a pump that made deliveries says the row was free: a look can miss
-            # the unsequenced rows, e.g. one a producer's wake-up cut short.)
+        elif topic in self._held_since and (pumped.made or (
+                not pumped.behind and broker.try_sequence(topic) is not None)):
+            # (A look that saw nothing to stamp is asked again, by taking the row: one
+            # cut short by a producer's wake-up must not end the episode.)
             since = self._held_since.pop(topic)
             if topic in self._held_logged:
                 self._held_logged.discard(topic)
