@@ -12,6 +12,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic, broker
+from django_mysqlq.broker import Pumped
 from django_mysqlq.exceptions import InvalidTaskOptions
 from django_mysqlq.models import Message, TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
@@ -258,15 +259,16 @@ def test_a_draining_pump_waits_for_room_for_half_a_batch() -> None:
     broker.create_group(group)
     topic.publish_many(list(range(10)))
     broker.sequence("halves")
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (4, True, False)  # room 6
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, True, False)  # room 2
+    assert broker.pump_group(group, batch=4, window=10, least=5) == Pumped(4, True, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == Pumped(4, True, False)  # room 6
+    assert broker.pump_group(group, batch=4, window=10, least=5) == Pumped(0, True, False)  # room 2
     first = Message.objects.filter(queue="group:drain").order_by("id")[:5]
     Message.objects.filter(pk__in=[m.pk for m in first]).delete()
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (2, True, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == Pumped(2, True, False)
     assert broker.position("halves", "drain") == 10
-    assert broker.pump_group(group, batch=4, window=10, least=5) == (0, False, False)
-    assert broker.pump_group(spec("halves", "nobody"), batch=4, window=10) == (0, False, False)
+    assert broker.pump_group(group, batch=4, window=10, least=5) == Pumped(0, False, False)
+    nobody = spec("halves", "nobody")
+    assert broker.pump_group(nobody, batch=4, window=10) == Pumped(0, False, False)
 
 
 def test_a_caught_up_group_sequences_and_pumps_in_one_transaction() -> None:
@@ -279,12 +281,12 @@ def test_a_caught_up_group_sequences_and_pumps_in_one_transaction() -> None:
     broker.create_group(first)
     broker.create_group(second)
     topic.publish_many(["a", "b", "c"])
-    assert broker.pump_group(first, batch=10, window=10) == (0, False, False)  # not asked
-    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (3, False, False)
+    assert broker.pump_group(first, batch=10, window=10) == Pumped(0, False, False)  # not asked
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == Pumped(3, False, False)
     assert broker.last_offset("oneshot") == 3 and broker.position("oneshot", "first") == 3
     topic.publish("d")
     # "second" is behind (offsets 1-3): it pumps those and leaves "d" unsequenced.
-    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (3, True, False)
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == Pumped(3, True, False)
     assert broker.last_offset("oneshot") == 3
     locked, release = threading.Event(), threading.Event()
 
@@ -299,13 +301,13 @@ def test_a_caught_up_group_sequences_and_pumps_in_one_transaction() -> None:
     thread.start()
     assert locked.wait(20)
     started = time.monotonic()
-    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (0, False, True)
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == Pumped(0, False, True)
     assert time.monotonic() - started < 1
     assert broker.position("oneshot", "first") == 3  # rolled back with nothing done
     release.set()
     thread.join()
-    assert broker.pump_group(first, batch=10, window=10, sequence=True) == (1, False, False)
-    assert broker.pump_group(second, batch=10, window=10, sequence=True) == (1, True, False)
+    assert broker.pump_group(first, batch=10, window=10, sequence=True) == Pumped(1, False, False)
+    assert broker.pump_group(second, batch=10, window=10, sequence=True) == Pumped(1, True, False)
     assert sorted(TopicDelivery.objects.filter(topic="oneshot").values_list(
         "group_name", "offset")) == [("first", 1), ("first", 2), ("first", 3), ("first", 4),
                                      ("second", 1), ("second", 2), ("second", 3),

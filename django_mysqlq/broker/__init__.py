@@ -75,6 +75,7 @@ from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
     PumpClaim,
+    Pumped,
     create_group,
     dead_deliveries,
     group_behind,
@@ -220,6 +221,7 @@ __all__ = [
     "Operator",
     "Overran",
     "PumpClaim",
+    "Pumped",
     "PurgeLag",
     "QueueOverview",
     "RateOfCopy",

@@ -41,15 +41,15 @@ from .base import (
     micros,
     send_robust,
 )
-from .enqueue import INSERT_ROW_BYTES, gate_statuses, insert_rows
+from .enqueue import gate_statuses, insert_rows
 from .literals import execute_escaped
 from .operate import Operator, requeue
-from .packets import escaped_size, split_by_size, statement_room
+from .oversized import PUMP_READ_SQL, Oversized, delivery_row_size, fitting
+from .packets import row_room, split_by_size, statement_room
 from .park import wake
 from .session import connection_session
 from .topics import (
     OFFSET_INDEX,
-    READ_AFTER_SQL,
     SEQUENCE_BATCH,
     TOPIC_MESSAGE_TABLE,
     TOPIC_TABLE,
@@ -62,13 +62,17 @@ DELIVERY_TABLE = "mysqlq_topic_delivery"
 CLAIM_INDEX = "mysqlq_msg_claim"
 
 #: Create a group where it has no row yet: latest starts after the last offset given
-#: out, earliest before the first one kept.
+#: out, earliest before the first one kept; a group whose row was deleted while it had
+#: deliveries (their links are kept) goes on after the last of them.
 CREATE_GROUP_SQL = (
     f"INSERT IGNORE INTO {GROUP_TABLE} (topic, group_name, queue, start, position, "
-    "created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT IF(%s = 'earliest', "
+    f"created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT MAX(msg_offset) FROM "
+    f"{DELIVERY_TABLE} WHERE topic = %s AND group_name = %s), (SELECT IF(%s = 'earliest', "
     f"first_offset - 1, last_offset) FROM {TOPIC_TABLE} WHERE name = %s), 0), "
     "UTC_TIMESTAMP(6), ''"
 )
+#: Whether the group has its row (a plain read: never waits for a lock on it).
+GROUP_EXISTS_SQL = f"SELECT 1 FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
@@ -81,7 +85,8 @@ LOOK_SQL = (
     f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
     f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
-    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL)"
+    f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
+    " g.position, t.last_offset"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -139,11 +144,17 @@ class GroupSpec:
     start: str = "latest"
 
 
-def create_group(spec: GroupSpec, alias: str | None = None) -> None:
-    """Give the group a row (and its position) unless it has one."""
+def create_group(spec: GroupSpec, alias: str | None = None) -> bool:
+    """Give the group a row (and its position) unless it has one; return whether it made
+    one. A row that exists is only read (``INSERT IGNORE`` would wait for a lock a
+    stranger holds on it: a worker's start must not)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(GROUP_EXISTS_SQL, [spec.topic, spec.group])
+        if cursor.fetchone() is not None:
+            return False
         cursor.execute(CREATE_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
-                                          spec.start, spec.topic])
+                                          spec.topic, spec.group, spec.start, spec.topic])
+        return int(cursor.rowcount) == 1
 
 
 def position(topic: str, group: str, alias: str | None = None) -> int | None:
@@ -197,6 +208,11 @@ class Pumped(NamedTuple):
     #: Another caller held the topic's sequencing lock: look again shortly (its commit
     #: wakes nobody).
     busy: bool = False
+    #: The group stopped before this message: its delivery would not fit in a statement.
+    oversized: Oversized | None = None
+    #: The group's position and its topic's last offset when the position is past it
+    #: (changed by hand): the offsets between would be skipped.
+    ahead: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +243,8 @@ def pump_claims_supported(alias: str | None = None) -> bool:
 
 
 def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
-               least: int = 1, sequence: bool = False, keep: int = 0) -> Pumped:
+               least: int = 1, sequence: bool = False, keep: int = 0,
+               recreate: bool = False) -> Pumped:
     """:func:`pump`, saying whether the group was behind. With ``sequence``, a group that
     is not behind while committed messages of its topic lack an offset stamps them and
     pumps them in one transaction (the group's row, then the topic's, both ``SKIP
@@ -235,13 +252,17 @@ def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = Non
 
     The window is the look's count: two members pumping one after the other off the same
     look may pass it by one batch. ``keep``: deliveries the caller claims itself right
-    after (a member that pumped one message wakes no other member for it)."""
-    return pump_claiming(spec, batch, window, None, alias, least, sequence, keep)[0]
+    after (a member that pumped one message wakes no other member for it). ``recreate``:
+    a group without a row gets one again (a member's, whose group was created at its
+    start: the row was deleted while it ran), after its last delivery."""
+    return pump_claiming(spec, batch, window, None, alias, least, sequence, keep,
+                         recreate)[0]
 
 
 def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | None,
                   alias: str | None = None, least: int = 1, sequence: bool = False,
-                  keep: int = 0) -> tuple[Pumped, list[ClaimedMessage]]:
+                  keep: int = 0, recreate: bool = False
+                  ) -> tuple[Pumped, list[ClaimedMessage]]:
     """:func:`pump_group` for a member with room to run ``claim.count`` deliveries now.
 
     When no delivery of the group waits, it pumps only that many and inserts them already
@@ -255,13 +276,15 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
         look = cursor.fetchone()
     if look is None:
-        return Pumped(0, False), []  # no such group
+        return (_missing(spec, alias) if recreate else Pumped(0, False)), []
     if look[0] is None or look[1] is None:
         # A producer's wake-up (KILL QUERY) that lands in the look's subquery can make
         # MariaDB answer NULL instead of error 1317 (seen in a chaos run): nothing is
         # known, so say "behind" and the worker looks again instead of parking.
         return Pumped(0, True), []
     behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
+    if int(look[3]) > int(look[4]):
+        return Pumped(0, False, ahead=(int(look[3]), int(look[4]))), []
     take = 0
     if claim is not None and claim.count > 0 and not waiting and pump_claims_supported(alias):
         take = min(claim.count, batch)
@@ -271,12 +294,26 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
                 if take and claim is not None else None)
     if behind:
-        made, claimed = _pump(spec, wanted, alias, keep=keep, claim=claiming)
-        return Pumped(made, True), claimed
+        made, claimed, oversized = _pump(spec, wanted, alias, keep=keep, claim=claiming)
+        return Pumped(made, True, oversized=oversized), claimed
     if not (sequence and unsequenced):
         return Pumped(0, False), []
-    made, claimed = _pump(spec, wanted, alias, sequence_first=True, keep=keep, claim=claiming)
-    return Pumped(max(made, 0), False, busy=made < 0), claimed
+    made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
+                                     claim=claiming)
+    return Pumped(max(made, 0), False, busy=made < 0, oversized=oversized), claimed
+
+
+def _missing(spec: GroupSpec, alias: str) -> Pumped:
+    """The look found no row of the group (or of its topic): a member makes the group's
+    again (its row deleted by hand while it runs), after its last delivery."""
+    if not create_group(spec, alias):
+        return Pumped(0, False)  # (its topic has no row: a sequencing round makes it)
+    logger.warning(
+        "Group %r of topic %r had no row in %s (deleted while its members ran?): made it "
+        "again at position %s (after its last delivery, or at its start %r if it had none).",
+        spec.group, spec.topic, GROUP_TABLE, position(spec.topic, spec.group, alias),
+        spec.start)
+    return Pumped(0, True)
 
 
 def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
@@ -302,9 +339,7 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
             claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
-    sizes = [escaped_size(m.payload) + INSERT_ROW_BYTES
-             + 4 * (len(m.queue) + len(m.task_name) + len(m.gate_key or ""))
-             for m in messages]
+    sizes = [delivery_row_size(m) for m in messages]
     returned: list[Sequence[Any]] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
@@ -331,12 +366,17 @@ def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> Claime
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
-          keep: int = 0, claim: PumpClaim | None = None) -> tuple[int, list[ClaimedMessage]]:
+          keep: int = 0, claim: PumpClaim | None = None
+          ) -> tuple[int, list[ClaimedMessage], Oversized | None]:
     """The pump's transaction: up to ``wanted`` deliveries (-1 when ``sequence_first``
-    found the topic's row held), and those it claimed for ``claim``."""
+    found the topic's row held), those it claimed for ``claim``, and the message it
+    stopped before because its delivery would not fit in a statement (see oversized.py)."""
     token = uuid.uuid4().hex
+    room = row_room(alias)
+    oversized: list[Oversized] = []
 
     def body(cursor: Any) -> tuple[int, list[str], list[ClaimedMessage]]:
+        oversized.clear()
         cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
@@ -348,11 +388,12 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:
                 return -1, [], []
-        cursor.execute(READ_AFTER_SQL, [spec.topic, current, wanted])
-        rows = cursor.fetchall()
+        cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
+        rows, messages, too_big = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
+        if too_big is not None:
+            oversized.append(too_big)
         if not rows:
             return 0, [], []
-        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids, taken = _insert_deliveries(alias, messages, statuses, claim, token)
         params: list[Any] = []
@@ -377,7 +418,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         except DatabaseError as exc:  # the deliveries are committed; members poll them
             logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)
-    return pumped, taken
+    return pumped, taken, (oversized[0] if oversized else None)
 
 
 def dead_deliveries(topic: str, group: str, limit: int = 1000,

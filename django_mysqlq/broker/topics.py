@@ -34,11 +34,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from ..exceptions import PayloadTooLarge
 from ..signals import topic_published
-from .base import connection_for, default_alias, in_transaction, logger, send_robust
+from .base import (
+    connection_for,
+    default_alias,
+    error_code,
+    in_transaction,
+    logger,
+    send_robust,
+)
 from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
 from .park import wake
 
@@ -99,6 +106,11 @@ STAMP_SQL = (f"UPDATE {TOPIC_MESSAGE_TABLE} SET msg_offset = CASE id {{cases}} E
              "sequenced_at = UTC_TIMESTAMP(6) WHERE id IN ({ids})")
 ADVANCE_TOPIC_SQL = (f"UPDATE {TOPIC_TABLE} SET last_offset = %s, "
                      "sequenced_at = UTC_TIMESTAMP(6) WHERE name = %s")
+#: The highest offset a message of the topic has (one dive into the offset index).
+HIGHEST_OFFSET_SQL = (f"SELECT MAX(msg_offset) FROM {TOPIC_MESSAGE_TABLE} "
+                      f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s")
+#: A duplicate key: here, an offset a message already has.
+DUPLICATE_KEY = 1062
 #: The highest offset given out (0: none yet, or no such topic).
 LAST_OFFSET_SQL = f"SELECT last_offset FROM {TOPIC_TABLE} WHERE name = %s"
 
@@ -221,14 +233,45 @@ def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = Fals
     ids = unsequenced_ids(cursor, topic, batch)
     if not ids:
         return 0
+    try:
+        _stamp(cursor, ids, last)
+    except IntegrityError as exc:
+        if error_code(exc) != DUPLICATE_KEY:
+            raise
+        last = _counter_behind(cursor, topic, last)
+        _stamp(cursor, ids, last)
+    cursor.execute(ADVANCE_TOPIC_SQL, [last + len(ids), topic])
+    return len(ids)
+
+
+def _stamp(cursor: Any, ids: Sequence[int], last: int) -> None:
+    """Give ``ids`` the offsets ``last + 1 …`` (one statement: all or none)."""
     cases = " ".join("WHEN %s THEN %s" for _ in ids)
     params: list[Any] = []
     for index, message_id in enumerate(ids, start=1):
         params.extend((message_id, last + index))
     cursor.execute(STAMP_SQL.format(cases=cases, ids=", ".join(["%s"] * len(ids))),
                    [*params, *ids])
-    cursor.execute(ADVANCE_TOPIC_SQL, [last + len(ids), topic])
-    return len(ids)
+
+
+def _counter_behind(cursor: Any, topic: str, last: int) -> int:
+    """The topic's ``last_offset`` is below an offset a message has (changed by hand: the
+    counter lowered, or a message's offset raised), so the next ones would be refused by
+    the unique index in every round: go on after the highest one (the round's stamp is
+    its statement alone, undone by the server; the transaction goes on). Logged: it
+    happens once, the round moves the counter."""
+    cursor.execute(HIGHEST_OFFSET_SQL, [topic])
+    highest = int(cursor.fetchone()[0] or 0)
+    if highest <= last:  # (not the counter's doing: let the error be seen)
+        raise IntegrityError(f"Topic {topic!r}: a duplicate offset, though its last_offset "
+                             f"({last}) is the highest given out.")
+    logger.error(
+        "Topic %r: its last_offset (%d) is below offsets its messages already have (offsets "
+        "up to %d; changed by hand?), so the next offsets would have been given twice. "
+        "New messages get offsets after %d; no message was changed. Groups at positions "
+        "between keep theirs (they read on in offset order): check `queuetopic groups`.",
+        topic, last, highest, highest)
+    return highest
 
 
 #: The next topic name that has messages: one dive into the (topic, offset) index per

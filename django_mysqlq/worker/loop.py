@@ -35,7 +35,7 @@ from .pumpclaim import PumpClaimer
 from .stats import WorkerStats
 from .stopping import StopRequest
 from .threads import run_task_thread
-from .topics import PUMP_SECONDS, TopicDuty
+from .topics import TopicDuty
 from .upkeep import Housekeeping, RateWatch
 
 logger = logging.getLogger("django_mysqlq")
@@ -344,7 +344,7 @@ class Worker:
             broker.listen(self.id, False)
             self._listening = False
             if self.topics.sequencer_busy:
-                self.wakeup.wait(PUMP_SECONDS)
+                self.wakeup.wait(self.topics.busy_pause())
             return
         result, paused = self.rate_watch.park(self._active, min(self._park, until_upkeep),
                                               sweep_check, self._rated,

@@ -34,6 +34,10 @@ logger = logging.getLogger("django_mysqlq")
 
 #: Shortest pause between two pumps of a busy worker (a parked one pumps before parking).
 PUMP_SECONDS = 0.02
+#: A topic's row held this long by someone else (a sequencing round holds it for
+#: milliseconds) is a stranger's lock: logged once, and looked at less and less often.
+HELD_LOG_SECONDS = 5.0
+HELD_LONGEST_PAUSE = 1.0
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
 
@@ -85,6 +89,14 @@ class TopicDuty:
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
+        #: Groups stopped by a row only an operator can fix, logged once per cause:
+        #: (topic, group) to the offset of a message too big for its delivery, or to
+        #: minus a position past the topic's last offset.
+        self.stopped: dict[tuple[str, str], int] = {}
+        #: Topics whose row another session has held at every look since (monotonic),
+        #: and those of them logged.
+        self._held_since: dict[str, float] = {}
+        self._held_logged: set[str] = set()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -94,7 +106,8 @@ class TopicDuty:
         """Create this worker's groups (where they have no row) and start the broadcast
         reader at the latest offset of its topics."""
         for topic in self.topics:
-            broker.sequence(topic)
+            # (Not waiting: a stranger holding the topic's row must not stop a start.)
+            broker.try_sequence(topic)
         for spec in self.specs:
             broker.create_group(spec)
         if self.reader is not None and not self.reader.is_alive():
@@ -131,11 +144,13 @@ class TopicDuty:
             try:
                 pumped, claimed = broker.pump_claiming(
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
-                    sequence=True, keep=self.keep)
+                    sequence=True, keep=self.keep, recreate=True)
             finally:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
             self.taken += len(claimed)
+            self._note_oversized(spec, pumped)
+            self._note_held(spec.topic, pumped)
             made += pumped.made
             busy = busy or pumped.busy
             more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
@@ -147,7 +162,62 @@ class TopicDuty:
     def behind(self, active: Sequence[str]) -> bool:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
         ``--burst`` member pumps until its groups have caught up with their topics)."""
-        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active)
+        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
+                   and (spec.topic, spec.group) not in self.stopped)
+
+    def busy_pause(self) -> float:
+        """How long to wait before looking again while a topic's row is held: short while
+        it is another member's round, up to a second while a stranger keeps it."""
+        if not self._held_since:
+            return PUMP_SECONDS
+        held = time.monotonic() - min(self._held_since.values())
+        return min(HELD_LONGEST_PAUSE, max(PUMP_SECONDS, held / 20))
+
+    def _note_held(self, topic: str, pumped: broker.Pumped) -> None:
+        """Follow a topic's row held by another session; log one that stays held."""
+        now = time.monotonic()
+        if pumped.busy:
+            since = self._held_since.setdefault(topic, now)
+            if now - since >= HELD_LOG_SECONDS and topic not in self._held_logged:
+                self._held_logged.add(topic)
+                logger.warning(
+                    "Topic %r: another session has held its row in mysqlq_topic for %.0f s "
+                    "(a transaction left open? see information_schema.INNODB_TRX): messages "
+                    "published since wait for their offsets, and no group gets them until "
+                    "it ends; publishing and the groups' other deliveries go on.",
+                    topic, now - since)
+        elif topic in self._held_since and (pumped.made or (
+                not pumped.behind and broker.try_sequence(topic) is not None)):
+            # (A look that saw nothing to stamp is asked again, by taking the row: one
+            # cut short by a producer's wake-up must not end the episode.)
+            since = self._held_since.pop(topic)
+            if topic in self._held_logged:
+                self._held_logged.discard(topic)
+                logger.warning("Topic %r: its row is free again after %.0f s; its messages "
+                               "get their offsets.", topic, now - since)
+
+    def _note_oversized(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
+        """Log a group stopped before a message too big for its delivery, once per
+        message; forget it once the group gets past it."""
+        name = (spec.topic, spec.group)
+        if pumped.ahead is not None:
+            if self.stopped.get(name) != -pumped.ahead[0]:
+                self.stopped[name] = -pumped.ahead[0]
+                at, last = pumped.ahead
+                logger.error(
+                    "Group %r of topic %r is at position %d, past the topic's last offset %d "
+                    "(changed by hand?): it waits there and would skip offsets %d to %d. "
+                    "Put it back: manage.py queuetopic reset %s --topic %s --to-offset %d.",
+                    spec.group, spec.topic, at, last, last + 1, at, spec.group, spec.topic,
+                    last + 1)
+            return
+        if pumped.oversized is None:
+            if pumped.made:
+                self.stopped.pop(name, None)
+            return
+        if self.stopped.get(name) != pumped.oversized.offset:
+            self.stopped[name] = pumped.oversized.offset
+            logger.error("%s", pumped.oversized.describe(spec.topic, spec.group))
 
     def _claims(self) -> bool:
         """Whether pumps claim for this worker (MariaDB: ``INSERT … RETURNING``)."""
@@ -182,7 +252,7 @@ class BroadcastReader(threading.Thread):
         """Take the starting positions (on the caller's connection, before the worker
         counts as started)."""
         for topic in self.listeners:
-            broker.sequence(topic)
+            broker.try_sequence(topic)  # (not waiting for a held row)
             self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:

@@ -1,0 +1,74 @@
+"""The pump's guard against a stored message too big for its delivery.
+
+Publish refuses a payload whose delivery would not fit one statement under the server's
+``max_allowed_packet``, but a row can still be there: written by hand, by an older
+version, or before the server's packet was lowered. Its delivery INSERT would fail (error
+1153, the server then closing the connection) in every round of every group of its
+topic, and the worker's whole loop with it. So the pump reads each message's size with
+it (the payload itself only when it could fit: a row past the packet can't even be
+read), makes the deliveries of the messages before such a row, and stops there: the
+group stays at the offset before it until the server's packet is raised or an operator
+moves the group past it (``queuetopic reset``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from ..messages import NewMessage
+from .enqueue import INSERT_ROW_BYTES
+from .packets import escaped_size
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
+
+#: The pump's read: the sequenced messages after the group's position with each one's
+#: size in bytes, the payload NULL where it is longer than the room one row has.
+PUMP_READ_SQL = (
+    "SELECT msg_offset, msg_key, IF(LENGTH(payload) <= %s, payload, NULL), published_at, "
+    f"LENGTH(payload) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+    "WHERE topic = %s AND msg_offset > %s ORDER BY msg_offset LIMIT %s"
+)
+
+
+class Oversized(NamedTuple):
+    """A message whose delivery can't be inserted: the group stops before it."""
+
+    offset: int
+    #: Bytes its delivery row would take in a statement (or its payload's, unread).
+    size: int
+    #: Bytes one row may take under the server's packet.
+    room: int
+
+    def describe(self, topic: str, group: str) -> str:
+        return (
+            f"Group {group!r} of topic {topic!r} stops before offset {self.offset}: the "
+            f"message's delivery takes {self.size} bytes in one statement, and the server's "
+            f"max_allowed_packet leaves {self.room} for one row (the messages before it were "
+            "delivered). Raise max_allowed_packet on the server (and restart the workers), "
+            "or skip the message: manage.py queuetopic reset "
+            f"{group} --topic {topic} --to-offset {self.offset + 1}")
+
+
+def delivery_row_size(message: NewMessage) -> int:
+    """Bytes a delivery row takes in the pump's INSERT, at most."""
+    return (escaped_size(message.payload) + INSERT_ROW_BYTES
+            + 4 * (len(message.queue) + len(message.task_name) + len(message.gate_key or "")))
+
+
+def fitting(rows: Sequence[Sequence[Any]], make: Callable[[Sequence[Any]], NewMessage],
+            room: int) -> tuple[list[Sequence[Any]], list[NewMessage], Oversized | None]:
+    """The rows read by ``PUMP_READ_SQL`` up to the first whose delivery (``make``) would
+    take more than ``room`` bytes, their deliveries, and that row's offset and size."""
+    kept: list[Sequence[Any]] = []
+    messages: list[NewMessage] = []
+    for row in rows:
+        offset = int(row[0])
+        if row[2] is None:
+            return kept, messages, Oversized(offset, int(row[4] or 0), room)
+        message = make(row)
+        size = delivery_row_size(message)
+        if size > room:
+            return kept, messages, Oversized(offset, size, room)
+        kept.append(row)
+        messages.append(message)
+    return kept, messages, None

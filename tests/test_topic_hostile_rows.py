@@ -1,0 +1,190 @@
+"""Hostile rows in the topic tables, with a real worker: a stored message too big for its
+delivery, tampered message, group and topic rows. Each must hold up at most its own group
+(never the worker's other groups and queues), and say what is wrong and what to do.
+
+Timeouts below are liveness bounds, never performance assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from django_mysqlq.models import Message, TopicGroup, TopicMessage
+from tests.burst import assert_succeeded, enqueue_good
+from tests.conftest import raw_connection, wait_for
+from tests.testapp import topic_handlers, topic_ops_handlers
+from tests.testapp.models import GateRun
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES":
+       "tests.testapp.topic_handlers,tests.testapp.topic_ops_handlers"}
+WORKER = ("--concurrency", "2")
+
+
+def started(worker) -> None:
+    wait_for(lambda: "started: queues=" in worker.output(), timeout=60,
+             message="the worker to start")
+
+
+def stopped(worker) -> str:
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
+    return worker.output()
+
+
+def handled(label: str, group: str) -> set[int]:
+    return set(GateRun.objects.filter(label=label, key__startswith=f"{group}:", edge="end",
+                                      outcome="ok").values_list("seq", flat=True))
+
+
+def server_packet() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        return int(cursor.fetchone()[0])
+
+
+def insert_raw(topic: str, payload: str, key: str | None = None) -> int:
+    """A message row written past publish's checks (a stranger, an old version)."""
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute("INSERT INTO mysqlq_topic_message (topic, msg_key, payload, "
+                       "published_at) VALUES (%s, %s, %s, UTC_TIMESTAMP(6))",
+                       [topic, key, payload])
+        return int(cursor.lastrowid)
+    finally:
+        conn.close()
+
+
+def offset_of(row_id: int) -> int:
+    wait_for(lambda: TopicMessage.objects.get(pk=row_id).offset is not None, timeout=20,
+             message="the row to get its offset")
+    return int(TopicMessage.objects.get(pk=row_id).offset)
+
+
+def queuetopic(*args: str) -> str:
+    out = StringIO()
+    call_command("queuetopic", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_stored_message_too_big_for_its_delivery_stops_only_its_groups(start_worker):
+    """A row a publisher of an older version (or a stranger) stored just under the packet:
+    its delivery (the payload in a wrapper, with the queue's columns) would pass it. Every
+    group of the topic stops before it, once logged with the way out; the messages before
+    it, the other topic's group and the task queue flow; a reset past it lets the group
+    go on."""
+    label = "oversized"
+    worker = start_worker(*WORKER, env=ENV)
+    started(worker)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    head = json.dumps({"label": label, "seq": 2, "pad": ""})
+    big = head[:-2] + "x" * (server_packet() - 400 - len(head)) + "\"}"
+    big_id = insert_raw("ledger", big)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (3, 4)])
+    wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
+             message="billing to handle the messages before the big one")
+    big_offset = offset_of(big_id)
+    topic_ops_handlers.feed.publish({"label": label, "seq": 10})
+    tasks = [enqueue_good(f"{label}-{i}") for i in range(3)]
+    wait_for(lambda: handled(label, "ops") == {10}, timeout=20,
+             message="the other topic's group to be served meanwhile")
+    wait_for(lambda: not Message.objects.filter(pk__in=tasks).exists(), timeout=20,
+             message="the task queue to be served meanwhile")
+    assert_succeeded(*tasks)
+    for group in ("billing", "audit", "broken"):
+        assert TopicGroup.objects.get(topic="ledger", group_name=group).position \
+            == big_offset - 1
+    output = worker.output()
+    for group in ("billing", "audit", "broken"):
+        line = (f"Group '{group}' of topic 'ledger' stops before offset {big_offset}")
+        assert output.count(line) == 1, output[-3000:]
+    assert "max_allowed_packet" in output
+    assert f"queuetopic reset billing --topic ledger --to-offset {big_offset + 1}" in output
+    assert "Database error in the worker loop" not in output
+    queuetopic("reset", "billing", "--topic", "ledger", "--to-offset", str(big_offset + 1))
+    wait_for(lambda: handled(label, "billing") == {0, 1, 3, 4}, timeout=20,
+             message="billing to go on after the reset")
+    stopped(worker)
+
+
+class Stranger:
+    """Another session holding rows ``FOR UPDATE`` in an open transaction."""
+
+    def __init__(self, sql: str, params: list[object]) -> None:
+        self.conn = raw_connection()
+        cursor = self.conn.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(sql, params)
+        assert cursor.fetchall()
+
+    def release(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def test_a_stranger_holding_the_topic_row_blocks_no_publisher_and_no_other_work(
+        start_worker):
+    """The counter's row locked: publish is a plain insert and never waits; the members go
+    on with what is sequenced and with their other groups and queues, a worker starts;
+    the new messages get offsets once the lock is gone."""
+    label = "topic-row-held"
+    worker = start_worker(*WORKER, env=ENV)
+    started(worker)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
+             message="billing to handle the first messages")
+    stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
+    try:
+        began = time.monotonic()
+        topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (2, 3)])
+        assert time.monotonic() - began < 1.0
+        late = start_worker(*WORKER, env=ENV)
+        topic_ops_handlers.feed.publish({"label": label, "seq": 10})
+        tasks = [enqueue_good(f"{label}-{i}") for i in range(3)]
+        wait_for(lambda: handled(label, "ops") == {10}, timeout=20,
+                 message="the other topic's group to be served meanwhile")
+        wait_for(lambda: not Message.objects.filter(pk__in=tasks).exists(), timeout=20,
+                 message="the task queue to be served meanwhile")
+        started(late)
+        assert handled(label, "billing") == {0, 1}
+        wait_for(lambda: "Topic 'ledger': another session has held its row" in
+                 worker.output(), timeout=15, message="the held row to be logged")
+    finally:
+        stranger.release()
+    wait_for(lambda: handled(label, "billing") == {0, 1, 2, 3}, timeout=20,
+             message="the messages published meanwhile, once the lock is gone")
+    assert_succeeded(*tasks)
+    stopped(late)
+    output = stopped(worker)
+    assert output.count("Topic 'ledger': another session has held its row") == 1
+    assert "Topic 'ledger': its row is free again" in output
+    assert "Database error in the worker loop" not in output
+
+
+def test_a_message_changed_into_bad_json_fails_its_delivery_not_the_pump(start_worker):
+    label = "bad-json"
+    worker = start_worker(*WORKER, "--groups", "billing", env=ENV)
+    started(worker)
+    bad_id = insert_raw("ledger", '{"label": "bad-json", "seq": ')
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (1, 2)])
+    wait_for(lambda: handled(label, "billing") == {1, 2}, timeout=20,
+             message="billing to handle the messages after the bad one")
+    bad_offset = offset_of(bad_id)
+    wait_for(lambda: Message.objects.filter(task_name="topic:ledger:billing",
+                                            status="dead").exists(), timeout=20,
+             message="the bad message's delivery to go dead")
+    dead = Message.objects.get(task_name="topic:ledger:billing", status="dead")
+    assert "JSON" in dead.last_error
+    trace = queuetopic("lookup", "--topic", "ledger", "--offset", str(bad_offset))
+    assert f"billing: #{dead.pk} dead" in trace and "JSON" in trace, trace
+    output = stopped(worker)
+    assert "Database error in the worker loop" not in output

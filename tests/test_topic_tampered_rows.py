@@ -1,0 +1,180 @@
+"""Topic rows changed by hand, in-process: the pump, the sequencer and the operators'
+commands each hold up at most the group or topic concerned, and say what is wrong.
+(With real workers: tests/test_topic_hostile_rows.py.)"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from django_mysqlq import Topic, broker
+from django_mysqlq.broker import deliveries
+from django_mysqlq.conf import get_settings
+from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage, TopicState
+from django_mysqlq.topicnames import delivery_task_name, group_queue
+from django_mysqlq.worker.topics import TopicDuty
+from tests.conftest import raw_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def spec(topic: str, group: str) -> broker.GroupSpec:
+    return broker.GroupSpec(topic=topic, group=group, queue=group_queue(group),
+                            task_name=delivery_task_name(topic, group), on_dead="skip",
+                            max_attempts=3, retry_backoff=0.1, timeout=None, start="earliest")
+
+
+def test_the_pump_stops_before_a_message_too_big_and_never_reads_one_past_the_room(
+        monkeypatch) -> None:
+    """A room of 3,000 bytes a row: a 2,900-byte payload is read but its delivery (with
+    its wrapper and columns) does not fit; a 5,000-byte one is not even read."""
+    room = 3000
+    monkeypatch.setattr(deliveries, "row_room", lambda alias=None: room)
+    billing = spec("sized", "billing")
+    Topic("sized").publish_many(["a", "b", "x" * 2900, "c", "y" * 5000, "d"])
+    broker.sequence("sized")
+    broker.create_group(billing)
+    pumped = broker.pump_group(billing, batch=100, window=100)
+    assert (pumped.made, pumped.oversized) == (2, deliveries.Oversized(3, pumped.oversized
+                                                                       .size, room))
+    assert pumped.oversized is not None and pumped.oversized.size > room
+    assert broker.position("sized", "billing") == 2
+    again = broker.pump_group(billing, batch=100, window=100)
+    assert (again.made, again.oversized) == (0, pumped.oversized)  # stays before it
+    text = pumped.oversized.describe("sized", "billing")
+    assert "Group 'billing' of topic 'sized' stops before offset 3" in text
+    assert "queuetopic reset billing --topic sized --to-offset 4" in text
+    broker.reset_group("sized", "billing", broker.ResetTarget(to_offset=4),
+                       broker.Operator("cli:test"))
+    past = broker.pump_group(billing, batch=100, window=100)
+    assert past.made == 1 and past.oversized is not None
+    assert (past.oversized.offset, past.oversized.size) == (5, 5002)  # its length, unread
+    assert broker.position("sized", "billing") == 4
+    assert sorted(TopicDelivery.objects.filter(topic="sized").values_list(
+        "offset", flat=True)) == [1, 2, 4]
+    assert TopicMessage.objects.filter(topic="sized").count() == 6
+
+
+def set_topic(name: str, **columns: int) -> None:
+    TopicState.objects.filter(name=name).update(**columns)
+
+
+@pytest.mark.parametrize("tamper", ["last_offset lowered", "an offset moved past it"])
+def test_a_counter_behind_the_offsets_given_out_is_repaired_once_and_logged(tamper, caplog):
+    """The next offset would be one a message has: the unique index refused every round's
+    stamp, so the topic was never sequenced again, and every member's loop failed."""
+    topic = Topic("counted")
+    billing = spec("counted", "billing")
+    topic.publish_many(["a", "b", "c"])
+    broker.sequence("counted")
+    broker.create_group(billing)
+    if tamper == "last_offset lowered":
+        set_topic("counted", last_offset=1)
+        highest = 3
+    else:
+        TopicMessage.objects.filter(topic="counted", offset=3).update(offset=7)
+        highest = 7
+    topic.publish_many(["d", "e", "f", "g", "h"])  # offsets up to 8 would collide
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert broker.sequence("counted") == 5
+        topic.publish("i")
+        assert broker.sequence("counted") == 1
+    later = TopicMessage.objects.filter(topic="counted").exclude(payload__in=['"a"', '"b"',
+                                                                               '"c"'])
+    assert sorted(later.values_list("offset", flat=True)) == list(range(highest + 1,
+                                                                        highest + 7))
+    assert broker.last_offset("counted") == highest + 6
+    [record] = [r for r in caplog.records if "counted" in r.getMessage()]
+    assert f"offsets up to {highest}" in record.getMessage()
+    assert broker.pump(billing, batch=100, window=100) == 9
+    assert broker.position("counted", "billing") == highest + 6
+
+
+def test_a_group_row_held_by_a_stranger_holds_up_that_group_only() -> None:
+    """Its pump skips it; a member's start (create_group) reads it without waiting: the
+    INSERT IGNORE it ran waited out the stranger's lock (innodb_lock_wait_timeout)."""
+    billing, audit = spec("guarded", "billing"), spec("guarded", "audit")
+    Topic("guarded").publish_many(["a", "b"])
+    broker.sequence("guarded")
+    broker.create_group(billing)
+    broker.create_group(audit)
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute("SELECT * FROM mysqlq_topic_group WHERE topic = 'guarded' AND "
+                       "group_name = 'billing' FOR UPDATE")
+        began = time.monotonic()
+        assert broker.create_group(billing) is False
+        assert broker.pump(billing, batch=10, window=10) == 0
+        assert broker.pump(audit, batch=10, window=10) == 2
+        assert time.monotonic() - began < 2
+    finally:
+        conn.rollback()
+        conn.close()
+    assert broker.pump(billing, batch=10, window=10) == 2
+
+
+def test_a_group_row_deleted_while_its_members_run_is_made_again_after_its_last_delivery(
+        caplog) -> None:
+    billing = spec("dropped", "billing")
+    topic = Topic("dropped")
+    topic.publish_many(["a", "b", "c"])
+    broker.sequence("dropped")
+    broker.create_group(billing)
+    assert broker.pump(billing, batch=2, window=10) == 2
+    TopicGroup.objects.filter(topic="dropped").delete()
+    topic.publish("d")
+    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
+        assert broker.pump_group(billing, batch=10, window=10).made == 0  # not asked
+        assert broker.pump_group(billing, batch=10, window=10, recreate=True).made == 0
+    assert "Group 'billing' of topic 'dropped' had no row" in caplog.text
+    assert "position 2" in caplog.text
+    assert sum(broker.pump_group(billing, batch=10, window=10, sequence=True).made
+               for _ in range(3)) == 2
+    assert sorted(TopicDelivery.objects.filter(topic="dropped").values_list(
+        "offset", flat=True)) == [1, 2, 3, 4]  # none lost, none twice
+
+
+def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
+    """Before, the pump said nothing and went on from there once the topic got that far:
+    the offsets between were never delivered to the group."""
+    billing = spec("ahead", "billing")
+    Topic("ahead").publish_many(["a", "b"])
+    broker.sequence("ahead")
+    broker.create_group(billing)
+    TopicGroup.objects.filter(topic="ahead").update(position=10)
+    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
+    assert pumped == broker.Pumped(0, False, ahead=(10, 2))
+    duty = TopicDuty([], threading.Event(), get_settings())
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        for _ in range(3):  # once per cause, not every round
+            duty._note_oversized(billing, pumped)
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        "Group 'billing' of topic 'ahead' is at position 10, past the topic's last offset 2")
+    assert "queuetopic reset billing --topic ahead --to-offset 3" in record.getMessage()
+    TopicGroup.objects.filter(topic="ahead").update(position=-5)  # negative: from the start
+    assert broker.pump_group(billing, batch=10, window=10).made == 2
+    assert broker.position("ahead", "billing") == 2
+
+
+def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_rest(
+        ) -> None:
+    billing, audit = spec("unlinked", "billing"), spec("unlinked", "audit")
+    Topic("unlinked").publish({"n": 1})
+    broker.sequence("unlinked")
+    for group in (billing, audit):
+        broker.create_group(group)
+        assert broker.pump(group, batch=10, window=10) == 1
+    TopicDelivery.objects.filter(topic="unlinked", group_name="billing").delete()
+    out = StringIO()
+    call_command("queuetopic", "lookup", "--topic", "unlinked", "--offset", "1", stdout=out)
+    assert "unlinked@1" in out.getvalue() and "audit: #" in out.getvalue()
+    claimed = broker.claim(["group:billing"], 10, "w", lease_seconds=30)
+    assert [m.task_name for m in claimed] == ["topic:unlinked:billing"]  # still runs
