@@ -231,3 +231,21 @@ def test_groups_option_makes_a_worker_a_member_of_those_groups_only(start_worker
     served = started.split("queues=")[1].split()[0].split(",")
     assert {"default", "group:billing", "group:audit", "group:broken"} <= set(served)
     assert len(served) == len(set(served)), started
+
+
+def test_a_member_started_before_its_topic_had_a_message_picks_up_the_first_at_once(
+        start_worker):
+    """The topic has no row yet (publishers never make one): the member's start makes it,
+    so its looks see the first message when it is published, not at the leader's next
+    upkeep (a start that only sequenced without waiting left the row missing, and a
+    publish then waited up to half a minute)."""
+    assert not broker.topic_names()
+    worker = start_worker(*WORKER, "--groups", "billing", env=ENV)
+    started(worker)
+    wait_for(lambda: TopicGroup.objects.filter(topic="ledger", group_name="billing").exists(),
+             message="the member to make its group")
+    assert broker.topic_names() == ["ledger"]  # made before the group, at the start
+    publish("first", 1)
+    wait_for(lambda: ok_seqs("first", "billing") == Counter({0: 1}), timeout=10,
+             message="billing to handle the first message")
+    stop(worker)

@@ -184,7 +184,15 @@ from .topic_ops import (
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
-from .topics import last_offset, publish, read_after, sequence, sequence_unread, try_sequence
+from .topics import (
+    ensure_topic,
+    last_offset,
+    publish,
+    read_after,
+    sequence,
+    sequence_unread,
+    try_sequence,
+)
 from .unique import free_unique_keys, purge_unique_keys_batch
 from .unserved import (
     UnservedQueue,
@@ -263,6 +271,7 @@ __all__ = [
     "deregister_worker",
     "describe_unserved",
     "enqueue",
+    "ensure_topic",
     "ensure_usable",
     "error_code",
     "fail",

@@ -180,6 +180,17 @@ def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None) 
             return total
 
 
+def ensure_topic(topic: str, alias: str | None = None) -> None:
+    """Give the topic its row unless it has one, never waiting for a lock on it: a plain
+    read first (``INSERT IGNORE`` of an existing row would wait for a stranger holding
+    it). A worker's start needs the row: its members' looks join it, and publishers never
+    make it."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TOPIC_EXISTS_SQL, [topic])
+        if cursor.fetchone() is None:
+            cursor.execute(CREATE_TOPIC_SQL, [topic])
+
+
 def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None
                  ) -> int | None:
     """:func:`sequence` for the worker's members: 0 at once when no committed row lacks an

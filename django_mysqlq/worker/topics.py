@@ -107,6 +107,7 @@ class TopicDuty:
         reader at the latest offset of its topics."""
         for topic in self.topics:
             # (Not waiting: a stranger holding the topic's row must not stop a start.)
+            broker.ensure_topic(topic)
             broker.try_sequence(topic)
         for spec in self.specs:
             broker.create_group(spec)
@@ -252,6 +253,7 @@ class BroadcastReader(threading.Thread):
         """Take the starting positions (on the caller's connection, before the worker
         counts as started)."""
         for topic in self.listeners:
+            broker.ensure_topic(topic)
             broker.try_sequence(topic)  # (not waiting for a held row)
             self.positions[topic] = broker.last_offset(topic)
 
