@@ -113,3 +113,30 @@ def test_kill_orphans_whose_wait_overlapped_a_node_kill_are_counted_apart():
     assert ev.node_down_during([ev.Event(ev.NODE_KILL, 13.0)], 10.0, 14.0)
     assert not ev.node_down_during([ev.Event(ev.NODE_KILL, 2.0, until=9.0)], 10.0, 14.0)
     assert not ev.node_down_during([ev.Event(ev.NODE_KILL, 15.0, until=19.0)], 10.0, 14.0)
+
+
+def test_a_worker_sigtermed_before_it_started_is_not_an_unclean_stop(tmp_path):
+    """A replacement worker SIGTERMed during its start has no handlers yet: the default
+    action ends it (-15) before it registered or claimed anything (a CI chaos run counted
+    one as unclean). One that had logged its start and exits non-zero still counts."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bench.chaos.workers import Worker, WorkerPool
+
+    events = ev.EventLog()
+    pool = WorkerPool(tmp_path, events, [])
+    for index, log_text in enumerate(("", "Worker w started: queues=default\n")):
+        log_path = tmp_path / f"worker-{index}.log"
+        log_path.write_text(log_text)
+        popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        worker = Worker(index, popen, log_path, time.time())
+        pool.workers.append(worker)
+        pool.terminate(worker)
+        popen.wait(10)
+    pool.reap()
+    kinds = [e.kind for e in events.all() if e.kind != ev.SIGTERM]
+    assert kinds == [ev.STOPPED_STARTING, ev.STOP_STATUS]
+    assert all(worker.popen.returncode == -signal.SIGTERM for worker in pool.workers)

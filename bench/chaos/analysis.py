@@ -139,6 +139,7 @@ def analyze(facts: Facts, events: list[Event], rolled_back: set[str], limit: flo
         "stalled_locks": len(stalled_locks),
         "unclean_stops": len(unclean) - len(node_down_stops),
         "unclean_stops_node_down": len(node_down_stops),
+        "stopped_starting": kinds[ev.STOPPED_STARTING],
         "recovery_median_seconds": rec["reclaim_seconds"]["median"],
         "recovery_max_seconds": rec["reclaim_seconds"]["max"],
         "kill_orphans_node_down": rec["node_down"],

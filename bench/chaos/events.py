@@ -18,6 +18,9 @@ LOCKED_ROW = "locked_row"  # a ready row held FOR UPDATE by the harness for a wh
 CRASH = "crash"  # a worker that exited without being told to
 STOP_OVERRUN = "stop_overrun"  # a SIGTERMed worker that had to be killed
 STOP_STATUS = "stop_status"  # a SIGTERMed worker that exited with a non-zero status
+#: A worker SIGTERMed before it had started (no handlers yet: the default action ended
+#: it, before it registered, claimed or held anything): not an unclean stop.
+STOPPED_STARTING = "stopped_starting"
 #: Database outages: every claim held meanwhile may be taken back, any run may repeat.
 OUTAGES = (RESTART, NODE_KILL)
 

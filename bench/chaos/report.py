@@ -41,6 +41,8 @@ ROWS = (
     ("unclean_stops", "SIGTERMed workers that overran or exited non-zero"),
     ("unclean_stops_node_down", "SIGTERMed workers whose Galera node was killed during "
      "the stop (excused)"),
+    ("stopped_starting", "SIGTERMed workers that had not started yet: ended by the "
+     "signal before they held anything (excused)"),
     ("recovery_median_seconds", "kill -9 to orphan claimed again: median"),
     ("recovery_max_seconds", "kill -9 to orphan claimed again: max"),
     ("kill_orphans_node_down", "kill -9 orphans whose wait overlapped a Galera node kill "

@@ -63,6 +63,15 @@ class Worker:
         return self.popen.pid
 
 
+def _started(worker: Worker) -> bool:
+    """Whether the worker had logged its start (its signal handlers were installed
+    before that line, and it claims only after it)."""
+    try:
+        return "started: queues=" in worker.log_path.read_text(errors="replace")
+    except OSError:
+        return True  # no log to tell: count it as started (an unclean stop if non-zero)
+
+
 class WorkerPool:
     def __init__(self, log_dir: Path, events: EventLog, args: list[str],
                  ports: tuple[int, ...] = ()) -> None:
@@ -148,7 +157,10 @@ class WorkerPool:
             elif worker.state == "stopping" and status is not None:
                 worker.state = "exited"
                 self.exit_statuses[worker.pid] = status
-                if status != 0:
+                if status == -signal.SIGTERM and not _started(worker):
+                    self.events.add(ev.STOPPED_STARTING, worker.pid, port=worker.port,
+                                    detail="SIGTERMed before it had started")
+                elif status != 0:
                     self.events.add(ev.STOP_STATUS, worker.pid, port=worker.port,
                                     detail=f"exit status {status} after SIGTERM")
             elif worker.state == "stopping" and time.time() - worker.signalled_at > STOP_PATIENCE:
