@@ -120,17 +120,23 @@ def encode(
     return text
 
 
+def _refuse_too_deep(label: str, value: Any, limit: int, reader: str, instead: str
+                     ) -> None:
+    """Raise, naming ``label``, if ``value`` nests past ``limit`` (what ``reader`` parses)."""
+    if isinstance(value, _CONTAINERS) and _nested_past(value, limit):
+        raise ArgumentEncodingError(
+            f"{label} is nested more than {limit} levels deep (lists and dicts within one "
+            f"another), deeper than {reader} can parse back: flatten it (a list of rows "
+            f"rather than rows within rows), or store it in a table or file and {instead}.")
+
+
 def _check_depths(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     """Refuse, by name, the first argument nested deeper than a worker parses back."""
     labelled = [*((f"Positional argument {i}", v) for i, v in enumerate(args)),
                 *((f"Argument {k!r}", v) for k, v in kwargs.items())]
     for label, value in labelled:
-        if isinstance(value, _CONTAINERS) and _nested_past(value, MAX_ARGUMENT_DEPTH):
-            raise ArgumentEncodingError(
-                f"{label} of task {task_name!r} is nested more than {MAX_ARGUMENT_DEPTH} "
-                "levels deep (lists and dicts within one another), deeper than a worker can "
-                "parse back: flatten it (a list of rows rather than rows within rows), or "
-                "store it in a table or file and pass its key.")
+        _refuse_too_deep(f"{label} of task {task_name!r}", value, MAX_ARGUMENT_DEPTH,
+                         "a worker", "pass its key")
 
 
 def decode(text: str) -> tuple[list[Any], dict[str, Any]]:
@@ -157,12 +163,8 @@ def encode_published(topic: str, value: Any, max_bytes: int) -> str:
         raise ArgumentEncodingError(
             f"{label} can't be encoded as JSON: the dict key {key!r} isn't a string, and JSON "
             "would turn it into one, so handlers would get a different value. Use str keys.")
-    if isinstance(value, _CONTAINERS) and _nested_past(value, MAX_PUBLISHED_DEPTH):
-        raise ArgumentEncodingError(
-            f"{label} is nested more than {MAX_PUBLISHED_DEPTH} levels deep (lists and dicts "
-            "within one another), deeper than a handler's worker can parse back: flatten it "
-            "(a list of rows rather than rows within rows), or store it in a table or file "
-            "and publish its key.")
+    _refuse_too_deep(label, value, MAX_PUBLISHED_DEPTH, "a handler's worker",
+                     "publish its key")
     try:
         text = _ENCODER.encode(value)
     except _ENCODING_ERRORS as exc:

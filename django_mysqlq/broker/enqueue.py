@@ -193,7 +193,7 @@ def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses 
     return ids
 
 
-def _sent_size(message: NewMessage) -> int:
+def sent_size(message: NewMessage) -> int:
     """Bytes the message's row takes in an INSERT as sent, at most."""
     return (escaped_size(message.payload) + INSERT_ROW_BYTES
             + 4 * (len(message.queue) + len(message.task_name) + len(message.dedup_key or "")
@@ -203,7 +203,7 @@ def _sent_size(message: NewMessage) -> int:
 def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int
             ) -> list[Sequence[int]]:
     """Split into INSERTs of at most INSERT_CHUNK rows and ``room`` bytes as sent."""
-    return split_by_size(indexes, [_sent_size(m) for m in messages], room, INSERT_CHUNK)
+    return split_by_size(indexes, [sent_size(m) for m in messages], room, INSERT_CHUNK)
 
 
 def _check_packet(alias: str, messages: Sequence[NewMessage]) -> None:
@@ -213,7 +213,7 @@ def _check_packet(alias: str, messages: Sequence[NewMessage]) -> None:
     caller's transaction with it."""
     room = row_room(alias)
     for message in messages:
-        size = _sent_size(message)
+        size = sent_size(message)
         if size > room:
             raise PayloadTooLarge(
                 f"The arguments of task {message.task_name!r} take {size} bytes in a "

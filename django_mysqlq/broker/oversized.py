@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..messages import NewMessage
-from .enqueue import INSERT_ROW_BYTES
-from .packets import escaped_size
+from .enqueue import sent_size
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: The pump's read: the sequenced messages after the group's position with each one's
@@ -50,9 +49,9 @@ class Oversized(NamedTuple):
 
 
 def delivery_row_size(message: NewMessage) -> int:
-    """Bytes a delivery row takes in the pump's INSERT, at most."""
-    return (escaped_size(message.payload) + INSERT_ROW_BYTES
-            + 4 * (len(message.queue) + len(message.task_name) + len(message.gate_key or "")))
+    """Bytes a delivery row takes in the pump's INSERT, at most (an enqueue's row: a
+    delivery has no dedup key)."""
+    return sent_size(message)
 
 
 def fitting(rows: Sequence[Sequence[Any]], make: Callable[[Sequence[Any]], NewMessage],
