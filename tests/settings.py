@@ -104,6 +104,10 @@ if os.environ.get("MYSQLQ_TEST_SIGNAL_RACE"):  # tests/test_stop_deadline.py's w
     from tests import signal_race
 
     signal_race.install()
+if os.environ.get("MYSQLQ_TEST_STALL_AT"):  # tests/test_topic_kill_steps.py's worker
+    from tests import stall_at
+
+    stall_at.install()
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
