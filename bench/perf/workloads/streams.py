@@ -9,6 +9,8 @@
   process each (the same shape as the single group); each group's rate (its deliveries
   over the first start of any group to its own last finish) and the slowest group's
   ratio to the single group's (the issue asks ≥ 50 %).
+- for each drain, the CPU it used: the members' and the server's CPU seconds per
+  delivery, the cores busy, and (four groups) the ceiling the CPU alone puts on the ratio.
 - ``latency``: one message per transaction at ``streams_latency_rate`` with one worker
   parked for wake-ups; start of the handler minus the commit (this host's clock).
 - ``lag``: a steady publisher at ``streams_lag_rate`` for ``streams_lag_seconds`` while
@@ -18,6 +20,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -129,6 +132,7 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
     _empty(ctx)
     _bulk(streams.bench, size)
     threads, batch = ctx.sizes.streams_threads, ctx.sizes.streams_batch
+    spawned = time.monotonic()
     workers = [_member(group, threads, batch, f"streams-{len(groups)}g-{group}-r{repeat}",
                        ctx.log_dir) for group in groups]
     watch = ctx.watch()
@@ -144,6 +148,7 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
         time.sleep(0.2)
     worker_cpu = [cpu_seconds(worker.pid) for worker in workers]
     server_after = db.server_cpu_seconds(ctx.conn)
+    wall = time.monotonic() - spawned
     for worker in workers:
         worker.kill()
     rates = []
@@ -170,8 +175,35 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
     if single:
         ctx.results.figure("streams", case, "slowest group / single group", "ratio",
                            note="the issue asks >= 0.5").add(min(rates) / single)
+    if handled and None not in worker_cpu and server_before is not None \
+            and server_after is not None:
+        _cpu_budget(ctx, case, len(groups), handled, wall, single,
+                    sum(c for c in worker_cpu if c is not None) + server_after - server_before,
+                    repeat)
     ctx.log(f"streams {case}: " + ", ".join(f"{r:,.0f}/s" for r in rates))
     return rates[0]
+
+
+def _cpu_budget(ctx: Context, case: str, groups: int, handled: int, seconds: float,
+                single: float | None, cpu_seconds: float, repeat: int) -> None:
+    """How much of the machine the drain used, and what the CPU alone allows: with
+    ``c`` CPU seconds (members and server) per delivery on ``n`` cores, no group of ``g``
+    can beat ``n / (g * c)`` deliveries a second, whatever the design around it. Its
+    ratio to the single group's rate is the four-group target's ceiling on this machine
+    at this cost per delivery (the server counted whole: exact when it serves only the
+    bench; the members' start-up is in both the CPU and the seconds, from their spawn to
+    the drain's end)."""
+    cores = os.cpu_count() or 1
+    if seconds:
+        ctx.results.figure("streams", case, "CPU cores busy", "cores",
+                           note=f"members' + server's CPU seconds / seconds from spawn, of "
+                           f"{cores}").add(cpu_seconds / seconds, repeat=repeat)
+    if single and cpu_seconds:
+        ceiling = cores / (groups * cpu_seconds / handled)
+        ctx.results.figure("streams", case, "CPU-bound ceiling / single group", "ratio",
+                           note=f"{cores} cores / ({groups} groups x CPU per delivery), "
+                           "over the single group's rate").add(ceiling / single,
+                                                               repeat=repeat)
 
 
 def latency(ctx: Context, repeat: int) -> None:
