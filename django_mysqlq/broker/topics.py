@@ -36,7 +36,6 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 
-from ..exceptions import PayloadTooLarge
 from ..signals import topic_published
 from .base import (
     connection_for,
@@ -46,7 +45,7 @@ from .base import (
     logger,
     send_robust,
 )
-from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
+from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
 
 TOPIC_TABLE = "mysqlq_topic"
@@ -141,19 +140,13 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
 
 
 def _check_packet(topic: str, sizes: Sequence[int], alias: str) -> None:
-    """Refuse, before anything is written, a payload whose delivery would not fit in one
-    statement under the server's ``max_allowed_packet`` (only a site that raised
-    ``MAX_PAYLOAD_BYTES`` near it can publish one): every group's pump would fail on it
-    again and again, and its worker with it."""
-    largest = max(sizes)
-    room = row_room(alias) - DELIVERY_ROW_BYTES
-    if largest > room:
-        raise PayloadTooLarge(
-            f"The payload of a message to topic {topic!r} takes {largest} bytes in a "
-            f"statement, and the server's max_allowed_packet ({max_packet(alias)} bytes) "
-            f"leaves {room} for a payload with its delivery to a group: store large data "
-            "in a table or file and publish its key, or raise max_allowed_packet on the "
-            "server (and keep MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
+    """Refuse a payload whose delivery would not fit in one statement under the server's
+    ``max_allowed_packet`` (only a site that raised ``MAX_PAYLOAD_BYTES`` near it can
+    publish one): every group's pump would fail on it again and again, and its worker
+    with it."""
+    refuse_past_packet(sizes, alias, lambda _: f"The payload of a message to topic {topic!r} takes",
+                       room_for="a payload with its delivery to a group", send="publish",
+                       reserved=DELIVERY_ROW_BYTES)
 
 
 def _after_publish(topic: str, count: int, queues: Sequence[str]) -> None:
