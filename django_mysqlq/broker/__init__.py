@@ -171,7 +171,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
-from .topic_lookup import Lookup, lookup, trace
+from .topic_lookup import Lookup, NoDelivery, lookup, trace, without_delivery
 from .topic_ops import (
     GroupState,
     ResetResult,
@@ -225,6 +225,7 @@ __all__ = [
     "Lookup",
     "Mark",
     "NewMessage",
+    "NoDelivery",
     "OldestTransaction",
     "Operator",
     "Overran",
@@ -363,5 +364,6 @@ __all__ = [
     "wake",
     "wakeups_possible",
     "was_interrupted",
+    "without_delivery",
     "workers_alive",
 ]
