@@ -120,6 +120,7 @@ from .operate import (
     set_priority,
     stuck_messages,
 )
+from .oversized import ReadMessage, read_after
 from .overview import (
     HistoryBucket,
     OldestTransaction,
@@ -188,7 +189,6 @@ from .topics import (
     ensure_topic,
     last_offset,
     publish,
-    read_after,
     sequence,
     sequence_unread,
     try_sequence,
@@ -234,6 +234,7 @@ __all__ = [
     "PurgeLag",
     "QueueOverview",
     "RateOfCopy",
+    "ReadMessage",
     "Repair",
     "ReplayResult",
     "ResetResult",

@@ -367,20 +367,3 @@ def last_offset(topic: str, alias: str | None = None) -> int:
         cursor.execute(LAST_OFFSET_SQL, [topic])
         row = cursor.fetchone()
     return int(row[0]) if row is not None else 0
-
-
-#: Sequenced messages after an offset, in order (broadcast readers).
-READ_AFTER_SQL = (
-    f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
-    f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset > %s "
-    "ORDER BY msg_offset LIMIT %s"
-)
-
-
-def read_after(topic: str, offset: int, limit: int, alias: str | None = None
-               ) -> list[tuple[int, str | None, str, Any]]:
-    """Up to ``limit`` sequenced messages of ``topic`` after ``offset``: (offset, key,
-    payload JSON, published_at), in offset order."""
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(READ_AFTER_SQL, [topic, offset, limit])
-        return [(int(row[0]), row[1], str(row[2]), row[3]) for row in cursor.fetchall()]
