@@ -4,6 +4,7 @@ commands each hold up at most the group or topic concerned, and say what is wron
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -248,3 +249,36 @@ def test_the_broadcast_reader_gets_past_a_row_bigger_than_the_servers_packet(
         assert reader.read_once() == 3
     assert [event.payload for event in got] == ["a", "b"]
     assert "Broadcast message wide@2 is too big to read" in caplog.text
+
+
+def test_a_first_offset_set_past_the_last_misleads_no_reader(caplog) -> None:
+    """first_offset 100 while offsets 1-3 are kept (changed by hand). Before, a new
+    earliest group and a reset to the earliest went to position 99 (skipping whatever
+    came between), lag counted none of the 3, replay said nothing was kept, and
+    retention found nothing to delete for good."""
+    Topic("firsts").publish_many(["a", "b", "c"])
+    broker.sequence("firsts")
+    set_topic("firsts", first_offset=100)
+    billing = spec("firsts", "billing")  # start: earliest
+    who = broker.Operator("cli:test")
+    with caplog.at_level(logging.ERROR, "django_mysqlq"):
+        broker.create_group(billing)
+        assert broker.position("firsts", "billing") == 0
+        [state] = broker.groups("firsts")
+        assert (state.first_offset, state.not_pumped, state.lag) == (1, 3, 3)
+        assert broker.topic_bounds("firsts") == (1, 3)
+        assert broker.pump(billing, batch=1, window=10) == 1
+        assert broker.replay_range(billing, 1, 1, who).replayed == 1
+        done = broker.reset_group("firsts", "billing", broker.ResetTarget(edge="earliest"), who)
+        assert done.new_position == 0
+        assert broker.pump(billing, batch=1, window=10) == 1
+        # Retention waits for the group (at 1) and puts first_offset right.
+        future = broker.database_now() + dt.timedelta(days=1)
+        assert broker.prune_topic_batch("firsts", future, 100) == 1
+    assert TopicState.objects.get(name="firsts").first_offset == 2
+    assert sorted(TopicMessage.objects.filter(topic="firsts").values_list(
+        "offset", flat=True)) == [2, 3]
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("Topic 'firsts': its first_offset in mysqlq_topic is 100, which "
+                            "can't be true with its last_offset 3")
+    assert "go by its lowest kept offset, 1 instead" in error

@@ -39,6 +39,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``topic_replay`` replay a range of a topic into one group
 ``topic_retention`` deletes a topic's oldest messages in short batches
 ``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
+``kept``       a topic's first kept offset, checked (one set by hand past the last)
+``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
