@@ -19,14 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"
 
 
-def raw_connection() -> Any:
+def raw_connection(**options: Any) -> Any:
     """An autocommit MySQLdb connection of its own to the tests' database, outside Django
-    (a stranger who locks tables or rows, kills statements)."""
+    (a stranger who locks tables or rows, kills statements); ``options`` go to the
+    driver (``local_infile=1``)."""
     import MySQLdb
 
     params = connection.settings_dict
     conn = MySQLdb.connect(host=params["HOST"], port=int(params["PORT"]), user=params["USER"],
-                           password=params["PASSWORD"], database=params["NAME"])
+                           password=params["PASSWORD"], database=params["NAME"], **options)
     conn.autocommit(True)
     return conn
 

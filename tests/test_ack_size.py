@@ -30,6 +30,7 @@ from django_mysqlq.broker import history, packets
 from django_mysqlq.messages import AttemptResult, ClaimedMessage, Runner
 from django_mysqlq.models import Attempt, Message
 from tests.burst import expected_status
+from tests.packet_support import server_packet
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
@@ -45,12 +46,6 @@ def claim_all(count: int | None = None) -> list[ClaimedMessage]:
 
 def ok(value: Any) -> AttemptResult:
     return AttemptResult(started_at=timezone.now(), result=value)
-
-
-def server_packet() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        return int(cursor.fetchone()[0])
 
 
 @contextlib.contextmanager

@@ -5,35 +5,20 @@ connection, the caller's transaction with it)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge
 from django_mysqlq.broker.enqueue import INSERT_ROW_BYTES
-from django_mysqlq.broker.packets import PACKET_HEADROOM
+from django_mysqlq.broker.packets import PACKET_HEADROOM, refuse_past_packet, row_room
 from django_mysqlq.models import Message
 from django_mysqlq.payload import MAX_ARGUMENT_DEPTH, decode
+from tests.packet_support import nested, server_packet
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MiB = 2**20
-
-
-def nested(depth: int, inner: Any = None) -> Any:
-    """``depth`` lists within one another around ``inner``."""
-    value = inner
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-def server_packet() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        return int(cursor.fetchone()[0])
 
 
 def test_an_argument_nested_deeper_than_a_worker_parses_is_refused_by_name():
@@ -93,3 +78,25 @@ def test_the_largest_message_the_packet_takes_is_stored_whole(settings):
     handle = tasks.echo.enqueue("x" * largest)
     args, _ = decode(Message.objects.get(pk=handle.id).payload)
     assert len(args[0]) == largest
+
+
+def test_enqueue_and_publish_share_one_refusal_of_what_passes_the_packet():
+    """``refuse_past_packet`` finds the largest row, takes the caller's ``reserved`` bytes
+    off the room, and names the row in the caller's words."""
+    room, packet = row_room("default"), server_packet()
+    words = {"room_for": "one row", "send": "pass"}
+
+    def subject(index: int) -> str:
+        return f"Row {index} takes"
+
+    refuse_past_packet([], "default", subject, **words)
+    refuse_past_packet([1, room], "default", subject, **words)
+    with pytest.raises(PayloadTooLarge) as refused:
+        refuse_past_packet([1, room + 1, room + 5, 3], "default", subject, **words)
+    assert str(refused.value) == (
+        f"Row 2 takes {room + 5} bytes in a statement, and the server's max_allowed_packet "
+        f"({packet} bytes) leaves {room} for one row: store large data in a table or file "
+        "and pass its key, or raise max_allowed_packet on the server (and keep "
+        "MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
+    with pytest.raises(PayloadTooLarge, match=rf"^Row 0 takes .* leaves {room - 20} for"):
+        refuse_past_packet([room - 10], "default", subject, reserved=20, **words)

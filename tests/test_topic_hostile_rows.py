@@ -14,11 +14,11 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from django_mysqlq.models import Message, TopicGroup, TopicMessage
 from tests.burst import assert_succeeded, enqueue_good
 from tests.conftest import raw_connection, wait_for
+from tests.packet_support import server_packet
 from tests.testapp import topic_handlers, topic_ops_handlers
 from tests.testapp.models import GateRun
 
@@ -43,12 +43,6 @@ def stopped(worker) -> str:
 def handled(label: str, group: str) -> set[int]:
     return set(GateRun.objects.filter(label=label, key__startswith=f"{group}:", edge="end",
                                       outcome="ok").values_list("seq", flat=True))
-
-
-def server_packet() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        return int(cursor.fetchone()[0])
 
 
 def insert_raw(topic: str, payload: str, key: str | None = None) -> int:

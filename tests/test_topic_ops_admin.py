@@ -192,3 +192,16 @@ def test_reset_refusals_and_notes_speak_the_forms_words(root, orders) -> None:
     assert (f"No message was published at or after {future.isoformat()} yet: the group is "
             "set to the latest offset 6; it gets what is published from now on.") in text
     assert TopicGroup.objects.get(pk=row.pk).position == 6
+
+
+def test_the_trace_names_a_group_past_an_offset_whose_link_row_is_missing(root,
+                                                                          orders) -> None:
+    from django_mysqlq.models import TopicMessage
+
+    TopicDelivery.objects.filter(group_name="billing", offset=1).delete()  # by hand
+    row = TopicMessage.objects.get(topic="orders", offset=1)
+    text = root.get(reverse("admin:django_mysqlq_topicmessage_change",
+                            args=[row.pk])).content.decode()
+    assert 'id="topic-trace"' in text and "No group has received it yet" not in text
+    assert "billing</td><td>-</td><td>no delivery record (its link row is missing)" in text
+    assert "audit" not in text  # position 0: not past offset 1

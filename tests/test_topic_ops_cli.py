@@ -380,3 +380,32 @@ def test_lookup_shows_a_failed_deliverys_error_and_when_a_retry_runs_next() -> N
     assert 500 < (next_try - dt.datetime.now(dt.UTC)).total_seconds() < 700
     assert (two["outcome"], two["error"], two["next_try_at"]) == (
         "dead", "RuntimeError: card declined", None)
+
+
+def test_lookup_names_a_group_past_an_offset_with_no_delivery_of_it_on_record() -> None:
+    """Before, a group whose link row was gone was left out of the trace: the message
+    looked as if that group never got it."""
+    billing = group("orders", "billing")
+    publish("orders", 3)
+    group("orders", "late", start="latest")  # made after offsets 1-3 were given out
+    broker.pump(billing, batch=100, window=100)
+    handle(billing, 3)
+    publish("orders", 1, start=3)  # offset 4: no group is past it yet
+    TopicDelivery.objects.filter(group_name="billing", offset=2).delete()  # by hand
+    out = run("lookup", "--topic", "orders", "--offset", "2")
+    assert "  billing: no delivery record (its link row is missing)\n" in out
+    assert "  late: never delivered: the group started after it (start latest)\n" in out
+    one = run("lookup", "--topic", "orders", "--offset", "1")
+    assert "billing: #" in one and "no delivery record" not in one
+    assert "billing" not in run("lookup", "--topic", "orders", "--offset", "4")
+    [message] = json.loads(run("lookup", "--topic", "orders", "--offset", "2",
+                                "--json"))["messages"]
+    assert message["deliveries"] == []
+    assert [(n["group"], n["reason"]) for n in message["no_delivery"]] == [
+        ("billing", "no delivery record (its link row is missing)"),
+        ("late", "never delivered: the group started after it (start latest)")]
+    # Moved by an operator after offset 2 was given: a reset may have skipped it.
+    broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=4), OPERATOR)
+    moved = run("lookup", "--topic", "orders", "--offset", "2")
+    assert (f"  billing: no delivery record: its position was moved past it by "
+            f"{OPERATOR.name}") in moved and "or its link row is missing" in moved

@@ -10,7 +10,6 @@ import signal
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from django_mysqlq import ArgumentEncodingError, PayloadTooLarge, Topic
 from django_mysqlq.broker.topics import DELIVERY_ROW_BYTES
@@ -19,6 +18,7 @@ from django_mysqlq.exceptions import InvalidTaskOptions
 from django_mysqlq.models import TopicMessage
 from django_mysqlq.payload import MAX_PUBLISHED_DEPTH
 from tests.conftest import wait_for
+from tests.packet_support import nested, server_packet
 from tests.testapp import topic_handlers
 from tests.testapp.models import GateRun
 
@@ -26,20 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 MiB = 2**20
 ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.topic_handlers"}
-
-
-def nested(depth: int, inner: Any = 1) -> Any:
-    """``inner`` within ``depth`` lists (depth 0: ``inner`` itself)."""
-    value = inner
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-def server_packet() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        return int(cursor.fetchone()[0])
 
 
 def room() -> int:

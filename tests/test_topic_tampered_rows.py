@@ -4,21 +4,25 @@ commands each hold up at most the group or topic concerned, and say what is wron
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from django_mysqlq import Topic, broker
-from django_mysqlq.broker import deliveries
+from django_mysqlq.broker import deliveries, oversized
 from django_mysqlq.conf import get_settings
 from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
-from django_mysqlq.worker.topics import TopicDuty
+from django_mysqlq.topics import Subscription, TopicEvent
+from django_mysqlq.worker.topics import BroadcastReader, TopicDuty
 from tests.conftest import raw_connection
+from tests.packet_support import server_packet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,5 +180,105 @@ def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_r
     out = StringIO()
     call_command("queuetopic", "lookup", "--topic", "unlinked", "--offset", "1", stdout=out)
     assert "unlinked@1" in out.getvalue() and "audit: #" in out.getvalue()
+    assert "  billing: no delivery record (its link row is missing)" in out.getvalue()
     claimed = broker.claim(["group:billing"], 10, "w", lease_seconds=30)
     assert [m.task_name for m in claimed] == ["topic:unlinked:billing"]  # still runs
+
+
+def broadcast_reader(topic: str) -> tuple[BroadcastReader, list[TopicEvent]]:
+    """A broadcast reader of ``topic`` started at its latest offset, and what it got."""
+    got: list[TopicEvent] = []
+    reader = BroadcastReader([Subscription(topic, got.append, None)], threading.Event(),
+                             poll=0.1)
+    reader.begin()
+    return reader, got
+
+
+def test_the_broadcast_reader_skips_a_message_past_the_room_and_goes_on(
+        monkeypatch, caplog) -> None:
+    """A room of 3,000 bytes a row (a packet lowered since the publish): a 5,000-byte
+    payload is not read; it is skipped, logged by topic and offset, and the messages
+    after it reach the handlers."""
+    reader, got = broadcast_reader("wide")
+    monkeypatch.setattr(oversized, "row_room", lambda alias=None: 3000)
+    Topic("wide").publish_many(["a", "x" * 2900, "y" * 5000, "b"])
+    broker.sequence("wide")
+    with caplog.at_level(logging.ERROR, "django_mysqlq"):
+        assert reader.read_once() == 4
+    assert [event.payload for event in got] == ["a", "x" * 2900, "b"]
+    assert reader.positions["wide"] == 4
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.getMessage().startswith(
+        "Broadcast message wide@3 is too big to read: its payload takes 5002 bytes, more "
+        "than the server's max_allowed_packet allows in one row (3000): skipped.")
+    assert reader.read_once() == 0
+
+
+def store_past_the_packet(topic: str, size: int, folder: Path) -> None:
+    """A message row longer than the server's packet, stored the one way a client can
+    (``LOAD DATA LOCAL INFILE``: no statement carries it); skips where it is refused."""
+    import MySQLdb
+
+    data = folder / "row.tsv"
+    data.write_text(f'{topic}\t"{"z" * size}"\n')
+    conn = raw_connection(local_infile=1)
+    try:
+        conn.cursor().execute(
+            f"LOAD DATA LOCAL INFILE '{data}' INTO TABLE mysqlq_topic_message "
+            "(topic, payload) SET published_at = UTC_TIMESTAMP(6)")
+    except MySQLdb.OperationalError as exc:
+        pytest.skip(f"the server refuses LOAD DATA LOCAL INFILE ({exc})")
+    finally:
+        conn.close()
+
+
+def test_the_broadcast_reader_gets_past_a_row_bigger_than_the_servers_packet(
+        tmp_path, caplog) -> None:
+    """The driver reads such a row whole (up to its own 1 GiB, past which the read
+    failed at every poll, forever): before, the handlers got it, a message no group of
+    the topic can get; now it is skipped like one past the room."""
+    packet = server_packet()
+    if packet > 64 * 2**20:
+        pytest.skip(f"max_allowed_packet is {packet} bytes: too big a row to make here")
+    reader, got = broadcast_reader("wide")
+    Topic("wide").publish("a")
+    store_past_the_packet("wide", packet + 1024, tmp_path)
+    Topic("wide").publish("b")
+    broker.sequence("wide")
+    with caplog.at_level(logging.ERROR, "django_mysqlq"):
+        assert reader.read_once() == 3
+    assert [event.payload for event in got] == ["a", "b"]
+    assert "Broadcast message wide@2 is too big to read" in caplog.text
+
+
+def test_a_first_offset_set_past_the_last_misleads_no_reader(caplog) -> None:
+    """first_offset 100 while offsets 1-3 are kept (changed by hand). Before, a new
+    earliest group and a reset to the earliest went to position 99 (skipping whatever
+    came between), lag counted none of the 3, replay said nothing was kept, and
+    retention found nothing to delete for good."""
+    Topic("firsts").publish_many(["a", "b", "c"])
+    broker.sequence("firsts")
+    set_topic("firsts", first_offset=100)
+    billing = spec("firsts", "billing")  # start: earliest
+    who = broker.Operator("cli:test")
+    with caplog.at_level(logging.ERROR, "django_mysqlq"):
+        broker.create_group(billing)
+        assert broker.position("firsts", "billing") == 0
+        [state] = broker.groups("firsts")
+        assert (state.first_offset, state.not_pumped, state.lag) == (1, 3, 3)
+        assert broker.topic_bounds("firsts") == (1, 3)
+        assert broker.pump(billing, batch=1, window=10) == 1
+        assert broker.replay_range(billing, 1, 1, who).replayed == 1
+        done = broker.reset_group("firsts", "billing", broker.ResetTarget(edge="earliest"), who)
+        assert done.new_position == 0
+        assert broker.pump(billing, batch=1, window=10) == 1
+        # Retention waits for the group (at 1) and puts first_offset right.
+        future = broker.database_now() + dt.timedelta(days=1)
+        assert broker.prune_topic_batch("firsts", future, 100) == 1
+    assert TopicState.objects.get(name="firsts").first_offset == 2
+    assert sorted(TopicMessage.objects.filter(topic="firsts").values_list(
+        "offset", flat=True)) == [2, 3]
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("Topic 'firsts': its first_offset in mysqlq_topic is 100, which "
+                            "can't be true with its last_offset 3")
+    assert "go by its lowest kept offset, 1 instead" in error

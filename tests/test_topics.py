@@ -179,9 +179,9 @@ def test_concurrent_publishers_and_a_reader_see_every_message_once_in_offset_ord
                 else:
                     sequence()
                 rows = broker.read_after("busy", position, 50)
-                for offset, _, text, _ in rows:
-                    seen.append((offset, text.strip('"')))
-                    position = offset
+                for row in rows:
+                    seen.append((row.offset, str(row.payload).strip('"')))
+                    position = row.offset
                 if finished and not rows:
                     return
         except BaseException as exc:  # noqa: BLE001

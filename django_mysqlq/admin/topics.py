@@ -110,7 +110,11 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
         message = TopicMessage.objects.filter(pk=object_id).first() \
             if object_id.isdigit() else None
         deliveries: list[dict[str, Any]] = []
+        missing: list[broker.NoDelivery] = []
         if message is not None and message.offset is not None:
-            found = broker.trace(message.topic, [message.offset]).get(message.offset, [])
+            traces = broker.trace(message.topic, [message.offset])
+            found = traces.get(message.offset, [])
             deliveries = [{"d": d, "replay": topicops.is_replay(found, d)} for d in found]
-        return {"deliveries": deliveries}
+            sequenced = {message.offset: message.sequenced_at}
+            missing = broker.without_delivery(message.topic, sequenced, traces)[message.offset]
+        return {"deliveries": deliveries, "no_delivery": missing}

@@ -39,6 +39,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``topic_replay`` replay a range of a topic into one group
 ``topic_retention`` deletes a topic's oldest messages in short batches
 ``topic_overview`` monitoring: topics' publish volume, group handlers past their timeout
+``kept``       a topic's first kept offset, checked (one set by hand past the last)
+``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -120,6 +122,7 @@ from .operate import (
     set_priority,
     stuck_messages,
 )
+from .oversized import ReadMessage, read_after
 from .overview import (
     HistoryBucket,
     OldestTransaction,
@@ -171,7 +174,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
-from .topic_lookup import Lookup, lookup, trace
+from .topic_lookup import Lookup, NoDelivery, lookup, trace, without_delivery
 from .topic_ops import (
     GroupState,
     ResetResult,
@@ -188,7 +191,6 @@ from .topics import (
     ensure_topic,
     last_offset,
     publish,
-    read_after,
     sequence,
     sequence_unread,
     try_sequence,
@@ -225,6 +227,7 @@ __all__ = [
     "Lookup",
     "Mark",
     "NewMessage",
+    "NoDelivery",
     "OldestTransaction",
     "Operator",
     "Overran",
@@ -233,6 +236,7 @@ __all__ = [
     "PurgeLag",
     "QueueOverview",
     "RateOfCopy",
+    "ReadMessage",
     "Repair",
     "ReplayResult",
     "ResetResult",
@@ -363,5 +367,6 @@ __all__ = [
     "wake",
     "wakeups_possible",
     "was_interrupted",
+    "without_delivery",
     "workers_alive",
 ]

@@ -31,7 +31,7 @@ from django.db import DatabaseError
 from ..messages import ClaimedMessage, NewMessage
 from ..models import MessageStatus
 from ..signals import topic_pumped
-from ..topicnames import delivery_task_name
+from ..topicnames import EARLIEST, delivery_task_name
 from .base import (
     MESSAGE_TABLE,
     connection_for,
@@ -42,6 +42,7 @@ from .base import (
     send_robust,
 )
 from .enqueue import gate_statuses, insert_rows
+from .kept import kept_bounds
 from .literals import execute_escaped
 from .operate import Operator, requeue
 from .oversized import PUMP_READ_SQL, Oversized, delivery_row_size, fitting
@@ -62,13 +63,14 @@ DELIVERY_TABLE = "mysqlq_topic_delivery"
 CLAIM_INDEX = "mysqlq_msg_claim"
 
 #: Create a group where it has no row yet: latest starts after the last offset given
-#: out, earliest before the first one kept; a group whose row was deleted while it had
-#: deliveries (their links are kept) goes on after the last of them.
+#: out, earliest before the first one kept (the parameter: ``kept.kept_bounds``, never
+#: past the last offset); a group whose row was deleted while it had deliveries (their
+#: links are kept) goes on after the last of them.
 CREATE_GROUP_SQL = (
     f"INSERT IGNORE INTO {GROUP_TABLE} (topic, group_name, queue, start, position, "
     f"created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT MAX(msg_offset) FROM "
     f"{DELIVERY_TABLE} WHERE topic = %s AND group_name = %s), (SELECT IF(%s = 'earliest', "
-    f"first_offset - 1, last_offset) FROM {TOPIC_TABLE} WHERE name = %s), 0), "
+    f"%s, last_offset) FROM {TOPIC_TABLE} WHERE name = %s), 0), "
     "UTC_TIMESTAMP(6), ''"
 )
 #: Whether the group has its row (a plain read: never waits for a lock on it).
@@ -152,8 +154,11 @@ def create_group(spec: GroupSpec, alias: str | None = None) -> bool:
         cursor.execute(GROUP_EXISTS_SQL, [spec.topic, spec.group])
         if cursor.fetchone() is not None:
             return False
+        bounds = kept_bounds(cursor, spec.topic) if spec.start == EARLIEST else None
+        earliest = bounds[0] - 1 if bounds is not None else 0
         cursor.execute(CREATE_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
-                                          spec.topic, spec.group, spec.start, spec.topic])
+                                          spec.topic, spec.group, spec.start, earliest,
+                                          spec.topic])
         return int(cursor.rowcount) == 1
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 
-from ..exceptions import PayloadTooLarge
 from ..messages import NewMessage
 from ..models import MessageStatus
 from ..routing import alias_for_queue
@@ -27,7 +26,7 @@ from .base import (
     send_robust,
 )
 from .literals import execute_escaped
-from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
+from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
 from .rates import ensure_keys
 from .subjects import GateRef, acquire
@@ -207,20 +206,12 @@ def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int
 
 
 def _check_packet(alias: str, messages: Sequence[NewMessage]) -> None:
-    """Refuse, before anything is written, a message whose row alone would pass the
-    server's ``max_allowed_packet`` (only a site that raised ``MAX_PAYLOAD_BYTES`` near it
-    can make one): the server would refuse the INSERT and close the connection, the
-    caller's transaction with it."""
-    room = row_room(alias)
-    for message in messages:
-        size = sent_size(message)
-        if size > room:
-            raise PayloadTooLarge(
-                f"The arguments of task {message.task_name!r} take {size} bytes in a "
-                f"statement, and the server's max_allowed_packet ({max_packet(alias)} "
-                f"bytes) leaves {room} for one row: store large data in a table or file "
-                "and pass its key, or raise max_allowed_packet on the server (and keep "
-                "MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
+    """Refuse a message whose row alone would pass the server's ``max_allowed_packet``
+    (only a site that raised ``MAX_PAYLOAD_BYTES`` near it can make one): the server would
+    refuse the INSERT and close the connection, the caller's transaction with it."""
+    refuse_past_packet([sent_size(message) for message in messages], alias,
+                       lambda index: f"The arguments of task {messages[index].task_name!r} take",
+                       room_for="one row", send="pass")
 
 
 def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | None]:

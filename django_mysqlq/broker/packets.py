@@ -8,9 +8,10 @@ bytes the driver will send, escaping included, before it goes out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from ..exceptions import PayloadTooLarge
 from .base import connection_for
 
 T = TypeVar("T")
@@ -52,6 +53,28 @@ def row_room(alias: str | None = None) -> int:
     """The most bytes one row may take: a statement of that row alone still fits."""
     packet = max_packet(alias)
     return max(packet // 2, packet - PACKET_HEADROOM)
+
+
+def refuse_past_packet(sizes: Sequence[int], alias: str, subject: Callable[[int], str], *,
+                       room_for: str, send: str, reserved: int = 0) -> None:
+    """Raise ``PayloadTooLarge`` before anything is written when the largest of ``sizes``
+    passes one row's room less ``reserved`` (bytes its later statements add): the server
+    would refuse that statement each time, so it can never succeed.
+
+    The error reads ``subject(index)`` ("The arguments of task 'x' take"), then the sizes,
+    what the room is for (``room_for``) and how else to ``send`` the data (its key).
+    """
+    if not sizes:
+        return
+    index = max(range(len(sizes)), key=sizes.__getitem__)
+    room = row_room(alias) - reserved
+    if sizes[index] > room:
+        raise PayloadTooLarge(
+            f"{subject(index)} {sizes[index]} bytes in a statement, and the server's "
+            f"max_allowed_packet ({max_packet(alias)} bytes) leaves {room} for {room_for}: "
+            f"store large data in a table or file and {send} its key, or raise "
+            "max_allowed_packet on the server (and keep MYSQLQ['MAX_PAYLOAD_BYTES'] "
+            "under it).")
 
 
 def statement_room(alias: str | None = None) -> int:

@@ -4,6 +4,8 @@ A **lookup** reads at most :data:`LOOKUP_MAX` messages along an index (offset, k
 publish time); its **trace** reads the messages' deliveries (``mysqlq_topic_delivery``
 by offset), their current rows in the queue and their attempts (``mysqlq_attempt`` by
 ``message_id``): which groups handled it, when, on which worker, with which outcome.
+A group whose position has passed an offset without a delivery of it on record is
+named too (:func:`without_delivery`), with why: else the trace would say nothing of it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .base import (
     naive_utc,
     placeholders,
 )
-from .topic_ops import DELIVERY_TABLE
+from .topic_ops import DELIVERY_TABLE, GROUP_TABLE, LATEST
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: Messages one lookup returns at most (a wider range says "more").
@@ -54,6 +56,17 @@ SELECT message_id, id, attempt, outcome, started_at, finished_at, worker_id, hos
   FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_message)
  WHERE message_id IN ({{ids}}) ORDER BY message_id, id
 """
+
+TRACE_GROUPS_SQL = f"""
+SELECT group_name, start, position, created_at, changed_at, changed_by FROM {GROUP_TABLE}
+ WHERE topic = %s ORDER BY group_name
+"""
+
+#: What the trace says of a group past an offset with no delivery of it on record.
+STARTED_AFTER = "never delivered: the group started after it (start latest)"
+LINK_MISSING = "no delivery record (its link row is missing)"
+MOVED_OR_MISSING = ("no delivery record: its position was moved past it by {by} at {at} "
+                    "(a reset forward skips offsets), or its link row is missing")
 
 
 # ------------------------------------------------------------------ lookup and trace
@@ -210,3 +223,47 @@ def trace(topic: str, offsets: Sequence[int],
     for delivery in deliveries.values():
         result[delivery.offset].append(delivery)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDelivery:
+    """A group whose position has passed an offset with no delivery of it on record."""
+
+    group: str
+    reason: str
+
+
+def without_delivery(topic: str, sequenced: dict[int, dt.datetime | None],
+                     traces: dict[int, list[DeliveryTrace]],
+                     alias: str | None = None) -> dict[int, list[NoDelivery]]:
+    """For each offset of ``sequenced`` (offset: when it got it), the groups past it that
+    ``traces`` shows no delivery of it to, each with why: a ``latest`` group made after
+    the offset was given never had it; an operator's move after it may have skipped it;
+    else its link row (``mysqlq_topic_delivery``) is gone, and with it the way to its
+    delivery's history: the trace says so rather than nothing."""
+    result: dict[int, list[NoDelivery]] = {offset: [] for offset in sequenced}
+    if not result:
+        return result
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TRACE_GROUPS_SQL, [topic])
+        rows = cursor.fetchall()
+    for name, start, position, created, changed, changed_by in rows:
+        created_at, changed_at = aware_utc(created), aware_utc(changed)
+        for offset, sequenced_at in sequenced.items():
+            if int(position) < offset or any(d.group == name for d in traces.get(offset, [])):
+                continue
+            if start == LATEST and changed_at is None and _since(created_at, sequenced_at):
+                reason = STARTED_AFTER
+            elif _since(changed_at, sequenced_at):
+                reason = MOVED_OR_MISSING.format(by=changed_by or "an operator",
+                                                 at=f"{changed_at:%Y-%m-%d %H:%M:%S}")
+            else:
+                reason = LINK_MISSING
+            result[offset].append(NoDelivery(str(name), reason))
+    return result
+
+
+def _since(moment: dt.datetime | None, sequenced_at: dt.datetime | None) -> bool:
+    """Whether ``moment`` came at or after the offset was given (unknown: no, so the
+    trace never says "never delivered" on a guess)."""
+    return moment is not None and sequenced_at is not None and moment >= sequenced_at

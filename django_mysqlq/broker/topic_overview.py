@@ -10,6 +10,7 @@ from typing import Any
 from ..topicnames import GROUP_QUEUE_PREFIX
 from .base import MESSAGE_TABLE, aware_utc, connection_for, default_alias, placeholders
 from .deliveries import DELIVERY_TABLE
+from .kept import checked_first
 from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 #: Windows of the publish-rate columns, in minutes.
@@ -71,6 +72,8 @@ def topic_volumes(alias: str | None = None) -> list[TopicVolume]:
         found = [TopicVolume(str(r[0]), int(r[1]), int(r[2]), aware_utc(r[3]))
                  for r in cursor.fetchall()]
         for topic in found:
+            topic.first_offset = checked_first(cursor, topic.name, topic.first_offset,
+                                               topic.last_offset)
             for minutes in WINDOWS:
                 cursor.execute(PUBLISHED_SINCE_SQL, [topic.name, minutes])
                 topic.published[minutes] = int(cursor.fetchone()[0])

@@ -20,9 +20,10 @@ from ..models import MessageStatus
 from .base import connection_for, default_alias, in_transaction, logger
 from .deliveries import LINK_SQL, GroupSpec, delivery
 from .enqueue import gate_statuses, insert_rows
+from .kept import kept_bounds
 from .operate import Operator
 from .park import wake
-from .topic_ops import GROUP_TABLE, TOPIC_BOUNDS_SQL, TopicOffsetError
+from .topic_ops import GROUP_TABLE, TopicOffsetError
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: Offsets one replay takes at most (split a wider range into several replays).
@@ -63,9 +64,7 @@ def _check(cursor: Any, spec: GroupSpec, first: int, last: int) -> int:
     if row is None:
         raise LookupError(f"Topic {spec.topic!r} has no consumer group {spec.group!r}.")
     group_id, position = int(row[0]), int(row[1])
-    cursor.execute(TOPIC_BOUNDS_SQL, [spec.topic])
-    bounds = cursor.fetchone()
-    kept, newest = (1, 0) if bounds is None else (int(bounds[0]), int(bounds[1]))
+    kept, newest = kept_bounds(cursor, spec.topic) or (1, 0)
     if kept > newest:
         gone = (f"retention deleted offsets 1 to {newest}" if newest
                 else "no message of it has an offset yet")

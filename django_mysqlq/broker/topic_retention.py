@@ -6,7 +6,9 @@ deletes those rows by id and moves ``mysqlq_topic.first_offset`` past them in on
 transaction; their delivery links go in batches of their own. Publishers only insert new
 rows and the sequencer stamps rows without an offset, so neither waits on a batch; the
 topic row's lock is held for one UPDATE. Rows are deleted as a prefix of the offsets, so
-what is kept is always ``first_offset … last_offset``.
+what is kept is always ``first_offset … last_offset``. A ``first_offset`` that can't
+be true (changed by hand) is read as the lowest kept offset and written back so by the
+next batch (see kept.py).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import datetime as dt
 from typing import Any
 
 from .base import connection_for, default_alias, in_transaction, naive_utc
+from .kept import TOPIC_BOUNDS_SQL, checked_first
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
-from .topics import LAST_OFFSET_SQL, OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_NAMES_SQL = f"SELECT name FROM {TOPIC_TABLE} ORDER BY name"
-FIRST_OFFSET_SQL = f"SELECT first_offset FROM {TOPIC_TABLE} WHERE name = %s"
+#: Put back a first_offset that can't be true (unless it changed meanwhile).
+REPAIR_FIRST_SQL = (f"UPDATE {TOPIC_TABLE} SET first_offset = %s "
+                    "WHERE name = %s AND first_offset = %s")
 #: The lowest position among the topic's groups (NULL: no group).
 SLOWEST_GROUP_SQL = f"SELECT MIN(position) FROM {GROUP_TABLE} WHERE topic = %s"
 OLDEST_SQL = (f"SELECT id, msg_offset, published_at FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
@@ -47,11 +52,10 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
     ``before`` (and passed by every group with ``wait_for_groups``); return how many."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(FIRST_OFFSET_SQL, [topic])
-        row = cursor.fetchone()
-        if row is None:
+        bounds = _bounds(cursor, topic)
+        if bounds is None:
             return 0
-        first = int(row[0])
+        first = bounds[0]
         ceiling: int | None = None
         if wait_for_groups:
             cursor.execute(SLOWEST_GROUP_SQL, [topic])
@@ -82,6 +86,20 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
     deleted = in_transaction(alias, body)
     _delete_links(topic, last + 1, limit, alias)
     return deleted
+
+
+def _bounds(cursor: Any, topic: str) -> tuple[int, int] | None:
+    """The topic's first kept and last offsets, a first_offset that can't be true
+    written back as the lowest kept offset (logged by ``checked_first``)."""
+    cursor.execute(TOPIC_BOUNDS_SQL, [topic])
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    stored, last = int(row[0]), int(row[1])
+    first = checked_first(cursor, topic, stored, last)
+    if first != stored:
+        cursor.execute(REPAIR_FIRST_SQL, [first, topic, stored])
+    return first, last
 
 
 def _delete_links(topic: str, below: int, limit: int, alias: str) -> None:
@@ -120,13 +138,10 @@ def archivable_offsets(topic: str, before: dt.datetime,
     None when there is none."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(FIRST_OFFSET_SQL, [topic])
-        row = cursor.fetchone()
-        if row is None:
+        bounds = _bounds(cursor, topic)
+        if bounds is None:
             return None
-        first = int(row[0])
-        cursor.execute(LAST_OFFSET_SQL, [topic])
-        last = int(cursor.fetchone()[0])
+        first, last = bounds
         cursor.execute(SLOWEST_GROUP_SQL, [topic])
         slowest = cursor.fetchone()[0]
         if slowest is not None:

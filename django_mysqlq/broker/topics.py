@@ -36,7 +36,6 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 
-from ..exceptions import PayloadTooLarge
 from ..signals import topic_published
 from .base import (
     connection_for,
@@ -46,7 +45,7 @@ from .base import (
     logger,
     send_robust,
 )
-from .packets import escaped_size, max_packet, row_room, split_by_size, statement_room
+from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
 
 TOPIC_TABLE = "mysqlq_topic"
@@ -141,19 +140,13 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
 
 
 def _check_packet(topic: str, sizes: Sequence[int], alias: str) -> None:
-    """Refuse, before anything is written, a payload whose delivery would not fit in one
-    statement under the server's ``max_allowed_packet`` (only a site that raised
-    ``MAX_PAYLOAD_BYTES`` near it can publish one): every group's pump would fail on it
-    again and again, and its worker with it."""
-    largest = max(sizes)
-    room = row_room(alias) - DELIVERY_ROW_BYTES
-    if largest > room:
-        raise PayloadTooLarge(
-            f"The payload of a message to topic {topic!r} takes {largest} bytes in a "
-            f"statement, and the server's max_allowed_packet ({max_packet(alias)} bytes) "
-            f"leaves {room} for a payload with its delivery to a group: store large data "
-            "in a table or file and publish its key, or raise max_allowed_packet on the "
-            "server (and keep MYSQLQ['MAX_PAYLOAD_BYTES'] under it).")
+    """Refuse a payload whose delivery would not fit in one statement under the server's
+    ``max_allowed_packet`` (only a site that raised ``MAX_PAYLOAD_BYTES`` near it can
+    publish one): every group's pump would fail on it again and again, and its worker
+    with it."""
+    refuse_past_packet(sizes, alias, lambda _: f"The payload of a message to topic {topic!r} takes",
+                       room_for="a payload with its delivery to a group", send="publish",
+                       reserved=DELIVERY_ROW_BYTES)
 
 
 def _after_publish(topic: str, count: int, queues: Sequence[str]) -> None:
@@ -374,20 +367,3 @@ def last_offset(topic: str, alias: str | None = None) -> int:
         cursor.execute(LAST_OFFSET_SQL, [topic])
         row = cursor.fetchone()
     return int(row[0]) if row is not None else 0
-
-
-#: Sequenced messages after an offset, in order (broadcast readers).
-READ_AFTER_SQL = (
-    f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
-    f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset > %s "
-    "ORDER BY msg_offset LIMIT %s"
-)
-
-
-def read_after(topic: str, offset: int, limit: int, alias: str | None = None
-               ) -> list[tuple[int, str | None, str, Any]]:
-    """Up to ``limit`` sequenced messages of ``topic`` after ``offset``: (offset, key,
-    payload JSON, published_at), in offset order."""
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(READ_AFTER_SQL, [topic, offset, limit])
-        return [(int(row[0]), row[1], str(row[2]), row[3]) for row in cursor.fetchall()]

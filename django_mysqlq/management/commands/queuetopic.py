@@ -161,6 +161,8 @@ class Command(cli.SaysDatabaseErrors):
         found = broker.lookup(topic, offset=options["offset"], key=options["key"],
                               since=since, until=until, limit=options["limit"])
         traces = broker.trace(topic, [m.offset for m in found.messages if m.offset is not None])
+        sequenced = {m.offset: m.sequenced_at for m in found.messages if m.offset is not None}
+        missing = broker.without_delivery(topic, sequenced, traces)
         if options["json"]:
             self.stdout.write(json.dumps({"truncated": found.truncated, "messages": [
                 {"offset": m.offset, "key": m.key, "payload": m.payload,
@@ -174,7 +176,9 @@ class Command(cli.SaysDatabaseErrors):
                                  "error": d.last_error or None,
                                  "next_try_at": d.next_try_at.isoformat() if d.next_try_at
                                  else None}
-                                for d in traces.get(m.offset or 0, [])]}
+                                for d in traces.get(m.offset or 0, [])],
+                 "no_delivery": [{"group": n.group, "reason": n.reason}
+                                 for n in missing.get(m.offset or 0, [])]}
                 for m in found.messages]}))
             return
         if not found.messages:
@@ -190,6 +194,8 @@ class Command(cli.SaysDatabaseErrors):
                 error = f"; last error: {d.last_error[:300]}" if d.last_error else ""
                 self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
                                   f" by {d.handled_by or '-'} ({_attempts(d)}){then}{error}")
+            for n in missing.get(m.offset or 0, []):
+                self.stdout.write(f"  {n.group}: {n.reason}")
         if found.truncated:
             self.stdout.write(f"More messages match: only the first {options['limit']} are "
                               "shown. Narrow the range or raise --limit.")
