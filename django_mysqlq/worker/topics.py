@@ -310,8 +310,6 @@ class BroadcastReader(threading.Thread):
                                  topic, offset)
 
 
-
-
 def _skip_oversized(topic: str, row: broker.ReadMessage) -> None:
     """A message past the room of one row (stored by hand, by an older version, or before
     the server's packet was lowered): no group of the topic can get it, and reading it
