@@ -18,14 +18,13 @@ import pytest
 
 from django_mysqlq.models import Message
 from tests.conftest import wait_for
+from tests.kill_support import PATIENCE, WORKER, kill_when_stalled, stalling_worker
 from tests.test_topics_workers import started
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
-PATIENCE = 90.0
-WORKER = ("--concurrency", "4", "--batch", "8")
 RECORDS = 30
 #: The statement after which the worker stops, by step.
 STEPS = {
@@ -55,7 +54,6 @@ def test_a_worker_killed_inside_a_step_loses_nothing(start_worker, tmp_path: Pat
                                                      step: str) -> None:
     label = f"kill-at-{step}"
     marker = tmp_path / "stalled"
-    stall = {"MYSQLQ_TEST_STALL_AT": STEPS[step], "MYSQLQ_TEST_STALL_FILE": str(marker)}
     if step == "recover":
         # A peer dies holding a running task; the stalling worker, the only one left and
         # so the recovery leader, stops inside that claim's recovery.
@@ -66,13 +64,10 @@ def test_a_worker_killed_inside_a_step_loses_nothing(start_worker, tmp_path: Pat
                  timeout=PATIENCE, message="the peer to start the slow task")
         peer.signal(signal.SIGKILL)
         assert peer.wait(timeout=10) == -signal.SIGKILL
-    doomed = start_worker(*WORKER, env=stall)
+    doomed = stalling_worker(start_worker, STEPS[step], marker)
     started(doomed)
     flaky, dead = enqueue_work(label)
-    wait_for(marker.exists, timeout=PATIENCE, message=f"the worker to stop inside {step}")
-    assert doomed.popen.poll() is None, doomed.output()
-    doomed.signal(signal.SIGKILL)
-    assert doomed.wait(timeout=10) == -signal.SIGKILL
+    kill_when_stalled(doomed, marker, step)
     survivor = start_worker(*WORKER)
     started(survivor)
 
@@ -103,4 +98,3 @@ def test_a_worker_killed_inside_a_step_loses_nothing(start_worker, tmp_path: Pat
         assert len(pids) == 3 or (len(pids) == 4 and doomed.pid in pids), pids
     if step == "recover":
         assert Ledger.objects.filter(label=f"{label}:orphan:end").exists()
-    assert marker.read_text().splitlines()[0].startswith(str(doomed.pid))

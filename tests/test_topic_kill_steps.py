@@ -12,7 +12,6 @@ pumping steps again with both processes at REPEATABLE READ.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,13 @@ import pytest
 from django_mysqlq import broker
 from django_mysqlq.models import Message, TopicDelivery
 from tests.conftest import wait_for
+from tests.kill_support import PATIENCE, WORKER, kill_when_stalled, stalling_worker
 from tests.subject_support import order_violations
 from tests.test_topics_workers import ENV, GROUPS, ok_seqs, publish, started, stop
 from tests.testapp.models import GateRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
-PATIENCE = 90.0
-WORKER = ("--concurrency", "4", "--batch", "8")
 TOTAL = 60
 #: The statement after which the worker stops, by step.
 STEPS = {
@@ -48,14 +46,10 @@ def test_a_member_killed_inside_a_step_loses_nothing(start_worker, tmp_path: Pat
                                                      ) -> None:
     label = f"kill-at-{step}"
     marker = tmp_path / "stalled"
-    doomed = start_worker(*WORKER, env={**ENV, **isolation, "MYSQLQ_TEST_STALL_AT": STEPS[step],
-                                        "MYSQLQ_TEST_STALL_FILE": str(marker)})
+    doomed = stalling_worker(start_worker, STEPS[step], marker, env={**ENV, **isolation})
     started(doomed)
     publish(label, TOTAL)
-    wait_for(marker.exists, timeout=PATIENCE, message=f"the worker to stop inside {step}")
-    assert doomed.popen.poll() is None, doomed.output()
-    doomed.signal(signal.SIGKILL)
-    assert doomed.wait(timeout=10) == -signal.SIGKILL
+    kill_when_stalled(doomed, marker, step)
     survivor = start_worker(*WORKER, env={**ENV, **isolation})
     started(survivor)
 
@@ -84,5 +78,3 @@ def test_a_member_killed_inside_a_step_loses_nothing(start_worker, tmp_path: Pat
                                                ).values_list("offset", flat=True)
         assert len(offsets) == len(set(offsets)), f"{group}: an offset delivered twice"
     assert order_violations(label, killed=frozenset({doomed.pid})) == []
-    first_line = marker.read_text().splitlines()[0]
-    assert first_line.startswith(str(doomed.pid)), first_line
