@@ -41,11 +41,11 @@ from .base import (
     micros,
     send_robust,
 )
-from .enqueue import gate_statuses, insert_rows
+from .enqueue import gate_statuses, insert_rows, sent_size
 from .kept import kept_bounds
 from .literals import execute_escaped
 from .operate import Operator, requeue
-from .oversized import PUMP_READ_SQL, Oversized, delivery_row_size, fitting
+from .oversized import PUMP_READ_SQL, Oversized, fitting
 from .packets import row_room, split_by_size, statement_room
 from .park import wake
 from .session import connection_session
@@ -344,7 +344,7 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
             claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
-    sizes = [delivery_row_size(m) for m in messages]
+    sizes = [sent_size(m) for m in messages]
     returned: list[Sequence[Any]] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):

@@ -20,6 +20,9 @@ from .base import logger
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_BOUNDS_SQL = f"SELECT first_offset, last_offset FROM {TOPIC_TABLE} WHERE name = %s"
+#: Put back a first_offset that can't be true (unless it changed meanwhile).
+REPAIR_FIRST_SQL = (f"UPDATE {TOPIC_TABLE} SET first_offset = %s "
+                    "WHERE name = %s AND first_offset = %s")
 #: The lowest offset a kept message has: one row of the (topic, offset) index, past its
 #: NULLs (``MIN()`` with the same condition is planned as a range read: EXPLAIN).
 LOWEST_KEPT_SQL = (f"SELECT msg_offset FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
@@ -44,14 +47,19 @@ def checked_first(cursor: Any, topic: str, first: int, last: int) -> int:
     return kept
 
 
-def kept_bounds(cursor: Any, topic: str) -> tuple[int, int] | None:
-    """The topic's first kept (checked) and last offsets; None when it has no row."""
+def kept_bounds(cursor: Any, topic: str, repair: bool = False) -> tuple[int, int] | None:
+    """The topic's first kept (checked) and last offsets; None when it has no row. With
+    ``repair`` (retention), a first_offset that can't be true is written back as the
+    lowest kept offset."""
     cursor.execute(TOPIC_BOUNDS_SQL, [topic])
     row = cursor.fetchone()
     if row is None:
         return None
-    last = int(row[1])
-    return checked_first(cursor, topic, int(row[0]), last), last
+    stored, last = int(row[0]), int(row[1])
+    first = checked_first(cursor, topic, stored, last)
+    if repair and first != stored:
+        cursor.execute(REPAIR_FIRST_SQL, [first, topic, stored])
+    return first, last
 
 
 def _say(topic: str, first: int, last: int, kept: int) -> None:

@@ -58,12 +58,6 @@ class Oversized(NamedTuple):
             f"{group} --topic {topic} --to-offset {self.offset + 1}")
 
 
-def delivery_row_size(message: NewMessage) -> int:
-    """Bytes a delivery row takes in the pump's INSERT, at most (an enqueue's row: a
-    delivery has no dedup key)."""
-    return sent_size(message)
-
-
 def fitting(rows: Sequence[Sequence[Any]], make: Callable[[Sequence[Any]], NewMessage],
             room: int) -> tuple[list[Sequence[Any]], list[NewMessage], Oversized | None]:
     """The rows read by ``PUMP_READ_SQL`` up to the first whose delivery (``make``) would
@@ -75,7 +69,7 @@ def fitting(rows: Sequence[Sequence[Any]], make: Callable[[Sequence[Any]], NewMe
         if row[2] is None:
             return kept, messages, Oversized(offset, int(row[4] or 0), room)
         message = make(row)
-        size = delivery_row_size(message)
+        size = sent_size(message)  # (a delivery row is an enqueue's row)
         if size > room:
             return kept, messages, Oversized(offset, size, room)
         kept.append(row)

@@ -17,14 +17,11 @@ import datetime as dt
 from typing import Any
 
 from .base import connection_for, default_alias, in_transaction, naive_utc
-from .kept import TOPIC_BOUNDS_SQL, checked_first
+from .kept import kept_bounds
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_NAMES_SQL = f"SELECT name FROM {TOPIC_TABLE} ORDER BY name"
-#: Put back a first_offset that can't be true (unless it changed meanwhile).
-REPAIR_FIRST_SQL = (f"UPDATE {TOPIC_TABLE} SET first_offset = %s "
-                    "WHERE name = %s AND first_offset = %s")
 #: The lowest position among the topic's groups (NULL: no group).
 SLOWEST_GROUP_SQL = f"SELECT MIN(position) FROM {GROUP_TABLE} WHERE topic = %s"
 OLDEST_SQL = (f"SELECT id, msg_offset, published_at FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
@@ -52,7 +49,7 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
     ``before`` (and passed by every group with ``wait_for_groups``); return how many."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
-        bounds = _bounds(cursor, topic)
+        bounds = kept_bounds(cursor, topic, repair=True)
         if bounds is None:
             return 0
         first = bounds[0]
@@ -86,20 +83,6 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
     deleted = in_transaction(alias, body)
     _delete_links(topic, last + 1, limit, alias)
     return deleted
-
-
-def _bounds(cursor: Any, topic: str) -> tuple[int, int] | None:
-    """The topic's first kept and last offsets, a first_offset that can't be true
-    written back as the lowest kept offset (logged by ``checked_first``)."""
-    cursor.execute(TOPIC_BOUNDS_SQL, [topic])
-    row = cursor.fetchone()
-    if row is None:
-        return None
-    stored, last = int(row[0]), int(row[1])
-    first = checked_first(cursor, topic, stored, last)
-    if first != stored:
-        cursor.execute(REPAIR_FIRST_SQL, [first, topic, stored])
-    return first, last
 
 
 def _delete_links(topic: str, below: int, limit: int, alias: str) -> None:
@@ -138,7 +121,7 @@ def archivable_offsets(topic: str, before: dt.datetime,
     None when there is none."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
-        bounds = _bounds(cursor, topic)
+        bounds = kept_bounds(cursor, topic, repair=True)
         if bounds is None:
             return None
         first, last = bounds

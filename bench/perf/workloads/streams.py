@@ -163,10 +163,11 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
                            ).add(count / seconds, repeat=repeat, done=count,
                                  stopped_early=count < size)
     handled = sum(_group_rate(ctx, group)[0] for group in groups)
-    if handled and None not in worker_cpu:
+    members_cpu = None if None in worker_cpu else sum(c for c in worker_cpu if c is not None)
+    if handled and members_cpu is not None:
         ctx.results.figure("streams", case, "worker CPU per delivery", "us",
                            note="the member processes' CPU seconds / deliveries").add(
-            sum(c for c in worker_cpu if c is not None) / handled * 1e6, repeat=repeat)
+            members_cpu / handled * 1e6, repeat=repeat)
     if handled and server_before is not None and server_after is not None:
         ctx.results.figure("streams", case, "server CPU per delivery", "us",
                            note="mariadbd's CPU seconds / deliveries (every client's, "
@@ -175,11 +176,10 @@ def drain(ctx: Context, groups: tuple[str, ...], repeat: int,
     if single:
         ctx.results.figure("streams", case, "slowest group / single group", "ratio",
                            note="the issue asks >= 0.5").add(min(rates) / single)
-    if handled and None not in worker_cpu and server_before is not None \
+    if handled and members_cpu is not None and server_before is not None \
             and server_after is not None:
         _cpu_budget(ctx, case, len(groups), handled, wall, single,
-                    sum(c for c in worker_cpu if c is not None) + server_after - server_before,
-                    repeat)
+                    members_cpu + server_after - server_before, repeat)
     ctx.log(f"streams {case}: " + ", ".join(f"{r:,.0f}/s" for r in rates))
     return rates[0]
 
