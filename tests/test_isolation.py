@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +23,8 @@ from django_mysqlq.broker.base import in_transaction
 from django_mysqlq.checks import check_isolation_level
 from django_mysqlq.models import Message, Worker
 from tests.conftest import wait_for
+from tests.kill_support import PATIENCE, kill_when_stalled, stalling_worker
+from tests.test_kill_steps import STEPS
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
@@ -172,36 +174,25 @@ def _commit_a_ledger_row() -> None:
 
 
 @pytest.mark.worker
-def test_a_worker_claims_at_read_committed_and_its_tasks_keep_the_site_s_level(start_worker):
-    # A long recovery interval keeps the parks plain: a recovery leader's park (its sweep
-    # check first) does not always show in INNODB_TRX while it sleeps.
-    worker = start_worker("--concurrency", "1",
-                          env={**REPEATABLE_READ, "MYSQLQ_TEST_RECOVERY": "60"})
-    row = wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True, listening=True)
-                   .values_list("connection_id", flat=True).first(),
-                   message="the worker to park")
-
-    looked = {"since": time.monotonic()}
-
-    def control_level() -> str | None:
-        with connections["default"].cursor() as cursor:
-            # The park is one autocommit SELECT … SLEEP(): an InnoDB trx while it sleeps.
-            cursor.execute("SELECT trx_isolation_level FROM information_schema.INNODB_TRX "
-                           "WHERE trx_mysql_thread_id = %s", [row])
-            found = cursor.fetchone()
-            if found is None and time.monotonic() - looked["since"] > 3:
-                # A park not seen for 3 s (once in a CI run, a whole 20 s: one whose
-                # reads the optimizer had done before the SLEEP?): wake the worker, which
-                # finds nothing and parks again, in a new statement.
-                looked["since"] = time.monotonic()
-                cursor.execute("KILL QUERY %s", [row])
-        return None if found is None else str(found[0])
-
-    assert wait_for(control_level, timeout=40,
-                    message="the worker's park statement") == "READ COMMITTED"
+def test_a_worker_claims_at_read_committed_and_its_tasks_keep_the_site_s_level(
+        start_worker, tmp_path: Path):
+    # The claim is one autocommit statement: the worker stops for good right after it
+    # (tests/stall_at.py) and first reads its session's level on the claim's own connection.
+    # (Watching the control connection's park in INNODB_TRX instead was flaky: a park was
+    # not always listed there while it slept, once for 40 s in a CI run.)
     tasks.records_isolation.enqueue("task")
+    marker = tmp_path / "claimed"
+    doomed = stalling_worker(start_worker, STEPS["claim"], marker,
+                             env={**REPEATABLE_READ,
+                                  "MYSQLQ_TEST_STALL_QUERY": "SELECT @@session.tx_isolation"})
+    kill_when_stalled(doomed, marker, "claim")
+    assert marker.read_text().splitlines()[2] == "(('READ-COMMITTED',),)", marker.read_text()
+    assert not Ledger.objects.exists()
+
+    # The claim dies with its process; a worker at the same site level runs the task.
+    worker = start_worker("--concurrency", "1", env=REPEATABLE_READ)
     label = wait_for(lambda: Ledger.objects.values_list("label", flat=True).first(),
-                     message="the task to run")
+                     timeout=PATIENCE, message="the task to run")
     assert label == "task:REPEATABLE-READ"
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
