@@ -41,7 +41,7 @@ from .base import (
     micros,
     send_robust,
 )
-from .enqueue import gate_statuses, insert_rows, sent_size
+from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .literals import execute_escaped
 from .operate import Operator, requeue
@@ -321,14 +321,15 @@ def _missing(spec: GroupSpec, alias: str) -> Pumped:
     return Pumped(0, True)
 
 
-def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
+def _insert_deliveries(alias: str, messages: Sequence[NewMessage], sizes: Sequence[int],
                        statuses: Sequence[str | None], claim: PumpClaim | None,
                        token: str) -> tuple[list[int], list[ClaimedMessage]]:
     """Insert the deliveries, the first ``claim.count`` that hold their key's slot as
     claimed under ``token``; return the ids and the claimed ones as a claim's read-back
-    would give them (it would read back exactly what this inserted)."""
+    would give them (it would read back exactly what this inserted). ``sizes``: each
+    row's bytes as sent (``oversized.fitting`` measured them)."""
     if claim is None:
-        return insert_rows(alias, messages, statuses), []
+        return insert_rows(alias, messages, statuses, sizes), []
     session = connection_session(alias)
     stamp = [token, session.stamps_owner, session.owner_start, claim.worker_id,
              micros(claim.lease_seconds)]
@@ -344,7 +345,6 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage],
             claimed_rows.append(index)
         else:
             rows.append((_READY_ROW, [*params, status]))
-    sizes = [sent_size(m) for m in messages]
     returned: list[Sequence[Any]] = []
     with connection_for(alias).cursor() as cursor:
         for chunk in split_by_size(rows, sizes, statement_room(alias), DELIVERY_INSERT_CHUNK):
@@ -394,13 +394,14 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             if stamped is None:
                 return -1, [], []
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
-        rows, messages, too_big = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
-        if too_big is not None:
-            oversized.append(too_big)
+        fit = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
+        rows, messages = fit.rows, fit.messages
+        if fit.oversized is not None:
+            oversized.append(fit.oversized)
         if not rows:
             return 0, [], []
         statuses = gate_statuses(cursor, messages)
-        ids, taken = _insert_deliveries(alias, messages, statuses, claim, token)
+        ids, taken = _insert_deliveries(alias, messages, fit.sizes, statuses, claim, token)
         params: list[Any] = []
         for message_id, found in zip(ids, rows, strict=True):
             params.extend((message_id, spec.topic, spec.group, int(found[0])))

@@ -166,8 +166,8 @@ def _insert_one(alias: str, message: NewMessage, statuses: Statuses = None) -> i
         return int(cursor.lastrowid)
 
 
-def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None
-                 ) -> list[int]:
+def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None,
+                 sizes: Sequence[int] | None = None) -> list[int]:
     connection = connection_for(alias)
     if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
         # MySQL has no INSERT … RETURNING: insert one by one to learn every id.
@@ -178,7 +178,8 @@ def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses 
                       else GATED_INSERT_RETURNING_SQL, columns)
     ids: list[int] = []
     with connection.cursor() as cursor:
-        for chunk in _chunks(list(range(len(messages))), messages, statement_room(alias)):
+        for chunk in _chunks(list(range(len(messages))), messages, statement_room(alias),
+                             sizes):
             params: list[Any] = []
             rows: list[str] = []
             for index in chunk:
@@ -199,10 +200,12 @@ def sent_size(message: NewMessage) -> int:
                    + len(message.gate_key or "")))
 
 
-def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int
-            ) -> list[Sequence[int]]:
+def _chunks(indexes: Sequence[int], messages: Sequence[NewMessage], room: int,
+            sizes: Sequence[int] | None = None) -> list[Sequence[int]]:
     """Split into INSERTs of at most INSERT_CHUNK rows and ``room`` bytes as sent."""
-    return split_by_size(indexes, [sent_size(m) for m in messages], room, INSERT_CHUNK)
+    if sizes is None:
+        sizes = [sent_size(m) for m in messages]
+    return split_by_size(indexes, sizes, room, INSERT_CHUNK)
 
 
 def _check_packet(alias: str, messages: Sequence[NewMessage]) -> None:
@@ -238,13 +241,14 @@ def gate_statuses(cursor: Any, messages: Sequence[NewMessage]) -> list[str | Non
     return statuses
 
 
-def insert_rows(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None
-                ) -> list[int]:
+def insert_rows(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None,
+                sizes: Sequence[int] | None = None) -> list[int]:
     """Insert in the transaction already open on ``alias`` (``statuses`` from
-    :func:`gate_statuses`, or None when no message passes a gate); return the ids."""
+    :func:`gate_statuses`, or None when no message passes a gate); return the ids.
+    ``sizes``: each row's :func:`sent_size`, where the caller has measured them."""
     if len(messages) == 1:
         return [_insert_one(alias, messages[0], statuses)]
-    return _insert_many(alias, messages, statuses)
+    return _insert_many(alias, messages, statuses, sizes)
 
 
 def _insert_gated(alias: str, messages: Sequence[NewMessage]) -> tuple[list[int], list[str]]:

@@ -58,23 +58,40 @@ class Oversized(NamedTuple):
             f"{group} --topic {topic} --to-offset {self.offset + 1}")
 
 
+class Fitting(NamedTuple):
+    """What of a pump's read goes into deliveries."""
+
+    #: The rows read by ``PUMP_READ_SQL`` before the first too big.
+    rows: list[Sequence[Any]]
+    #: Their deliveries.
+    messages: list[NewMessage]
+    #: Bytes each delivery's row takes in a statement (``enqueue.sent_size``): the
+    #: INSERT splits by them without measuring each payload again.
+    sizes: list[int]
+    #: The first too big, if any.
+    oversized: Oversized | None
+
+
 def fitting(rows: Sequence[Sequence[Any]], make: Callable[[Sequence[Any]], NewMessage],
-            room: int) -> tuple[list[Sequence[Any]], list[NewMessage], Oversized | None]:
+            room: int) -> Fitting:
     """The rows read by ``PUMP_READ_SQL`` up to the first whose delivery (``make``) would
-    take more than ``room`` bytes, their deliveries, and that row's offset and size."""
+    take more than ``room`` bytes, their deliveries and sizes, and that row's offset and
+    size."""
     kept: list[Sequence[Any]] = []
     messages: list[NewMessage] = []
+    sizes: list[int] = []
     for row in rows:
         offset = int(row[0])
         if row[2] is None:
-            return kept, messages, Oversized(offset, int(row[4] or 0), room)
+            return Fitting(kept, messages, sizes, Oversized(offset, int(row[4] or 0), room))
         message = make(row)
         size = sent_size(message)  # (a delivery row is an enqueue's row)
         if size > room:
-            return kept, messages, Oversized(offset, size, room)
+            return Fitting(kept, messages, sizes, Oversized(offset, size, room))
         kept.append(row)
         messages.append(message)
-    return kept, messages, None
+        sizes.append(size)
+    return Fitting(kept, messages, sizes, None)
 
 
 class ReadMessage(NamedTuple):
