@@ -141,6 +141,24 @@ def test_dashboard_shows_topics_busiest_first_and_groups_lag(root, orders) -> No
     assert "?task=topic%3Aorders%3Abilling" in page
 
 
+def test_a_capped_unsequenced_count_shows_as_a_floor(root, monkeypatch) -> None:
+    """More messages without an offset than the count's cap: the lag on the groups list,
+    the group's page and the dashboard reads ``2+``, not a plain 2."""
+    from django_mysqlq import Topic
+    from django_mysqlq.broker import topic_ops
+
+    monkeypatch.setattr(topic_ops, "UNSEQUENCED_COUNT_CAP", 2)
+    group("orders", "billing", start="latest")
+    Topic("orders").publish_many([{"n": n} for n in range(3)])  # no worker sequences them
+    assert ">2+<" in root.get(GROUPS + "?topic=orders").content.decode()
+    row = TopicGroup.objects.get(group_name="billing")
+    page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    assert ("lag 2+ messages (more: of the messages without an offset yet, 2 were counted)"
+            in page.content.decode())
+    page = root.get("/admin/django_mysqlq/queuestate/?refresh=0").content.decode()
+    assert '<td class="num">0</td><td class="num">2+</td>' in page
+
+
 def test_reset_to_a_time_takes_a_duration_ago_as_the_cli_does(root, orders) -> None:
     """``queuetopic reset --to-time`` takes ``2h`` (ago) as well as an ISO time: the group
     page's form takes the same, through the same parser, and says what it expects."""

@@ -67,6 +67,44 @@ def test_lag_counts_messages_no_reader_has_sequenced_yet() -> None:
         0, 0, 4, 1)
 
 
+def test_the_unsequenced_count_stops_at_its_cap_and_says_there_are_more(monkeypatch) -> None:
+    """Counting them all walked the whole pile at every stats call (millions after a long
+    outage of every reader). Past the cap the count stays the cap, flagged: the lag is a
+    floor, shown ``3+``, and the JSON keeps its fields (ints) and adds one."""
+    from django_mysqlq.broker import topic_ops
+    from tests.plan_support import costly
+
+    monkeypatch.setattr(topic_ops, "UNSEQUENCED_COUNT_CAP", 3)
+    billing = group("orders", "billing", start="latest")
+    Topic("orders").publish_many([{"n": i} for i in range(3)])  # no worker sequences them
+    [state] = broker.groups("orders")
+    assert (state.unsequenced, state.unsequenced_capped, state.lag_shown) == (3, False, "3")
+    time.sleep(0.05)
+    Topic("orders").publish_many([{"n": i} for i in range(3, 5)])
+    [state] = broker.groups("orders")
+    assert (state.unsequenced, state.unsequenced_capped, state.lag, state.lag_shown) == (
+        3, True, 3, "3+")
+    assert state.oldest_age_seconds is not None and state.oldest_age_seconds >= 0.05
+    [_, line] = run("groups", "--topic", "orders").splitlines()
+    assert line.split()[:5] == ["orders", "billing", "0", "0", "3+"]
+    [row] = json.loads(run("groups", "--json"))
+    assert (row["lag"], row["unsequenced"], row["unsequenced_capped"]) == (3, 3, True)
+    out = io.StringIO()
+    call_command("queuestats", stdout=out)
+    [line] = [text.split() for text in out.getvalue().splitlines()
+              if text.split()[:2] == ["orders", "billing"]]
+    assert line[:5] == ["orders", "billing", "0", "0", "3+"]
+    out = io.StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    [row] = json.loads(out.getvalue())["groups"]
+    assert (row["lag"], row["unsequenced"], row["unsequenced_capped"]) == (3, 3, True)
+    assert costly(topic_ops.UNSEQUENCED_COUNT_SQL, ["orders", 4]) == []  # reads 4 at most
+    broker.sequence("orders")
+    broker.pump(billing, batch=100, window=100)
+    [state] = broker.groups("orders")
+    assert (state.unsequenced, state.unsequenced_capped, state.lag_shown) == (0, False, "5")
+
+
 def test_reset_to_offset_time_earliest_latest_records_who_and_cancels_waiting() -> None:
     made = group("orders", "billing")
     publish("orders", 5)

@@ -282,3 +282,52 @@ def test_a_first_offset_set_past_the_last_misleads_no_reader(caplog) -> None:
     assert error.startswith("Topic 'firsts': its first_offset in mysqlq_topic is 100, which "
                             "can't be true with its last_offset 3")
     assert "go by its lowest kept offset, 1 instead" in error
+
+
+def test_an_offset_set_back_to_null_is_stamped_again_and_said_once(caplog) -> None:
+    """``UPDATE mysqlq_topic_message SET msg_offset = NULL`` on a sequenced message: the
+    next round gave it a new offset and every group got it again, and nothing said so."""
+    topic = Topic("cleared")
+    billing = spec("cleared", "billing")
+    topic.publish_many(["a", "b", "c"])
+    broker.sequence("cleared")
+    broker.create_group(billing)
+    assert broker.pump(billing, batch=100, window=100) == 3
+    cleared = TopicMessage.objects.get(topic="cleared", offset=2)
+    TopicMessage.objects.filter(pk=cleared.pk).update(offset=None)
+    topic.publish("d")
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert broker.sequence("cleared") == 2
+    assert TopicMessage.objects.get(pk=cleared.pk).offset == 4  # lowest id first
+    assert TopicMessage.objects.get(topic="cleared", payload='"d"').offset == 5
+    [record] = [r for r in caplog.records if "'cleared'" in r.getMessage()]
+    said = record.getMessage()
+    assert record.levelno == logging.ERROR
+    assert said.startswith("Topic 'cleared': 1 message(s) sequenced before had no offset")
+    assert cleared.sequenced_at is not None
+    assert (f"id {cleared.pk} (sequenced {cleared.sequenced_at.isoformat()}, now offset 4)"
+            in said)
+    assert "every consumer group and broadcast reader gets them again" in said
+    assert "queuetopic replay --topic cleared --group <group>" in said
+    assert "queuetopic reset <group> --topic cleared --to-offset <offset>" in said
+    caplog.clear()
+    topic.publish("e")
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert broker.sequence("cleared") == 1
+    assert not caplog.records  # an ordinary round says nothing
+    assert broker.pump(billing, batch=100, window=100) == 3  # again, d, e: none lost
+    assert sorted(TopicDelivery.objects.filter(topic="cleared").values_list(
+        "offset", flat=True)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_many_offsets_set_back_to_null_are_said_once_a_round_naming_the_first(
+        caplog) -> None:
+    Topic("cleared").publish_many([str(n) for n in range(15)])
+    broker.sequence("cleared")
+    TopicMessage.objects.filter(topic="cleared", offset__gt=3).update(offset=None)
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert broker.sequence("cleared", batch=100) == 12
+    [record] = caplog.records
+    assert "12 message(s) sequenced before" in record.getMessage()
+    assert "now offset 25) and 2 more." in record.getMessage()
+    assert broker.last_offset("cleared") == 27

@@ -4,6 +4,7 @@ messages into deliveries once per group, groups' start, subscribe() arguments.""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import threading
 import time
@@ -485,8 +486,11 @@ def test_the_sequencer_reads_its_backlog_in_index_order_without_a_sort() -> None
 
 def test_the_sequencer_sorts_when_the_index_order_is_not_ascending() -> None:
     """Should a server ever hand the index back in another order, the pick reads again
-    with ORDER BY id: never stamps out of id order."""
+    with ORDER BY id: never stamps out of id order. (Its ids alone, sorted; then which
+    of them were sequenced before, by primary key.)"""
     from django_mysqlq.broker.topics import UNSEQUENCED_SQL, unsequenced_ids
+
+    cleared = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
     class Cursor:
         def __init__(self) -> None:
@@ -495,13 +499,15 @@ def test_the_sequencer_sorts_when_the_index_order_is_not_ascending() -> None:
         def execute(self, sql: str, params: list[object]) -> None:
             self.statements.append(sql)
 
-        def fetchall(self) -> list[tuple[int]]:
-            return [(5,), (3,), (9,)] if len(self.statements) == 1 else [(3,), (5,), (9,)]
+        def fetchall(self) -> list[tuple[object, ...]]:
+            return {1: [(5, None), (3, None), (9, cleared)], 2: [(3,), (5,), (9,)],
+                    3: [(9, cleared)]}[len(self.statements)]
 
     cursor = Cursor()
-    assert unsequenced_ids(cursor, "t", 3) == [3, 5, 9]
-    assert cursor.statements[-1] == UNSEQUENCED_SQL
+    assert unsequenced_ids(cursor, "t", 3) == ([3, 5, 9], [(9, cleared)])
+    assert cursor.statements[1] == UNSEQUENCED_SQL
+    assert "sequenced_at IS NOT NULL" in cursor.statements[2]
     ascending = Cursor()
-    ascending.fetchall = lambda: [(3,), (5,), (9,)]  # type: ignore[method-assign]
-    assert unsequenced_ids(ascending, "t", 3) == [3, 5, 9]
+    ascending.fetchall = lambda: [(3, None), (5, cleared), (9, None)]  # type: ignore[method-assign]
+    assert unsequenced_ids(ascending, "t", 3) == ([3, 5, 9], [(5, cleared)])
     assert len(ascending.statements) == 1

@@ -95,7 +95,9 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     @admin.display(description="lag (messages)")
     def lag(self, obj: TopicGroup) -> str:
         state = self._state(obj)
-        return "-" if state is None else f"{state.lag:,}"
+        if state is None:
+            return "-"
+        return f"{state.lag:,}+" if state.unsequenced_capped else f"{state.lag:,}"
 
     @admin.display(description="oldest unhandled")
     def oldest(self, obj: TopicGroup) -> str:

@@ -73,11 +73,19 @@ SELECT MIN(d.msg_offset) FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
 """
 PUBLISHED_AT_SQL = (f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} "
                     "WHERE topic = %s AND msg_offset = %s")
+#: Unsequenced messages of a topic counted at most: they pile up while every reader of it
+#: is down, and a count of them all walked the whole pile at each stats call or dashboard
+#: refresh (millions after a long outage). Past it the count says "more than this".
+#: Measured with 60,000 waiting: 17 ms for the whole count, 8 ms capped at 20,000 (the
+#: capped read keeps its rows in a temporary table: about 0.4 µs a row against 0.3).
+UNSEQUENCED_COUNT_CAP = 100_000
 #: Committed messages no reader has given an offset yet (none runs while every member of
-#: every group and every broadcast subscriber of the topic is down), and the lowest id:
-#: read from the (topic, offset) index alone, whose NULL offsets come first.
-UNSEQUENCED_COUNT_SQL = (f"SELECT COUNT(*), MIN(id) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
-                         f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset IS NULL")
+#: every group and every broadcast subscriber of the topic is down), up to one past the
+#: cap (``%s``: the cap + 1), and the lowest id: read from the (topic, offset) index
+#: alone, whose NULL offsets come first, in id order (the first entry is the lowest id).
+UNSEQUENCED_COUNT_SQL = (f"SELECT COUNT(*), MIN(id) FROM (SELECT id FROM {TOPIC_MESSAGE_TABLE} "
+                         f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset IS NULL "
+                         "LIMIT %s) AS capped")
 PUBLISHED_BY_ID_SQL = f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} WHERE id = %s"
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE")
@@ -119,8 +127,11 @@ class GroupState:
     oldest_unhandled: int | None = None
     oldest_age_seconds: float | None = None
     #: Messages published to the topic but not given an offset yet: every group of the
-    #: topic is behind them (they pile up while no worker reads the topic).
+    #: topic is behind them (they pile up while no worker reads the topic). Counted up to
+    #: :data:`UNSEQUENCED_COUNT_CAP`; ``unsequenced_capped`` when there are more (``lag``
+    #: is then a floor, shown as ``100000+``).
     unsequenced: int = 0
+    unsequenced_capped: bool = False
 
     @property
     def task_name(self) -> str:
@@ -146,6 +157,12 @@ class GroupState:
                 + sum(self.deliveries.get(s, 0) for s in UNFINISHED))
 
     @property
+    def lag_shown(self) -> str:
+        """The lag as text: ``123+`` when the unsequenced count stopped at its cap (the
+        real lag is more)."""
+        return f"{self.lag}+" if self.unsequenced_capped else str(self.lag)
+
+    @property
     def dead(self) -> int:
         return self.deliveries.get("dead", 0)
 
@@ -155,6 +172,7 @@ class GroupState:
             "position": self.position, "last_offset": self.last_offset,
             "first_offset": self.first_offset, "lag": self.lag, "dead": self.dead,
             "not_pumped": self.not_pumped, "unsequenced": self.unsequenced,
+            "unsequenced_capped": self.unsequenced_capped,
             "deliveries": dict(self.deliveries),
             "oldest_unhandled": self.oldest_unhandled,
             "oldest_age_seconds": self.oldest_age_seconds,
@@ -196,18 +214,11 @@ def groups(topic: str | None = None, group: str | None = None, *,
         cursor.execute(NOW_SQL)
         now = aware_utc(cursor.fetchone()[0])
         assert now is not None
-        unsequenced: dict[str, tuple[int, dt.datetime | None]] = {}
-        for name in {state.topic for state in found}:
-            cursor.execute(UNSEQUENCED_COUNT_SQL, [name])
-            count, lowest = cursor.fetchone()
-            first: dt.datetime | None = None
-            if count:
-                cursor.execute(PUBLISHED_BY_ID_SQL, [lowest])
-                row = cursor.fetchone()
-                first = aware_utc(row[0]) if row is not None else None
-            unsequenced[name] = (int(count), first)
+        unsequenced = {name: _unsequenced(cursor, name) for name in {s.topic for s in found}}
         for state in found:
-            state.unsequenced, first_unsequenced = unsequenced[state.topic]
+            count, first_unsequenced = unsequenced[state.topic]
+            state.unsequenced = min(count, UNSEQUENCED_COUNT_CAP)
+            state.unsequenced_capped = count > UNSEQUENCED_COUNT_CAP
             oldest: int | None = None
             if any(state.deliveries.get(s, 0) for s in UNFINISHED):
                 cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
@@ -226,6 +237,18 @@ def groups(topic: str | None = None, group: str | None = None, *,
                 # Nothing with an offset is waiting: the oldest unhandled has none yet.
                 state.oldest_age_seconds = max(0.0, (now - first_unsequenced).total_seconds())
     return found
+
+
+def _unsequenced(cursor: Any, topic: str) -> tuple[int, dt.datetime | None]:
+    """The topic's messages without an offset, counted up to one past the cap, and when
+    the oldest of them was published (None when there are none)."""
+    cursor.execute(UNSEQUENCED_COUNT_SQL, [topic, UNSEQUENCED_COUNT_CAP + 1])
+    count, lowest = cursor.fetchone()
+    if not count:
+        return 0, None
+    cursor.execute(PUBLISHED_BY_ID_SQL, [lowest])
+    row = cursor.fetchone()
+    return int(count), aware_utc(row[0]) if row is not None else None
 
 
 # ------------------------------------------------------------------ reset

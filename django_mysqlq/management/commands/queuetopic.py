@@ -48,7 +48,7 @@ def groups_table(states: list[broker.GroupState]) -> str:
     rows: list[tuple[str, ...]] = [GROUP_COLUMNS]
     for g in states:
         changed = f"{g.changed_at:%Y-%m-%d %H:%M} {g.changed_by}" if g.changed_at else "-"
-        rows.append((g.topic, g.group, str(g.position), str(g.last_offset), str(g.lag),
+        rows.append((g.topic, g.group, str(g.position), str(g.last_offset), g.lag_shown,
                      _age(g.oldest_age_seconds), str(g.dead), changed))
     widths = [max(len(row[i]) for row in rows) for i in range(len(GROUP_COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
