@@ -1,5 +1,6 @@
 """The broadcast reader in-process, against the real server: a topic whose read fails holds
-back none of its other topics. (The same with a real worker: tests/test_topics_workers.py.)"""
+back none of its other topics, and a read is bounded by the bytes of its payloads as well
+as by count. (A failing topic with a real worker: tests/test_topics_workers.py.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import threading
 import pytest
 from django.db import connection
 
-from django_mysqlq import Topic
+from django_mysqlq import Topic, broker
+from django_mysqlq.broker import oversized
 from django_mysqlq.models import TopicState
 from django_mysqlq.topics import Subscription, TopicEvent
+from django_mysqlq.worker import topics
 from django_mysqlq.worker.topics import BroadcastReader
 from tests.conftest import raw_connection
 
@@ -91,3 +94,35 @@ def test_a_read_that_leaves_no_connection_ends_the_poll_and_its_topic_goes_last(
     assert "It left no connection" in line
     assert reader.read_once() == 2
     assert payloads(got) == [("second", "s"), ("first", "f")]
+
+
+def test_a_read_takes_the_first_messages_whose_payloads_fit_its_bytes(monkeypatch) -> None:
+    """Payloads of 102, 102, 102, 1,002 and 3 bytes (their JSON) and a budget of 250:
+    the first two, then the third alone, then the big one alone (one message at least),
+    then the last. A payload past one row's room is not read, and counts nothing."""
+    Topic("sized").publish_many(["a" * 100, "b" * 100, "c" * 100, "d" * 1000, "e"])
+    broker.sequence("sized")
+
+    def offsets(after: int) -> list[int]:
+        return [row.offset for row in broker.read_after("sized", after, 500, max_bytes=250)]
+
+    assert [offsets(after) for after in (0, 2, 3, 4, 5)] == [[1, 2], [3], [4], [5], []]
+    assert [row.offset for row in broker.read_after("sized", 0, 3)] == [1, 2, 3]  # no bound
+    monkeypatch.setattr(oversized, "row_room", lambda alias=None: 500)
+    rows = broker.read_after("sized", 2, 500, max_bytes=250)
+    assert [(row.offset, row.payload is None) for row in rows] == [
+        (3, False), (4, True), (5, False)]
+
+
+def test_the_reader_gets_every_message_in_order_across_byte_bounded_reads(
+        monkeypatch) -> None:
+    """The same messages through a reader whose budget is 250 bytes: one read returns
+    only the prefix that fits, and every message comes, in order, over the polls."""
+    monkeypatch.setattr(topics, "BROADCAST_BYTES", 250)
+    reader, got = reader_of("sized")
+    values = ["a" * 100, "b" * 100, "c" * 100, "d" * 1000, "e"]
+    Topic("sized").publish_many(values)
+    counts = [reader.read_once() for _ in range(5)]
+    assert counts == [2, 1, 1, 1, 0]
+    assert [event.payload for event in got] == values
+    assert [event.offset for event in got] == [1, 2, 3, 4, 5]

@@ -40,6 +40,12 @@ HELD_LOG_SECONDS = 5.0
 HELD_LONGEST_PAUSE = 1.0
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
+#: Bytes of payloads a broadcast reader takes per read (always one message at least, so a
+#: bigger one moves alone). 500 payloads of MAX_PAYLOAD_BYTES (1 MB by default) are 500 MB
+#: in one read, gigabytes where it was raised near the server's packet. Ordinary messages
+#: (kilobytes) still come 500 a read, and one read (the driver's rows, their text, the
+#: decoded values) stays within tens of MiB a process.
+BROADCAST_BYTES = 16 * 2**20
 
 
 class Claimer(Protocol):
@@ -295,10 +301,11 @@ class BroadcastReader(threading.Thread):
 
     def _read_topic(self, topic: str) -> int:
         """Sequence ``topic`` unless a member is at it, read on from its position (at most
-        :data:`BROADCAST_BATCH` messages) and call its handlers; return how many were
-        read."""
+        :data:`BROADCAST_BATCH` messages and :data:`BROADCAST_BYTES` of payloads) and
+        call its handlers; return how many messages were read."""
         broker.try_sequence(topic)  # (held: a member is stamping; read what is there)
-        rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH)
+        rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH,
+                                 max_bytes=BROADCAST_BYTES)
         for row in rows:
             if row.payload is None:
                 _skip_oversized(topic, row)
