@@ -2,7 +2,8 @@
 message (none lost; twice only for runs of a process killed with kill -9), in key order,
 through random failures; a failing group goes to its dead letter without delaying the
 others, and its dead deliveries can be requeued; broadcast reaches every live process,
-and a process started late begins at the latest offset."""
+and a process started late begins at the latest offset; a broadcast topic whose read fails
+holds back none of the reader's others."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 
 from django_mysqlq import broker
 from django_mysqlq.broker import Operator
-from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup
+from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from tests.burst import run_burst
 from tests.conftest import wait_for
 from tests.subject_support import order_violations
-from tests.testapp import topic_handlers
+from tests.testapp import broadcast_handlers, topic_handlers
 from tests.testapp.models import GateRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -181,6 +182,40 @@ def test_broadcast_reaches_every_live_process_and_a_late_one_starts_at_the_lates
     assert GateRun.objects.filter(label=f"{label}/broadcast").count() == 8 + 8 + 3
     # Workers of --queues default serve no group: no deliveries were made.
     assert not TopicDelivery.objects.exists()
+
+
+def test_a_broadcast_topic_whose_read_fails_holds_back_none_of_the_readers_others(
+        start_worker):
+    """A real server error at every poll of the reader's first topic: its row's last_offset
+    set by hand to BIGINT's largest value, so sequencing its message fails (1264, out of
+    range). Before, that error ended each poll before the second topic, whose messages
+    never came. Now they come, the failure is logged once, and the first topic's message
+    comes once its row is put back."""
+    env = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.broadcast_handlers"}
+    worker = start_worker("--queues", "default", env=env)
+    started(worker)
+
+    def heard(topic: str) -> set[int]:
+        return set(GateRun.objects.filter(label=f"{topic}/broadcast", pid=worker.pid)
+                   .values_list("seq", flat=True))
+
+    TopicState.objects.filter(name="wedged").update(last_offset=2**63 - 1)
+    broadcast_handlers.wedged.publish({"seq": 0})
+    broadcast_handlers.flowing.publish_many([{"seq": seq} for seq in range(3)])
+    wait_for(lambda: heard("flowing") == {0, 1, 2}, timeout=PATIENCE,
+             message="the second topic's messages")
+    broadcast_handlers.flowing.publish({"seq": 3})  # (polls go on failing the first)
+    wait_for(lambda: heard("flowing") == {0, 1, 2, 3}, timeout=PATIENCE,
+             message="the second topic's next message")
+    assert heard("wedged") == set()
+    TopicState.objects.filter(name="wedged").update(last_offset=0)
+    wait_for(lambda: heard("wedged") == {0}, timeout=PATIENCE,
+             message="the first topic's message once its row is put back")
+    stop(worker)
+    output = worker.output()
+    assert output.count("Broadcast reader: reading topic 'wedged' failed") == 1, output
+    assert "Out of range value for column 'msg_offset'" in output
+    assert "Broadcast reader: topic 'wedged' reads again." in output
 
 
 def test_a_burst_member_pumps_until_its_group_has_caught_up_then_exits(start_worker):

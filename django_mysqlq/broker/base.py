@@ -342,6 +342,14 @@ def ensure_usable(alias: str | None = None) -> None:
         connection.close()
 
 
+def connection_lost(alias: str | None = None) -> bool:
+    """Whether this thread has no working connection after a failed statement: none open
+    (the server could not be reached), or one that no longer answers a ping. Not every
+    failed statement means that: a plain error leaves the session usable."""
+    connection = connection_for(alias)
+    return connection.connection is None or not connection.is_usable()
+
+
 def close_if_broken(alias: str | None = None) -> None:
     """Drop this thread's connection if it is unusable, so the next query reconnects."""
     connection = connection_for(alias)

@@ -16,6 +16,12 @@ whole: the driver takes rows far past the server's packet (measured: 40 MiB unde
 and held the reader there for good, its other topics too; below it, all of it in memory,
 for a message no group of the topic can get. It now gets the message without its
 payload and skips it, logged (nothing is retried for a broadcast).
+
+A broadcast read is bounded by bytes as well as by count: it looks at the sizes first
+(:data:`READ_SIZES_SQL`, no payload) and reads the payloads of the first messages that fit
+the caller's budget. It used to take its 500 messages whatever their size: 500 MB of
+payloads at the default ``MAX_PAYLOAD_BYTES`` (1 MB), gigabytes where it was raised near
+the server's packet, all in the worker's memory at once.
 """
 
 from __future__ import annotations
@@ -29,13 +35,28 @@ from .enqueue import sent_size
 from .packets import row_room
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
-#: The pump's and the broadcast readers' read: the sequenced messages after a position
+#: The pump's read: the sequenced messages after a position
 #: with each one's size in bytes, the payload NULL where it is longer than the room one
 #: row has.
 PUMP_READ_SQL = (
     "SELECT msg_offset, msg_key, IF(LENGTH(payload) <= %s, payload, NULL), published_at, "
     f"LENGTH(payload) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
     "WHERE topic = %s AND msg_offset > %s ORDER BY msg_offset LIMIT %s"
+)
+
+#: A broadcast reader's first look: the offsets after a position with each payload's
+#: size, no payload (the sizes decide how many of them one read takes).
+READ_SIZES_SQL = (
+    f"SELECT msg_offset, LENGTH(payload) FROM {TOPIC_MESSAGE_TABLE} "
+    f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset > %s "
+    "ORDER BY msg_offset LIMIT %s"
+)
+#: Then those messages: ``PUMP_READ_SQL`` up to the last offset that fits, at most as many
+#: rows as the look counted (a row changed between the two gets the same room guard).
+READ_UP_TO_SQL = (
+    "SELECT msg_offset, msg_key, IF(LENGTH(payload) <= %s, payload, NULL), published_at, "
+    f"LENGTH(payload) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+    "WHERE topic = %s AND msg_offset > %s AND msg_offset <= %s ORDER BY msg_offset LIMIT %s"
 )
 
 
@@ -108,13 +129,32 @@ class ReadMessage(NamedTuple):
     room: int
 
 
-def read_after(topic: str, offset: int, limit: int,
+def read_after(topic: str, offset: int, limit: int, max_bytes: int | None = None,
                alias: str | None = None) -> list[ReadMessage]:
     """Up to ``limit`` sequenced messages of ``topic`` after ``offset``, in offset
-    order; a payload past one row's room is left unread (``payload`` None)."""
+    order, and only as many as have ``max_bytes`` of payloads (always one at least, so a
+    big message still moves; None: no bound); a payload past one row's room is left
+    unread (``payload`` None) and counts nothing."""
     alias = alias or default_alias()
     room = row_room(alias)
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(PUMP_READ_SQL, [room, topic, offset, limit])
+        cursor.execute(READ_SIZES_SQL, [topic, offset, limit])
+        sizes = [(int(row[0]), int(row[1] or 0)) for row in cursor.fetchall()]
+        count = len(sizes) if max_bytes is None else _fitting_count(
+            [size if size <= room else 0 for _, size in sizes], max_bytes)
+        if not count:
+            return []
+        cursor.execute(READ_UP_TO_SQL, [room, topic, offset, sizes[count - 1][0], count])
         return [ReadMessage(int(row[0]), row[1], None if row[2] is None else str(row[2]),
                             row[3], int(row[4] or 0), room) for row in cursor.fetchall()]
+
+
+def _fitting_count(sizes: Sequence[int], max_bytes: int) -> int:
+    """How many of ``sizes``, from the first, add up to at most ``max_bytes``; at least
+    one (when there is one), so a message bigger than the budget is read alone."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if count and total > max_bytes:
+            return count
+    return len(sizes)

@@ -40,6 +40,12 @@ HELD_LOG_SECONDS = 5.0
 HELD_LONGEST_PAUSE = 1.0
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
+#: Bytes of payloads a broadcast reader takes per read (always one message at least, so a
+#: bigger one moves alone). 500 payloads of MAX_PAYLOAD_BYTES (1 MB by default) are 500 MB
+#: in one read, gigabytes where it was raised near the server's packet. Ordinary messages
+#: (kilobytes) still come 500 a read, and one read (the driver's rows, their text, the
+#: decoded values) stays within tens of MiB a process.
+BROADCAST_BYTES = 16 * 2**20
 
 
 class Claimer(Protocol):
@@ -248,6 +254,12 @@ class BroadcastReader(threading.Thread):
         self.stop_event = stop
         self.poll = poll
         self.positions: dict[str, int] = {}
+        #: The order a poll reads the topics in: one whose read left no connection goes
+        #: last (see :meth:`read_once`).
+        self.order: list[str] = list(self.listeners)
+        #: Topics whose read fails, with the kinds of error logged (forgotten once the
+        #: topic reads again): a lasting one is logged once, not at every poll.
+        self.failing: dict[str, set[tuple[str, int | None]]] = {}
 
     def begin(self) -> None:
         """Take the starting positions (on the caller's connection, before the worker
@@ -260,30 +272,66 @@ class BroadcastReader(threading.Thread):
     def run(self) -> None:
         broker.own_connection()
         while not self.stop_event.is_set():
-            try:
-                read = self.read_once()
-            except DatabaseError as exc:
-                logger.warning("Broadcast reader: database error (%s); retrying.",
-                               one_line(str(exc)))
-                broker.close_if_broken()
-                read = 0
-            if not read:
+            if not self.read_once():
                 self.stop_event.wait(self.poll)
 
     def read_once(self) -> int:
+        """Read each topic once; return how many messages were read. A topic whose read
+        fails (a row changed by hand, a statement timeout) is logged and tried again at
+        the next poll: it holds back none of the others."""
         read = 0
-        for topic, listeners in self.listeners.items():
-            broker.try_sequence(topic)  # (held: a member is stamping; read what is there)
-            rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH)
-            for row in rows:
-                if row.payload is None:
-                    _skip_oversized(topic, row)
-                else:
-                    self._handle(topic, listeners, row.offset, row.key, row.payload,
-                                 row.published_at)
-                self.positions[topic] = row.offset
-            read += len(rows)
+        for topic in list(self.order):
+            try:
+                read += self._read_topic(topic)
+            except DatabaseError as exc:
+                gone = broker.connection_lost()
+                broker.close_if_broken()
+                self._failed(topic, exc, gone)
+                if gone:
+                    # No connection left (lost, or the server is unreachable): the other
+                    # topics would only fail the same way, each after its own connect
+                    # attempt. The next poll reconnects and reads this topic last, so one
+                    # whose read breaks the connection every time starves none of them.
+                    self.order.remove(topic)
+                    self.order.append(topic)
+                    break
+            else:
+                self._recovered(topic)
         return read
+
+    def _read_topic(self, topic: str) -> int:
+        """Sequence ``topic`` unless a member is at it, read on from its position (at most
+        :data:`BROADCAST_BATCH` messages and :data:`BROADCAST_BYTES` of payloads) and
+        call its handlers; return how many messages were read."""
+        broker.try_sequence(topic)  # (held: a member is stamping; read what is there)
+        rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH,
+                                 max_bytes=BROADCAST_BYTES)
+        for row in rows:
+            if row.payload is None:
+                _skip_oversized(topic, row)
+            else:
+                self._handle(topic, self.listeners[topic], row.offset, row.key, row.payload,
+                             row.published_at)
+            self.positions[topic] = row.offset
+        return len(rows)
+
+    def _failed(self, topic: str, exc: DatabaseError, gone: bool) -> None:
+        """Log a topic's failed read once per kind of error (its class and code) until
+        the topic reads again: a lasting cause would log at every poll."""
+        kind = (type(exc).__name__, broker.error_code(exc))
+        logged = self.failing.setdefault(topic, set())
+        if kind in logged:
+            return
+        logged.add(kind)
+        then = ("It left no connection: the next poll reconnects and reads this topic last."
+                if gone else "The other topics go on; this one is read again at the next poll.")
+        logger.warning("Broadcast reader: reading topic %r failed (logged once until it "
+                       "reads again): %s. %s", topic, one_line(str(exc)), then)
+
+    def _recovered(self, topic: str) -> None:
+        """Close a topic's failing episode with a line saying it reads again."""
+        if self.failing.pop(topic, None) is not None:
+            logger.warning("Broadcast reader: topic %r reads again.", topic)
 
     def _handle(self, topic: str, listeners: Sequence[Subscription], offset: int,
                 key: str | None, text: str, published_at: dt.datetime) -> None:

@@ -1,0 +1,128 @@
+"""The broadcast reader in-process, against the real server: a topic whose read fails holds
+back none of its other topics, and a read is bounded by the bytes of its payloads as well
+as by count. (A failing topic with a real worker: tests/test_topics_workers.py.)"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from django.db import connection
+
+from django_mysqlq import Topic, broker
+from django_mysqlq.broker import oversized
+from django_mysqlq.models import TopicState
+from django_mysqlq.topics import Subscription, TopicEvent
+from django_mysqlq.worker import topics
+from django_mysqlq.worker.topics import BroadcastReader
+from tests.conftest import raw_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: How a failed read's line starts (then the topic and the error).
+FAILED = "Broadcast reader: reading topic {!r} failed (logged once until it reads again): "
+#: A topic row's last_offset set by hand to BIGINT's largest value: sequencing its next
+#: message fails on the server (1264, out of range), at every poll, until it is put back.
+WEDGED = 2**63 - 1
+
+
+def reader_of(*names: str) -> tuple[BroadcastReader, list[TopicEvent]]:
+    """A broadcast reader of ``names`` (read in that order) started at their latest
+    offsets, and what its handlers got."""
+    got: list[TopicEvent] = []
+    reader = BroadcastReader([Subscription(name, got.append, None) for name in names],
+                             threading.Event(), poll=0.1)
+    reader.begin()
+    return reader, got
+
+
+def payloads(got: list[TopicEvent]) -> list[tuple[str, object]]:
+    return [(event.topic, event.payload) for event in got]
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_topic_whose_read_fails_holds_back_none_of_the_others(caplog) -> None:
+    """A real server error on the first topic read (its row tampered, see ``WEDGED``).
+    Before, the error ended the whole poll: the topic after it was never read. Now it is
+    logged once, the other topic's messages reach the handlers, and the first one is read
+    again once its row is put back."""
+    reader, got = reader_of("wedged", "flowing")
+    TopicState.objects.filter(name="wedged").update(last_offset=WEDGED)
+    Topic("wedged").publish("w")
+    Topic("flowing").publish_many(["a", "b"])
+    with caplog.at_level(logging.WARNING, "django_mysqlq"):
+        assert reader.read_once() == 2
+        assert reader.read_once() == 0
+        assert reader.read_once() == 0
+    assert payloads(got) == [("flowing", "a"), ("flowing", "b")]
+    [line] = warnings(caplog)
+    assert line.startswith(FAILED.format("wedged"))
+    assert "1264" in line and "The other topics go on" in line
+    caplog.clear()
+    TopicState.objects.filter(name="wedged").update(last_offset=0)
+    with caplog.at_level(logging.WARNING, "django_mysqlq"):
+        assert reader.read_once() == 1
+    assert payloads(got)[2:] == [("wedged", "w")]
+    assert warnings(caplog) == ["Broadcast reader: topic 'wedged' reads again."]
+
+
+def test_a_read_that_leaves_no_connection_ends_the_poll_and_its_topic_goes_last(
+        caplog) -> None:
+    """The reader's connection killed by the server (KILL): the first topic's read fails
+    and the connection is closed; the poll ends there (the others would fail the same
+    way), and the next one reconnects and reads that topic last."""
+    reader, got = reader_of("first", "second")
+    Topic("first").publish("f")
+    Topic("second").publish("s")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        [(session,)] = cursor.fetchall()
+    killer = raw_connection()
+    try:
+        killer.cursor().execute(f"KILL {int(session)}")
+    finally:
+        killer.close()
+    with caplog.at_level(logging.WARNING, "django_mysqlq"):
+        assert reader.read_once() == 0
+    assert connection.connection is None and reader.order == ["second", "first"]
+    [line] = warnings(caplog)
+    assert line.startswith(FAILED.format("first"))
+    assert "It left no connection" in line
+    assert reader.read_once() == 2
+    assert payloads(got) == [("second", "s"), ("first", "f")]
+
+
+def test_a_read_takes_the_first_messages_whose_payloads_fit_its_bytes(monkeypatch) -> None:
+    """Payloads of 102, 102, 102, 1,002 and 3 bytes (their JSON) and a budget of 250:
+    the first two, then the third alone, then the big one alone (one message at least),
+    then the last. A payload past one row's room is not read, and counts nothing."""
+    Topic("sized").publish_many(["a" * 100, "b" * 100, "c" * 100, "d" * 1000, "e"])
+    broker.sequence("sized")
+
+    def offsets(after: int) -> list[int]:
+        return [row.offset for row in broker.read_after("sized", after, 500, max_bytes=250)]
+
+    assert [offsets(after) for after in (0, 2, 3, 4, 5)] == [[1, 2], [3], [4], [5], []]
+    assert [row.offset for row in broker.read_after("sized", 0, 3)] == [1, 2, 3]  # no bound
+    monkeypatch.setattr(oversized, "row_room", lambda alias=None: 500)
+    rows = broker.read_after("sized", 2, 500, max_bytes=250)
+    assert [(row.offset, row.payload is None) for row in rows] == [
+        (3, False), (4, True), (5, False)]
+
+
+def test_the_reader_gets_every_message_in_order_across_byte_bounded_reads(
+        monkeypatch) -> None:
+    """The same messages through a reader whose budget is 250 bytes: one read returns
+    only the prefix that fits, and every message comes, in order, over the polls."""
+    monkeypatch.setattr(topics, "BROADCAST_BYTES", 250)
+    reader, got = reader_of("sized")
+    values = ["a" * 100, "b" * 100, "c" * 100, "d" * 1000, "e"]
+    Topic("sized").publish_many(values)
+    counts = [reader.read_once() for _ in range(5)]
+    assert counts == [2, 1, 1, 1, 0]
+    assert [event.payload for event in got] == values
+    assert [event.offset for event in got] == [1, 2, 3, 4, 5]
