@@ -32,7 +32,7 @@ import datetime as dt
 import functools
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -41,9 +41,11 @@ from ..signals import topic_published
 from .base import (
     aware_utc,
     connection_for,
+    connection_lost,
     default_alias,
     error_code,
     in_transaction,
+    is_lock_wait,
     logger,
     send_robust,
 )
@@ -373,7 +375,9 @@ def _round_of(cursor: Any, *, topic: str, skip_locked: bool) -> int | None:
 
 
 def sequence_unread(rounds: int, alias: str | None = None,
-                    budget_seconds: float | None = None) -> dict[str, int]:
+                    budget_seconds: float | None = None,
+                    on_error: Callable[[str, DatabaseError], None] | None = None
+                    ) -> dict[str, int]:
     """Give offsets to any topic's committed rows that have none: rounds of
     ``SEQUENCE_BATCH`` taken in turn across the topics, at most ``rounds`` per topic, and
     after each topic's first round only while ``budget_seconds`` last; return how many
@@ -385,6 +389,11 @@ def sequence_unread(rounds: int, alias: str | None = None,
     topic statistics, which all go by offset, would never see them. A topic whose reader
     is stamping it right now (its row held) is left to that reader. Taking the topics in
     turn keeps one topic's backlog from using the whole budget.
+
+    With ``on_error``, a topic whose round fails on its own (a row changed by hand, a
+    value out of range) is handed to it and left for this call, and the other topics go
+    on: one broken topic must not keep the rest without offsets. A lock wait, or a
+    failure that left no connection, is raised as without it (nothing else could go on).
     """
     alias = alias or default_alias()
     deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
@@ -395,7 +404,13 @@ def sequence_unread(rounds: int, alias: str | None = None,
         for topic in pending:
             if turn and deadline is not None and time.monotonic() >= deadline:
                 break
-            stamped = _unread_round(alias, topic)
+            try:
+                stamped = _unread_round(alias, topic)
+            except DatabaseError as exc:
+                if on_error is None or is_lock_wait(exc) or connection_lost(alias):
+                    raise
+                on_error(topic, exc)
+                continue
             if stamped is None:
                 continue  # a reader holds the row: its round stamps them
             if stamped:

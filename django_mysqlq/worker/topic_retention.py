@@ -10,11 +10,19 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from django.db import DatabaseError
+
 from .. import broker
+from ..broker.base import error_code
 from ..conf import get_settings
+from ..log import one_line
 from .retention import BATCH, BATCHES_PER_CALL
 
 logger = logging.getLogger("django_mysqlq")
+
+#: Topics whose sequencing failed at the last call, with the kind of error (its class and
+#: code): logged once per topic and kind, not at every upkeep.
+_failing: dict[str, tuple[str, int | None]] = {}
 
 #: Sequencing of topics nobody reads, per upkeep: at most this many rounds of 1,000 per
 #: topic, and after each topic's first round only while this budget lasts (it runs on
@@ -28,7 +36,25 @@ UNREAD_BUDGET_SECONDS = 1.0
 def sequence_unread() -> dict[str, int]:
     """Give offsets to committed messages no reader has sequenced (a topic without a
     running member or broadcast subscriber); return how many per topic."""
-    done = broker.sequence_unread(UNREAD_ROUNDS, budget_seconds=UNREAD_BUDGET_SECONDS)
+    failed: set[str] = set()
+
+    def on_error(topic: str, exc: DatabaseError) -> None:
+        failed.add(topic)
+        kind = (type(exc).__name__, error_code(exc))
+        if _failing.get(topic) != kind:
+            _failing[topic] = kind
+            logger.error(
+                "Could not give offsets to the messages of topic %r that no running worker "
+                "reads: %s. The other topics go on; this one is tried again at every upkeep "
+                "(said again only if the error changes). Check its row in mysqlq_topic: a "
+                "last_offset or first_offset changed by hand is the usual cause.",
+                topic, one_line(str(exc)))
+
+    done = broker.sequence_unread(UNREAD_ROUNDS, budget_seconds=UNREAD_BUDGET_SECONDS,
+                                  on_error=on_error)
+    for topic in [name for name in _failing if name not in failed]:
+        del _failing[topic]
+        logger.info("Topic %r is sequenced again by the recovery leader.", topic)
     for topic, count in done.items():
         logger.info("Gave offsets to %d message(s) of topic %r that no running worker reads "
                     "(no member of its groups, no broadcast subscriber), so that retention, "

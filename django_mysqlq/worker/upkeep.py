@@ -8,6 +8,11 @@ wait (a day, for a metadata lock): no claims here, and, on the recovery leader, 
 recovery for the whole fleet. Here each step waits at most
 ``MYSQLQ['UPKEEP_LOCK_WAIT_SECONDS']`` (``broker.bounded_lock_waits``); on a lock-wait
 timeout it is skipped for this round with one warning and tried again the next round.
+A step that fails on its own (a row changed by hand, a value out of range) is logged once
+per kind of error and the round's next steps go on: one broken step used to end the whole
+upkeep of every round, on the leader the retention and repairs after it and the promotion
+of due messages too. Only a failure that leaves no connection (or a missing table) still
+ends the round, for the loop's own handling of database trouble.
 
 :class:`RateWatch` does the same for the rate keys' table on the claim path: while a
 stranger holds it, the worker claims and runs plain messages and leaves throttled ones.
@@ -24,9 +29,10 @@ from typing import Any, TypeVar
 from django.db import DatabaseError
 
 from .. import broker
-from ..broker.base import GATE_TABLE, SCHEDULE_TABLE
+from ..broker.base import GATE_TABLE, SCHEDULE_TABLE, SCHEMA_ERRORS, error_code
 from ..broker.park import RATE_TABLE
 from ..broker.topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
+from ..log import one_line
 from ..messages import ClaimedMessage
 from . import retention, schedules, topic_retention
 
@@ -48,6 +54,8 @@ class Housekeeping:
         self.lock_wait = lock_wait
         #: Tables found locked this round: later steps on them are skipped without a wait.
         self._locked: set[str] = set()
+        #: Steps whose last run failed, with the kind of error (class, code): logged once.
+        self._failing: dict[str, tuple[str, int | None]] = {}
 
     @contextlib.contextmanager
     def _round(self) -> Iterator[None]:
@@ -63,13 +71,32 @@ class Housekeeping:
             self._skipped(name, table)
             return None
         try:
-            return run()
+            result = run()
         except DatabaseError as exc:
             if not broker.is_lock_wait(exc):
-                raise
+                if not self._failed_alone(name, exc):
+                    raise
+                return None
             self._locked.add(table)
             self._skipped(name, table)
             return None
+        if self._failing.pop(name, None) is not None:
+            logger.info("Worker %s: upkeep step '%s' works again.", self.worker_id, name)
+        return result
+
+    def _failed_alone(self, name: str, exc: DatabaseError) -> bool:
+        """Whether the round can go on past this step's failure (then logged, once per
+        step and kind of error). Not when the connection is gone or the schema is missing:
+        every later step would fail the same way."""
+        if error_code(exc) in SCHEMA_ERRORS or broker.connection_lost():
+            return False
+        kind = (type(exc).__name__, error_code(exc))
+        if self._failing.get(name) != kind:
+            self._failing[name] = kind
+            logger.error("Worker %s: upkeep step '%s' failed: %s. The round's other steps "
+                         "go on; this one is tried again next round (said again only if the "
+                         "error changes).", self.worker_id, name, one_line(str(exc)))
+        return True
 
     def _skipped(self, name: str, table: str) -> None:
         logger.warning("Worker %s: upkeep step '%s' skipped: %s is locked by another session "
