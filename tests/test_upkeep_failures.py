@@ -98,7 +98,8 @@ def test_a_topic_that_cannot_be_sequenced_holds_back_none_of_the_others(caplog) 
         assert topic_retention.sequence_unread() == {}
     errors = _errors(caplog)
     assert len(errors) == 1, errors  # once, not at every upkeep
-    assert errors[0].startswith("Could not give offsets to the messages of topic 'wedged'")
+    assert errors[0].startswith(
+        "The recovery leader could not give offsets to messages of topic 'wedged' ")
     assert "Out of range" in errors[0] or "out of range" in errors[0], errors[0]
     # Put back: its message gets the next offset, and that is said.
     TopicState.objects.filter(name="wedged").update(last_offset=1)
@@ -128,5 +129,5 @@ def test_a_leader_with_a_wedged_topic_keeps_promoting_and_sequencing_the_rest(
              message="a later delayed task to be promoted and run")
     output = worker.output()
     assert "Database error in the worker loop" not in output, output[-2000:]
-    assert output.count("Could not give offsets to the messages of topic 'wedged-unread'") == 1
+    assert output.count("could not give offsets to messages of topic 'wedged-unread'") == 1
     assert TopicMessage.objects.filter(topic="wedged-unread", offset__isnull=True).count() == 1

@@ -44,9 +44,10 @@ def sequence_unread() -> dict[str, int]:
         if _failing.get(topic) != kind:
             _failing[topic] = kind
             logger.error(
-                "Could not give offsets to the messages of topic %r that no running worker "
-                "reads: %s. The other topics go on; this one is tried again at every upkeep "
-                "(said again only if the error changes). Check its row in mysqlq_topic: a "
+                "The recovery leader could not give offsets to messages of topic %r that "
+                "have none: %s. No group or broadcast reader gets them until it can; the "
+                "other topics go on, and this one is tried again at every upkeep (said "
+                "again only if the error changes). Check its row in mysqlq_topic: a "
                 "last_offset or first_offset changed by hand is the usual cause.",
                 topic, one_line(str(exc)))
 

@@ -1,0 +1,58 @@
+"""One topic whose offsets can't be given must not stop a worker's other work.
+
+A topic row changed by hand (its ``last_offset`` at BIGINT's largest value) makes every
+sequencing round of that topic fail on the server (1264, out of range). Its groups can't
+get new messages until it is put back; the worker's other groups, its broadcast reader
+and its plain tasks must go on, and the failure must be said once, not at every pump.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_mysqlq import Topic
+from django_mysqlq.models import TopicGroup, TopicState
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import GateRun, Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES":
+       "tests.testapp.topic_ops_handlers,tests.testapp.topic_handlers",
+       "MYSQLQ_TEST_LEASE": "4"}
+WEDGED = 2**63 - 1
+
+
+def test_a_wedged_topic_holds_up_only_its_own_groups(start_worker) -> None:
+    worker = start_worker("--concurrency", "4", "--groups", "ops,billing",
+                          "--queues", "default", env=ENV)
+    wait_for(lambda: TopicGroup.objects.filter(group_name__in=["ops", "billing"]).count() == 2,
+             timeout=60, message="the groups' rows (they start at the latest offset)")
+    Topic("opsfeed").publish({"label": "wedged", "seq": 0})
+    wait_for(lambda: GateRun.objects.filter(label="wedged", key="ops:").exists(),
+             timeout=30, message="the ops group to handle the first message")
+    TopicState.objects.filter(name="opsfeed").update(last_offset=WEDGED)
+    Topic("opsfeed").publish({"label": "wedged", "seq": 1})
+    for seq in range(5):
+        Topic("ledger").publish({"label": "flowing", "seq": seq}, key="k")
+        tasks.record.enqueue("plain", seq)
+    wait_for(lambda: GateRun.objects.filter(label="flowing", key="billing:k",
+                                            edge="end").count() == 5,
+             timeout=30, message="the other topic's group to handle its messages")
+    wait_for(lambda: Ledger.objects.filter(label="plain").count() == 5, timeout=30,
+             message="plain tasks to run")
+    said = "could not give offsets to messages of topic 'opsfeed'"
+    wait_for(lambda: said in worker.output(), timeout=30,
+             message="the recovery leader to say it can't sequence the topic")
+    time.sleep(4.5)  # another round of the leader's (MYSQLQ_TEST_LEASE)
+    output = worker.output()
+    assert "Database error in the worker loop" not in output, output[-3000:]
+    assert output.count(said) == 1, output[-3000:]
+    # Put back: the waiting message gets its offset and the group goes on.
+    TopicState.objects.filter(name="opsfeed").update(last_offset=1)
+    Topic("opsfeed").publish({"label": "wedged", "seq": 2})
+    wait_for(lambda: GateRun.objects.filter(label="wedged", key="ops:", edge="end")
+             .count() == 3, timeout=30, message="the ops group to go on once put back")
