@@ -13,6 +13,7 @@ round goes on; a lost connection or a missing table still ends it.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 from django.db import DatabaseError, connection
@@ -65,6 +66,42 @@ def test_a_failing_step_is_said_once_and_the_next_steps_run(caplog) -> None:
         assert housekeeping.step("overflow", "t", lambda: "fine") == "fine"
     assert [r.getMessage() for r in caplog.records] == [
         "Worker w1: upkeep step 'overflow' works again."]
+
+
+def test_a_step_cut_short_by_a_wake_up_is_no_error(caplog) -> None:
+    """A producer's wake-up (``KILL QUERY``) that lands while a step runs: the step's
+    statement fails with 1317 and runs again next round; nothing is said as an error."""
+    Ledger.objects.create(label="held", pid=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        own = int(cursor.fetchone()[0])
+    holder = raw_connection()
+    try:
+        holder.cursor().execute("START TRANSACTION")
+        holder.cursor().execute("SELECT id FROM testapp_ledger FOR UPDATE")
+        timer = threading.Timer(0.5, lambda: _kill_query(own))
+        timer.start()
+
+        def waits_for_the_row() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM testapp_ledger FOR UPDATE")
+
+        housekeeping = Housekeeping("w1", 5)
+        with caplog.at_level(logging.INFO, logger="django_mysqlq"):
+            assert housekeeping.step("promotion", "t", waits_for_the_row) is None
+            timer.join()
+            assert housekeeping.step("promotion", "t", lambda: 1) == 1
+    finally:
+        holder.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def _kill_query(connection_id: int) -> None:
+    killer = raw_connection()
+    try:
+        killer.cursor().execute(f"KILL QUERY {connection_id}")
+    finally:
+        killer.close()
 
 
 def test_a_lost_connection_or_a_missing_table_still_ends_the_round() -> None:

@@ -90,6 +90,12 @@ class Housekeeping:
         every later step would fail the same way."""
         if error_code(exc) in SCHEMA_ERRORS or broker.connection_lost():
             return False
+        if broker.was_interrupted(exc):
+            # KILL QUERY: a producer's wake-up that came while this step ran, not a park.
+            # Nothing is wrong with the step; the next round runs it.
+            logger.debug("Worker %s: upkeep step '%s' was interrupted by a wake-up; it runs "
+                         "again next round.", self.worker_id, name)
+            return True
         kind = (type(exc).__name__, error_code(exc))
         if self._failing.get(name) != kind:
             self._failing[name] = kind
