@@ -41,7 +41,6 @@ from .base import (
     micros,
     send_robust,
 )
-from .empty_offsets import empty_up_to_last
 from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .literals import execute_escaped
@@ -97,6 +96,15 @@ LOOK_SQL = (
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
+#: The topic's last offset, and whether a message has an offset after a position up to
+#: it: one statement, one read view (a stamp commits its messages with the last offset it
+#: moves). ``EXISTS`` answers 0 or 1; a wake-up's ``KILL QUERY`` landing in it can make
+#: MariaDB answer NULL (see ``LOOK_SQL``'s caller), which is never taken for "none".
+EMPTY_BEHIND_SQL = (
+    f"SELECT t.last_offset, EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+    f"({OFFSET_INDEX}) WHERE topic = t.name AND msg_offset > %s "
+    f"AND msg_offset <= t.last_offset) FROM {TOPIC_TABLE} t WHERE t.name = %s"
+)
 MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6) "
             "WHERE id = %s")
 #: The pump's INSERT of deliveries of which the first few are claimed by the pumping
@@ -356,6 +364,34 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage], sizes: Sequen
     return [int(row[0]) for row in returned], taken
 
 
+def _past_empty_offsets(cursor: Any, spec: GroupSpec, group_id: int, current: int) -> None:
+    """A group that read nothing after its position: if it is behind its topic's last
+    offset with no message between, move it to that offset and say so.
+
+    Those offsets hold no message and never will (offsets are only given past the last
+    one): their messages were deleted (by hand, or by retention that does not wait for
+    groups), or the last offset was raised by hand. Left there, the group pumped nothing
+    at every round with a lag that never drained, a ``--burst`` member never ended, and
+    its new messages waited for another reader to sequence them (a group behind leaves
+    that to others). The last offset and the look for a message up to it are one
+    statement, so a round that commits meanwhile is seen whole or not at all; the read
+    before it is not trusted alone (only a plain 0 from the look moves the group).
+    """
+    cursor.execute(EMPTY_BEHIND_SQL, [current, spec.topic])
+    row = cursor.fetchone()
+    if row is None or row[0] is None or row[1] is None:
+        return
+    last, found = int(row[0]), int(row[1])
+    if last <= current or found != 0:
+        return  # (not behind, or stamped since the read: the next round takes them)
+    cursor.execute(MOVE_SQL, [last, group_id])
+    logger.warning(
+        "Group %r of topic %r was at position %d, behind the topic's last offset %d, with no "
+        "message between (deleted, by hand or by retention that does not wait for groups, "
+        "or the last offset raised by hand): moved to %d; its next messages come after it.",
+        spec.group, spec.topic, current, last, last)
+
+
 def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> ClaimedMessage:
     """A delivery the pump inserted claimed, as ``read_claimed_messages`` would read it."""
     enqueued_at = returned[1]
@@ -397,15 +433,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
         read = cursor.fetchall()
         if not read:
-            # (A read of none finds nothing by itself.)
-            last = empty_up_to_last(cursor, spec.topic, current) if wanted > 0 else None
-            if last is not None:
-                cursor.execute(MOVE_SQL, [last, group_id])
-                logger.warning(
-                    "Group %r of topic %r was at position %d, behind the topic's last offset "
-                    "%d, with no message between (deleted, by hand or by retention that does "
-                    "not wait for groups, or the last offset raised by hand): moved to %d; its "
-                    "next messages come after it.", spec.group, spec.topic, current, last, last)
+            if wanted > 0:  # (a read of none finds nothing by itself)
+                _past_empty_offsets(cursor, spec, group_id, current)
             return 0, [], []
         fit = fitting(read, lambda r: delivery(spec, r), room)
         rows, messages = fit.rows, fit.messages
