@@ -50,6 +50,7 @@ from .packets import row_room, split_by_size, statement_room
 from .park import wake
 from .session import connection_session
 from .topics import (
+    LAST_OFFSET_SQL,
     OFFSET_INDEX,
     SEQUENCE_BATCH,
     TOPIC_MESSAGE_TABLE,
@@ -96,15 +97,9 @@ LOOK_SQL = (
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
-#: The topic's last offset, and whether a message has an offset after a position up to
-#: it: one statement, one read view (a stamp commits its messages with the last offset it
-#: moves). ``EXISTS`` answers 0 or 1; a wake-up's ``KILL QUERY`` landing in it can make
-#: MariaDB answer NULL (see ``LOOK_SQL``'s caller), which is never taken for "none".
-EMPTY_BEHIND_SQL = (
-    f"SELECT t.last_offset, EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
-    f"({OFFSET_INDEX}) WHERE topic = t.name AND msg_offset > %s "
-    f"AND msg_offset <= t.last_offset) FROM {TOPIC_TABLE} t WHERE t.name = %s"
-)
+#: Whether the topic has a message in an offset range (one dive into the offset index).
+ANY_UP_TO_SQL = (f"SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
+                 "WHERE topic = %s AND msg_offset > %s AND msg_offset <= %s LIMIT 1")
 MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6) "
             "WHERE id = %s")
 #: The pump's INSERT of deliveries of which the first few are claimed by the pumping
@@ -373,17 +368,18 @@ def _past_empty_offsets(cursor: Any, spec: GroupSpec, group_id: int, current: in
     groups), or the last offset was raised by hand. Left there, the group pumped nothing
     at every round with a lag that never drained, a ``--burst`` member never ended, and
     its new messages waited for another reader to sequence them (a group behind leaves
-    that to others). The last offset and the look for a message up to it are one
-    statement, so a round that commits meanwhile is seen whole or not at all; the read
-    before it is not trusted alone (only a plain 0 from the look moves the group).
+    that to others). The last offset is read before the look for messages up to it: a
+    stamp commits its messages with the last offset it moves, so a round that commits
+    between the two reads is seen by the second (never stepped over as empty).
     """
-    cursor.execute(EMPTY_BEHIND_SQL, [current, spec.topic])
+    cursor.execute(LAST_OFFSET_SQL, [spec.topic])
     row = cursor.fetchone()
-    if row is None or row[0] is None or row[1] is None:
+    last = None if row is None else int(row[0])
+    if last is None or last <= current:
         return
-    last, found = int(row[0]), int(row[1])
-    if last <= current or found != 0:
-        return  # (not behind, or stamped since the read: the next round takes them)
+    cursor.execute(ANY_UP_TO_SQL, [spec.topic, current, last])
+    if cursor.fetchone() is not None:
+        return  # (stamped since the read: the next round takes them)
     cursor.execute(MOVE_SQL, [last, group_id])
     logger.warning(
         "Group %r of topic %r was at position %d, behind the topic's last offset %d, with no "
