@@ -429,8 +429,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
         read = cursor.fetchall()
         if not read:
-            if wanted > 0:  # (a read of none finds nothing by itself)
-                _past_empty_offsets(cursor, spec, group_id, current)
+            _past_empty_offsets(cursor, spec, group_id, current)
             return 0, [], []
         fit = fitting(read, lambda r: delivery(spec, r), room)
         rows, messages = fit.rows, fit.messages
