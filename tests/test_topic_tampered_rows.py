@@ -168,57 +168,6 @@ def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
     assert broker.position("ahead", "billing") == 2
 
 
-def test_offsets_that_hold_no_message_are_stepped_over_once_and_said(caplog) -> None:
-    """A group behind its topic's last offset with no message after its position (the
-    last offset raised by hand, or the messages between deleted) pumped nothing at every
-    round, forever: a lag that never drained, a ``--burst`` member that never ended, and
-    (a group behind leaves sequencing to others) its new messages waited for the leader.
-    The offsets between never get a message (offsets are given past the last one only)."""
-    billing = spec("hollow", "billing")
-    Topic("hollow").publish_many(["a", "b"])
-    broker.sequence("hollow")
-    broker.create_group(billing)
-    assert broker.pump_group(billing, batch=10, window=10).made == 2
-    TopicState.objects.filter(name="hollow").update(last_offset=50)
-    assert broker.group_behind(billing)
-    [state] = broker.groups("hollow", "billing")
-    assert state.lag >= 48  # the phantom lag
-    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
-        pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
-        assert pumped.made == 0
-        assert broker.position("hollow", "billing") == 50
-        assert not broker.group_behind(billing)
-        assert broker.pump_group(billing, batch=10, window=10, sequence=True).made == 0
-    [record] = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert record.getMessage().startswith(
-        "Group 'billing' of topic 'hollow' was at position 2, behind the topic's last offset "
-        "50, with no message between"), record.getMessage()
-    # New messages go on after it, sequenced by the group's own pump.
-    Topic("hollow").publish("c")
-    assert broker.pump_group(billing, batch=10, window=10, sequence=True).made == 1
-    assert broker.position("hollow", "billing") == 51
-    [state] = broker.groups("hollow", "billing")
-    assert state.lag == 3  # the three deliveries made, none handled here: no phantom
-
-
-def test_a_group_behind_deleted_messages_steps_over_them_and_takes_the_next() -> None:
-    """Messages deleted by hand (or by retention that does not wait for groups) before a
-    group got them: it moves past their offsets and takes the next ones."""
-    billing = spec("racing", "billing")
-    Topic("racing").publish("a")
-    broker.sequence("racing")
-    broker.create_group(billing)
-    assert broker.pump_group(billing, batch=10, window=10).made == 1
-    Topic("racing").publish_many(["b", "c", "d"])
-    broker.sequence("racing")
-    TopicMessage.objects.filter(topic="racing", offset__gt=1).delete()  # offsets 2..4
-    Topic("racing").publish_many(["e", "f"])  # unsequenced; last_offset still 4
-    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
-    assert pumped.made == 0 and broker.position("racing", "billing") == 4
-    broker.sequence("racing")  # e, f at 5, 6
-    assert broker.pump_group(billing, batch=10, window=10).made == 2
-
-
 def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_rest(
         ) -> None:
     billing, audit = spec("unlinked", "billing"), spec("unlinked", "audit")

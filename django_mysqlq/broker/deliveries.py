@@ -50,7 +50,6 @@ from .packets import row_room, split_by_size, statement_room
 from .park import wake
 from .session import connection_session
 from .topics import (
-    LAST_OFFSET_SQL,
     OFFSET_INDEX,
     SEQUENCE_BATCH,
     TOPIC_MESSAGE_TABLE,
@@ -97,9 +96,6 @@ LOOK_SQL = (
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
-#: Whether the topic has a message in an offset range (one dive into the offset index).
-ANY_UP_TO_SQL = (f"SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
-                 "WHERE topic = %s AND msg_offset > %s AND msg_offset <= %s LIMIT 1")
 MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6) "
             "WHERE id = %s")
 #: The pump's INSERT of deliveries of which the first few are claimed by the pumping
@@ -359,35 +355,6 @@ def _insert_deliveries(alias: str, messages: Sequence[NewMessage], sizes: Sequen
     return [int(row[0]) for row in returned], taken
 
 
-def _past_empty_offsets(cursor: Any, spec: GroupSpec, group_id: int, current: int) -> None:
-    """A group that read nothing after its position: if it is behind its topic's last
-    offset with no message between, move it to that offset and say so.
-
-    Those offsets hold no message and never will (offsets are only given past the last
-    one): their messages were deleted (by hand, or by retention that does not wait for
-    groups), or the last offset was raised by hand. Left there, the group pumped nothing
-    at every round with a lag that never drained, a ``--burst`` member never ended, and
-    its new messages waited for another reader to sequence them (a group behind leaves
-    that to others). The last offset is read before the look for messages up to it: a
-    stamp commits its messages with the last offset it moves, so a round that commits
-    between the two reads is seen by the second (never stepped over as empty).
-    """
-    cursor.execute(LAST_OFFSET_SQL, [spec.topic])
-    row = cursor.fetchone()
-    last = None if row is None else int(row[0])
-    if last is None or last <= current:
-        return
-    cursor.execute(ANY_UP_TO_SQL, [spec.topic, current, last])
-    if cursor.fetchone() is not None:
-        return  # (stamped since the read: the next round takes them)
-    cursor.execute(MOVE_SQL, [last, group_id])
-    logger.warning(
-        "Group %r of topic %r was at position %d, behind the topic's last offset %d, with no "
-        "message between (deleted, by hand or by retention that does not wait for groups, "
-        "or the last offset raised by hand): moved to %d; its next messages come after it.",
-        spec.group, spec.topic, current, last, last)
-
-
 def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> ClaimedMessage:
     """A delivery the pump inserted claimed, as ``read_claimed_messages`` would read it."""
     enqueued_at = returned[1]
@@ -427,11 +394,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             if stamped is None:
                 return -1, [], []
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
-        read = cursor.fetchall()
-        if not read:
-            _past_empty_offsets(cursor, spec, group_id, current)
-            return 0, [], []
-        fit = fitting(read, lambda r: delivery(spec, r), room)
+        fit = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
         rows, messages = fit.rows, fit.messages
         if fit.oversized is not None:
             oversized.append(fit.oversized)
