@@ -72,14 +72,12 @@ def test_a_step_cut_short_by_a_wake_up_is_no_error(caplog) -> None:
     """A producer's wake-up (``KILL QUERY``) that lands while a step runs: the step's
     statement fails with 1317 and runs again next round; nothing is said as an error."""
     Ledger.objects.create(label="held", pid=0)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
-        own = int(cursor.fetchone()[0])
+    own = _own_connection_id()
     holder = raw_connection()
     try:
         holder.cursor().execute("START TRANSACTION")
         holder.cursor().execute("SELECT id FROM testapp_ledger FOR UPDATE")
-        timer = threading.Timer(0.5, lambda: _kill_query(own))
+        timer = threading.Timer(0.5, lambda: _kill(own, "KILL QUERY"))
         timer.start()
 
         def waits_for_the_row() -> None:
@@ -96,10 +94,17 @@ def test_a_step_cut_short_by_a_wake_up_is_no_error(caplog) -> None:
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
 
 
-def _kill_query(connection_id: int) -> None:
+def _own_connection_id() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+def _kill(connection_id: int, statement: str = "KILL") -> None:
+    """``KILL`` (or ``KILL QUERY``) a session, from a connection of its own."""
     killer = raw_connection()
     try:
-        killer.cursor().execute(f"KILL QUERY {connection_id}")
+        killer.cursor().execute(f"{statement} {int(connection_id)}")
     finally:
         killer.close()
 
@@ -109,14 +114,7 @@ def test_a_lost_connection_or_a_missing_table_still_ends_the_round() -> None:
     with pytest.raises(DatabaseError):  # 1146: every later step would fail the same way
         housekeeping.step("schema", "t", lambda: connection.cursor().execute(
             "SELECT 1 FROM mysqlq_no_such_table"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
-        own = cursor.fetchone()[0]
-    killer = raw_connection()
-    try:
-        killer.cursor().execute(f"KILL {int(own)}")
-    finally:
-        killer.close()
+    _kill(_own_connection_id())
 
     def on_a_dead_connection() -> None:
         with connection.cursor() as cursor:
