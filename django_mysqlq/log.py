@@ -16,7 +16,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+#: A kind of error: its class name and the server's error code (None without one).
+ErrorKind = tuple[str, int | None]
 
 #: The text format of the handler ``runqueueworker`` installs when nothing else shows its logs.
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -48,6 +53,43 @@ def cut_traceback(text: str, limit: int = TRACEBACK_MAX, line_limit: int = ERROR
     if len(joined) <= limit:
         return joined
     return f"… (the first {len(joined) - limit:,} characters cut)\n{joined[-limit:]}"
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    """The kind of ``exc`` a lasting failure is logged once for: its class and code."""
+    code = exc.args[0] if exc.args else None
+    return type(exc).__name__, code if isinstance(code, int) else None
+
+
+class Failures(Generic[K]):
+    """What keeps failing (a topic's read, an upkeep step, a group's pump), and how.
+
+    A loop that tries again every round would log a lasting cause at every round: with
+    this, each thing's failure is said once per kind of error, and its end once.
+    """
+
+    def __init__(self) -> None:
+        self._kinds: dict[K, set[ErrorKind]] = {}
+
+    def failed(self, key: K, exc: BaseException) -> bool:
+        """Note that ``key`` failed with ``exc``; whether this kind is new for it (log it)."""
+        kinds = self._kinds.setdefault(key, set())
+        kind = error_kind(exc)
+        if kind in kinds:
+            return False
+        kinds.add(kind)
+        return True
+
+    def recovered(self, key: K) -> bool:
+        """Note that ``key`` works; whether it was failing (log that it works again)."""
+        return self._kinds.pop(key, None) is not None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._kinds
+
+    def keys(self) -> list[K]:
+        """What is failing now."""
+        return list(self._kinds)
 
 
 class JSONFormatter(logging.Formatter):

@@ -26,6 +26,18 @@ ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES":
 WEDGED = 2**63 - 1
 
 
+def _other_work_flows() -> None:
+    """The other topic's group and the plain tasks each handle five messages."""
+    for seq in range(5):
+        Topic("ledger").publish({"label": "flowing", "seq": seq}, key="k")
+        tasks.record.enqueue("plain", seq)
+    wait_for(lambda: GateRun.objects.filter(label="flowing", key="billing:k",
+                                            edge="end").count() == 5,
+             timeout=30, message="the other topic's group to handle its messages")
+    wait_for(lambda: Ledger.objects.filter(label="plain").count() == 5, timeout=30,
+             message="plain tasks to run")
+
+
 def test_a_wedged_topic_holds_up_only_its_own_groups(start_worker) -> None:
     worker = start_worker("--concurrency", "4", "--groups", "ops,billing",
                           "--queues", "default", env=ENV)
@@ -36,14 +48,7 @@ def test_a_wedged_topic_holds_up_only_its_own_groups(start_worker) -> None:
              timeout=30, message="the ops group to handle the first message")
     TopicState.objects.filter(name="opsfeed").update(last_offset=WEDGED)
     Topic("opsfeed").publish({"label": "wedged", "seq": 1})
-    for seq in range(5):
-        Topic("ledger").publish({"label": "flowing", "seq": seq}, key="k")
-        tasks.record.enqueue("plain", seq)
-    wait_for(lambda: GateRun.objects.filter(label="flowing", key="billing:k",
-                                            edge="end").count() == 5,
-             timeout=30, message="the other topic's group to handle its messages")
-    wait_for(lambda: Ledger.objects.filter(label="plain").count() == 5, timeout=30,
-             message="plain tasks to run")
+    _other_work_flows()
     said = "could not give offsets to messages of topic 'opsfeed'"
     wait_for(lambda: said in worker.output(), timeout=30,
              message="the recovery leader to say it can't sequence the topic")
@@ -56,3 +61,32 @@ def test_a_wedged_topic_holds_up_only_its_own_groups(start_worker) -> None:
     Topic("opsfeed").publish({"label": "wedged", "seq": 2})
     wait_for(lambda: GateRun.objects.filter(label="wedged", key="ops:", edge="end")
              .count() == 3, timeout=30, message="the ops group to go on once put back")
+
+
+def test_a_group_whose_pump_fails_holds_up_no_other_group_or_queue(start_worker) -> None:
+    # The group has every message, and so stamps its topic's next ones in its own pump:
+    # with the topic's last offset at BIGINT's largest value that pump fails (1264) at
+    # every round. It used to end the worker's whole loop round, claims included.
+    worker = start_worker("--concurrency", "4", "--groups", "ops,billing",
+                          "--queues", "default", env=ENV)
+    wait_for(lambda: TopicGroup.objects.filter(group_name__in=["ops", "billing"]).count() == 2,
+             timeout=60, message="the groups' rows (they start at the latest offset)")
+    TopicState.objects.filter(name="opsfeed").update(last_offset=WEDGED)
+    TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=WEDGED)
+    Topic("opsfeed").publish({"label": "wedged", "seq": 0})
+    said = "Group 'ops' of topic 'opsfeed': its pump failed"
+    wait_for(lambda: said in worker.output(), timeout=30,
+             message="the worker to say the ops group's pump fails")
+    _other_work_flows()
+    output = worker.output()
+    assert "Database error in the worker loop" not in output, output[-3000:]
+    assert output.count(said) == 1, output[-3000:]
+    assert not GateRun.objects.filter(label="wedged").exists()
+    # Put back: the waiting message gets its offset, the group goes on and says so.
+    TopicState.objects.filter(name="opsfeed").update(last_offset=1)
+    TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=1)
+    Topic("opsfeed").publish({"label": "wedged", "seq": 1})
+    wait_for(lambda: GateRun.objects.filter(label="wedged", key="ops:", edge="end")
+             .count() == 2, timeout=30, message="the ops group to go on once put back")
+    wait_for(lambda: "Group 'ops' of topic 'opsfeed' pumps again." in worker.output(),
+             timeout=10, message="the worker to say the group pumps again")

@@ -13,16 +13,15 @@ import logging
 from django.db import DatabaseError
 
 from .. import broker
-from ..broker.base import error_code
 from ..conf import get_settings
-from ..log import one_line
+from ..log import Failures, one_line
 from .retention import BATCH, BATCHES_PER_CALL
 
 logger = logging.getLogger("django_mysqlq")
 
-#: Topics whose sequencing failed at the last call, with the kind of error (its class and
-#: code): logged once per topic and kind, not at every upkeep.
-_failing: dict[str, tuple[str, int | None]] = {}
+#: Topics whose sequencing failed at the last call: logged once per topic and kind of
+#: error, not at every upkeep.
+_failing: Failures[str] = Failures()
 
 #: Sequencing of topics nobody reads, per upkeep: at most this many rounds of 1,000 per
 #: topic, and after each topic's first round only while this budget lasts (it runs on
@@ -40,21 +39,19 @@ def sequence_unread() -> dict[str, int]:
 
     def on_error(topic: str, exc: DatabaseError) -> None:
         failed.add(topic)
-        kind = (type(exc).__name__, error_code(exc))
-        if _failing.get(topic) != kind:
-            _failing[topic] = kind
+        if _failing.failed(topic, exc):
             logger.error(
                 "The recovery leader could not give offsets to messages of topic %r that "
                 "have none: %s. No group or broadcast reader gets them until it can; the "
                 "other topics go on, and this one is tried again at every upkeep (said "
-                "again only if the error changes). Check its row in mysqlq_topic: a "
+                "again only for a new kind of error). Check its row in mysqlq_topic: a "
                 "last_offset or first_offset changed by hand is the usual cause.",
                 topic, one_line(str(exc)))
 
     done = broker.sequence_unread(UNREAD_ROUNDS, budget_seconds=UNREAD_BUDGET_SECONDS,
                                   on_error=on_error)
-    for topic in [name for name in _failing if name not in failed]:
-        del _failing[topic]
+    for topic in [name for name in _failing.keys() if name not in failed]:
+        _failing.recovered(topic)
         logger.info("Topic %r is sequenced again by the recovery leader.", topic)
     for topic, count in done.items():
         logger.info("Gave offsets to %d message(s) of topic %r that no running worker reads "

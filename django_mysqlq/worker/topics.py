@@ -26,7 +26,7 @@ from django.db import DatabaseError
 from .. import broker, payload
 from ..conf import QueueSettings
 from ..exceptions import PayloadDecodeError
-from ..log import one_line
+from ..log import Failures, one_line
 from ..messages import ClaimedMessage
 from ..topics import Subscription, TopicEvent, subscriptions
 
@@ -103,6 +103,9 @@ class TopicDuty:
         #: and those of them logged.
         self._held_since: dict[str, float] = {}
         self._held_logged: set[str] = set()
+        #: Groups whose pump fails on its own (a row changed by hand, a value out of
+        #: range): they wait, and the others go on.
+        self.failing: Failures[tuple[str, str]] = Failures()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -152,9 +155,14 @@ class TopicDuty:
                 pumped, claimed = broker.pump_claiming(
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
                     sequence=True, keep=self.keep, recreate=True)
+            except DatabaseError as exc:
+                if not self._failed_alone(spec, exc):
+                    raise
+                continue
             finally:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
+            self._pumps_again(spec)
             self.taken += len(claimed)
             self._note_oversized(spec, pumped)
             self._note_held(spec.topic, pumped)
@@ -170,7 +178,30 @@ class TopicDuty:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
-                   and (spec.topic, spec.group) not in self.stopped)
+                   and (spec.topic, spec.group) not in self.stopped
+                   and (spec.topic, spec.group) not in self.failing)
+
+    def _failed_alone(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
+        """Whether the other groups can be pumped past this group's failure (then logged,
+        once per group and kind of error). Not when the connection is gone, the schema
+        or a grant is missing (every pump would fail the same way), or a wake-up cut the
+        statement short: the loop handles those."""
+        if (broker.is_schema_error(exc) or broker.is_setup_error(exc)
+                or broker.was_interrupted(exc) or broker.connection_lost()):
+            return False
+        if self.failing.failed((spec.topic, spec.group), exc):
+            logger.error(
+                "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
+                "queues go on; this group gets no new deliveries until it pumps again, "
+                "tried at every round (said again only for a new kind of error). A row of "
+                "mysqlq_topic or mysqlq_topic_group changed by hand is the usual cause: "
+                "see manage.py queuetopic groups.",
+                spec.group, spec.topic, one_line(str(exc)))
+        return True
+
+    def _pumps_again(self, spec: broker.GroupSpec) -> None:
+        if self.failing.recovered((spec.topic, spec.group)):
+            logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
 
     def busy_pause(self) -> float:
         """How long to wait before looking again while a topic's row is held: short while
@@ -257,9 +288,8 @@ class BroadcastReader(threading.Thread):
         #: The order a poll reads the topics in: one whose read left no connection goes
         #: last (see :meth:`read_once`).
         self.order: list[str] = list(self.listeners)
-        #: Topics whose read fails, with the kinds of error logged (forgotten once the
-        #: topic reads again): a lasting one is logged once, not at every poll.
-        self.failing: dict[str, set[tuple[str, int | None]]] = {}
+        #: Topics whose read fails: a lasting cause is logged once, not at every poll.
+        self.failing: Failures[str] = Failures()
 
     def begin(self) -> None:
         """Take the starting positions (on the caller's connection, before the worker
@@ -318,11 +348,8 @@ class BroadcastReader(threading.Thread):
     def _failed(self, topic: str, exc: DatabaseError, gone: bool) -> None:
         """Log a topic's failed read once per kind of error (its class and code) until
         the topic reads again: a lasting cause would log at every poll."""
-        kind = (type(exc).__name__, broker.error_code(exc))
-        logged = self.failing.setdefault(topic, set())
-        if kind in logged:
+        if not self.failing.failed(topic, exc):
             return
-        logged.add(kind)
         then = ("It left no connection: the next poll reconnects and reads this topic last."
                 if gone else "The other topics go on; this one is read again at the next poll.")
         logger.warning("Broadcast reader: reading topic %r failed (logged once until it "
@@ -330,7 +357,7 @@ class BroadcastReader(threading.Thread):
 
     def _recovered(self, topic: str) -> None:
         """Close a topic's failing episode with a line saying it reads again."""
-        if self.failing.pop(topic, None) is not None:
+        if self.failing.recovered(topic):
             logger.warning("Broadcast reader: topic %r reads again.", topic)
 
     def _handle(self, topic: str, listeners: Sequence[Subscription], offset: int,

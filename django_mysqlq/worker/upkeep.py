@@ -32,7 +32,7 @@ from .. import broker
 from ..broker.base import GATE_TABLE, SCHEDULE_TABLE, SCHEMA_ERRORS, error_code
 from ..broker.park import RATE_TABLE
 from ..broker.topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
-from ..log import one_line
+from ..log import Failures, one_line
 from ..messages import ClaimedMessage
 from . import retention, schedules, topic_retention
 
@@ -54,8 +54,8 @@ class Housekeeping:
         self.lock_wait = lock_wait
         #: Tables found locked this round: later steps on them are skipped without a wait.
         self._locked: set[str] = set()
-        #: Steps whose last run failed, with the kind of error (class, code): logged once.
-        self._failing: dict[str, tuple[str, int | None]] = {}
+        #: Steps whose last run failed: logged once per kind of error.
+        self._failing: Failures[str] = Failures()
 
     @contextlib.contextmanager
     def _round(self) -> Iterator[None]:
@@ -80,7 +80,7 @@ class Housekeeping:
             self._locked.add(table)
             self._skipped(name, table)
             return None
-        if self._failing.pop(name, None) is not None:
+        if self._failing.recovered(name):
             logger.info("Worker %s: upkeep step '%s' works again.", self.worker_id, name)
         return result
 
@@ -96,12 +96,10 @@ class Housekeeping:
             logger.debug("Worker %s: upkeep step '%s' was interrupted by a wake-up; it runs "
                          "again next round.", self.worker_id, name)
             return True
-        kind = (type(exc).__name__, error_code(exc))
-        if self._failing.get(name) != kind:
-            self._failing[name] = kind
+        if self._failing.failed(name, exc):
             logger.error("Worker %s: upkeep step '%s' failed: %s. The round's other steps "
-                         "go on; this one is tried again next round (said again only if the "
-                         "error changes).", self.worker_id, name, one_line(str(exc)))
+                         "go on; this one is tried again next round (said again only for a "
+                         "new kind of error).", self.worker_id, name, one_line(str(exc)))
         return True
 
     def _skipped(self, name: str, table: str) -> None:
