@@ -92,6 +92,17 @@ LOOK_SQL = (
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
+#: Whether a group has anything to pump (``--burst``): a message after its position up to
+#: the topic's last offset (not just a last offset past its position: those messages may
+#: be gone), or messages without an offset (its pump stamps them).
+BEHIND_SQL = (
+    f"SELECT EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX})"
+    " WHERE topic = g.topic AND msg_offset > g.position AND msg_offset <= t.last_offset),"
+    f" EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX})"
+    " WHERE topic = g.topic AND msg_offset IS NULL)"
+    f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
+    " WHERE g.topic = %s AND g.group_name = %s"
+)
 #: The next sequenced messages after the group's position.
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
@@ -231,15 +242,15 @@ class PumpClaim:
 
 
 def group_behind(spec: GroupSpec, alias: str | None = None) -> bool:
-    """Whether the group has messages not pumped yet: it is behind its topic's last
-    offset, or it is not and committed messages of its topic lack an offset (the pump
-    stamps those). A ``--burst`` member ends only once this is false."""
+    """Whether the group has messages not pumped yet: sequenced ones after its position,
+    or committed messages of its topic that lack an offset (its pump stamps those). A
+    ``--burst`` member ends only once this is false."""
     with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(LOOK_SQL, [spec.queue, 1, spec.topic, spec.group])
+        cursor.execute(BEHIND_SQL, [spec.topic, spec.group])
         look = cursor.fetchone()
     if look is None:
         return False  # no such group
-    return look[0] is None or bool(look[0]) or bool(look[2])
+    return look[0] is None or bool(look[0]) or bool(look[1])
 
 
 def pump_claims_supported(alias: str | None = None) -> bool:
@@ -299,8 +310,11 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
                 if take and claim is not None else None)
     if behind:
-        made, claimed, oversized = _pump(spec, wanted, alias, keep=keep, claim=claiming)
-        return Pumped(made, True, oversized=oversized), claimed
+        # (With nothing left after its position, a group that may sequence stamps the
+        # topic's new messages, as a caught-up one does: see _pump.)
+        made, claimed, oversized = _pump(spec, wanted, alias, keep=keep, claim=claiming,
+                                         sequence_if_empty=sequence)
+        return Pumped(max(made, 0), True, busy=made < 0, oversized=oversized), claimed
     if not (sequence and unsequenced):
         return Pumped(0, False), []
     made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
@@ -371,11 +385,19 @@ def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> Claime
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
-          keep: int = 0, claim: PumpClaim | None = None
+          keep: int = 0, claim: PumpClaim | None = None, sequence_if_empty: bool = False
           ) -> tuple[int, list[ClaimedMessage], Oversized | None]:
-    """The pump's transaction: up to ``wanted`` deliveries (-1 when ``sequence_first``
-    found the topic's row held), those it claimed for ``claim``, and the message it
-    stopped before because its delivery would not fit in a statement (see oversized.py)."""
+    """The pump's transaction: up to ``wanted`` deliveries (-1 when it found the topic's
+    row held), those it claimed for ``claim``, and the message it stopped before because
+    its delivery would not fit in a statement (see oversized.py).
+
+    ``sequence_first``: stamp the topic's new messages, then read. ``sequence_if_empty``:
+    stamp them only when nothing is left after the group's position although it is
+    behind the topic's last offset (retention that doesn't wait for groups deleted what
+    it had not had; messages deleted or ``last_offset`` raised by hand). Such a group
+    used to wait for another reader, or the recovery leader's next upkeep, to stamp its
+    new messages. Its position stays: a raised ``last_offset`` put back later finds it
+    where it was."""
     token = uuid.uuid4().hex
     room = row_room(alias)
     oversized: list[Oversized] = []
@@ -394,7 +416,15 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             if stamped is None:
                 return -1, [], []
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
-        fit = fitting(cursor.fetchall(), lambda r: delivery(spec, r), room)
+        found = cursor.fetchall()
+        if not found and sequence_if_empty:
+            stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
+            if stamped is None:
+                return -1, [], []
+            if stamped:
+                cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
+                found = cursor.fetchall()
+        fit = fitting(found, lambda r: delivery(spec, r), room)
         rows, messages = fit.rows, fit.messages
         if fit.oversized is not None:
             oversized.append(fit.oversized)
