@@ -27,7 +27,7 @@ from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__"),
-              pytest.mark.worker]
+              pytest.mark.worker, pytest.mark.compat]
 
 B = mdb.ALIAS_B
 QUEUE_B = "mdb_b"

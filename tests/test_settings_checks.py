@@ -190,6 +190,7 @@ def test_the_command_refuses_bad_arguments_clearly():
         call_command("runqueueworker", "--queues", "a,,b")
 
 
+@pytest.mark.compat
 @pytest.mark.worker
 def test_a_worker_refuses_to_start_on_a_broken_task_module_without_a_traceback(start_worker):
     worker = start_worker("--burst", env={

@@ -43,7 +43,7 @@ TaskResultStatus = compat.TaskResultStatus
 task_backends = compat.task_backends
 task = djtasks.task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.compat]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED

@@ -22,7 +22,7 @@ from tests.test_tasks_backend import run_burst  # noqa: E402
 from tests.testapp import djjobs, djmodule, djstray, djtasks  # noqa: E402
 from tests.testapp.models import Ledger  # noqa: E402
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.compat]
 
 InvalidTask = compat.InvalidTask
 TaskResultDoesNotExist = compat.TaskResultDoesNotExist

@@ -14,6 +14,7 @@ import pytest
 
 from django_mysqlq import Topic
 from django_mysqlq.models import TopicGroup, TopicState
+from tests.burst import run_burst
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import GateRun, Ledger
@@ -90,3 +91,17 @@ def test_a_group_whose_pump_fails_holds_up_no_other_group_or_queue(start_worker)
              .count() == 2, timeout=30, message="the ops group to go on once put back")
     wait_for(lambda: "Group 'ops' of topic 'opsfeed' pumps again." in worker.output(),
              timeout=10, message="the worker to say the group pumps again")
+
+
+def test_a_burst_member_ends_past_a_group_whose_pump_fails(start_worker) -> None:
+    run_burst(start_worker, "--groups", "ops,billing", env=ENV)  # the groups' rows
+    TopicState.objects.filter(name="opsfeed").update(last_offset=WEDGED)
+    TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=WEDGED)
+    Topic("opsfeed").publish({"label": "wedged", "seq": 0})
+    Topic("ledger").publish({"label": "flowing", "seq": 0}, key="k")
+    summary, output = run_burst(start_worker, "--groups", "ops,billing", env=ENV)
+    assert summary["succeeded"] == 1, output[-3000:]
+    assert output.count("Group 'ops' of topic 'opsfeed': its pump failed") == 1, output[-3000:]
+    # (Its start's stamping failed too: said, and the worker started all the same.)
+    assert "Topic 'opsfeed': its waiting messages could not be given offsets" in output
+    assert GateRun.objects.filter(label="flowing", key="billing:k", edge="end").count() == 1

@@ -14,7 +14,8 @@ from tests.burst import expected_status
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker,
+              pytest.mark.compat]
 
 
 def run_burst(start_worker, *args: str) -> str:

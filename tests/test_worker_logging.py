@@ -21,7 +21,8 @@ from django_mysqlq.models import Attempt
 from tests.burst import run_burst
 from tests.testapp import djtasks, tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker,
+              pytest.mark.compat]
 
 DJANGO_DEFAULT = {"MYSQLQ_TEST_LOGGING": "django-default"}
 

@@ -54,6 +54,7 @@ from ..messages import AttemptResult, ClaimedMessage, NewMessage, Runner
 from . import replay as _bulk_replay  # noqa: F401
 from .base import (
     ATTEMPT_TABLE,
+    LOCK_ERRORS,
     MESSAGE_TABLE,
     QUEUE_TABLE,
     WORKER_TABLE,
@@ -209,6 +210,7 @@ from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, re
 __all__ = [
     "ATTEMPT_TABLE",
     "IDLE_KEY_SECONDS",
+    "LOCK_ERRORS",
     "MESSAGE_TABLE",
     "QUEUE_TABLE",
     "READ_CLAIMED_SQL",

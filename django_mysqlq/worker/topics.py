@@ -48,6 +48,22 @@ BROADCAST_BATCH = 500
 BROADCAST_BYTES = 16 * 2**20
 
 
+def sequence_at_start(topic: str) -> None:
+    """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
+    its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
+    from starting: it is logged, and its groups' pumps and readers say it again."""
+    try:
+        broker.try_sequence(topic)
+    except DatabaseError as exc:
+        if (broker.is_schema_error(exc) or broker.is_setup_error(exc)
+                or broker.was_interrupted(exc) or broker.connection_lost()):
+            raise
+        logger.error("Topic %r: its waiting messages could not be given offsets as this "
+                     "worker started: %s. The worker starts; the topic's groups and readers "
+                     "get no new messages until they can (see manage.py queuetopic groups).",
+                     topic, one_line(str(exc)))
+
+
 class Claimer(Protocol):
     """The worker's side of a pump that claims for it (``broker.pump_claiming``)."""
 
@@ -106,6 +122,9 @@ class TopicDuty:
         #: Groups whose pump fails on its own (a row changed by hand, a value out of
         #: range): they wait, and the others go on.
         self.failing: Failures[tuple[str, str]] = Failures()
+        #: Those of them failing for more than a lock: a ``--burst`` member ends without
+        #: waiting for them to catch up.
+        self.wedged: set[tuple[str, str]] = set()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -117,7 +136,7 @@ class TopicDuty:
         for topic in self.topics:
             # (Not waiting: a stranger holding the topic's row must not stop a start.)
             broker.ensure_topic(topic)
-            broker.try_sequence(topic)
+            sequence_at_start(topic)
         for spec in self.specs:
             broker.create_group(spec)
         if self.reader is not None and not self.reader.is_alive():
@@ -162,7 +181,8 @@ class TopicDuty:
             finally:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
-            self._pumps_again(spec)
+            if pumped.made:  # (not just no error: a pump that found the row held tried nothing)
+                self._pumps_again(spec)
             self.taken += len(claimed)
             self._note_oversized(spec, pumped)
             self._note_held(spec.topic, pumped)
@@ -179,7 +199,7 @@ class TopicDuty:
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
                    and (spec.topic, spec.group) not in self.stopped
-                   and (spec.topic, spec.group) not in self.failing)
+                   and (spec.topic, spec.group) not in self.wedged)
 
     def _failed_alone(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
         """Whether the other groups can be pumped past this group's failure (then logged,
@@ -189,6 +209,9 @@ class TopicDuty:
         if (broker.is_schema_error(exc) or broker.is_setup_error(exc)
                 or broker.was_interrupted(exc) or broker.connection_lost()):
             return False
+        if broker.error_code(exc) not in broker.LOCK_ERRORS:
+            # (A lock it gave up on passes: a --burst member still waits for the group.)
+            self.wedged.add((spec.topic, spec.group))
         if self.failing.failed((spec.topic, spec.group), exc):
             logger.error(
                 "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
@@ -200,6 +223,7 @@ class TopicDuty:
         return True
 
     def _pumps_again(self, spec: broker.GroupSpec) -> None:
+        self.wedged.discard((spec.topic, spec.group))
         if self.failing.recovered((spec.topic, spec.group)):
             logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
 
@@ -296,7 +320,7 @@ class BroadcastReader(threading.Thread):
         counts as started)."""
         for topic in self.listeners:
             broker.ensure_topic(topic)
-            broker.try_sequence(topic)  # (not waiting for a held row)
+            sequence_at_start(topic)  # (not waiting for a held row)
             self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:
