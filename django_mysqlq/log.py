@@ -84,6 +84,10 @@ class Failures(Generic[K]):
         """Note that ``key`` works; whether it was failing (log that it works again)."""
         return self._kinds.pop(key, None) is not None
 
+    def kinds(self, key: K) -> frozenset[ErrorKind]:
+        """The kinds of error ``key`` has failed with since it last worked."""
+        return frozenset(self._kinds.get(key, ()))
+
     def __contains__(self, key: object) -> bool:
         return key in self._kinds
 

@@ -17,6 +17,8 @@ def test_each_kind_of_error_is_new_once_until_the_thing_works_again() -> None:
     assert not failures.failed("orders", out_of_range)  # (flapping between two kinds)
     assert failures.failed("audit", out_of_range)  # (each thing has its own)
     assert "orders" in failures and failures.keys() == ["orders", "audit"]
+    assert failures.kinds("orders") == {("OperationalError", 1264), ("OperationalError", 1205)}
+    assert failures.kinds("unknown") == frozenset()
     assert failures.recovered("orders")
     assert not failures.recovered("orders")
     assert "orders" not in failures

@@ -48,6 +48,14 @@ BROADCAST_BATCH = 500
 BROADCAST_BYTES = 16 * 2**20
 
 
+def _loop_handles(exc: DatabaseError) -> bool:
+    """Whether ``exc`` is the worker loop's to handle, not one topic's or group's: no
+    connection left, the schema or a grant missing (everything else would fail the same
+    way), or a wake-up's ``KILL QUERY`` (the loop just goes round again)."""
+    return (broker.is_schema_error(exc) or broker.is_setup_error(exc)
+            or broker.was_interrupted(exc) or broker.connection_lost())
+
+
 def sequence_at_start(topic: str) -> None:
     """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
     its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
@@ -55,8 +63,7 @@ def sequence_at_start(topic: str) -> None:
     try:
         broker.try_sequence(topic)
     except DatabaseError as exc:
-        if (broker.is_schema_error(exc) or broker.is_setup_error(exc)
-                or broker.was_interrupted(exc) or broker.connection_lost()):
+        if _loop_handles(exc):
             raise
         logger.error("Topic %r: its waiting messages could not be given offsets as this "
                      "worker started: %s. The worker starts; the topic's groups and readers "
@@ -122,9 +129,6 @@ class TopicDuty:
         #: Groups whose pump fails on its own (a row changed by hand, a value out of
         #: range): they wait, and the others go on.
         self.failing: Failures[tuple[str, str]] = Failures()
-        #: Those of them failing for more than a lock: a ``--burst`` member ends without
-        #: waiting for them to catch up.
-        self.wedged: set[tuple[str, str]] = set()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -199,19 +203,22 @@ class TopicDuty:
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
                    and (spec.topic, spec.group) not in self.stopped
-                   and (spec.topic, spec.group) not in self.wedged)
+                   and not self._wedged(spec))
+
+    def _wedged(self, spec: broker.GroupSpec) -> bool:
+        """Whether the group's pump has failed for more than a lock since it last made
+        deliveries: a ``--burst`` member ends without waiting for it (a lock it gave up
+        on passes, so it still waits for such a group)."""
+        return any(code not in broker.LOCK_ERRORS
+                   for _, code in self.failing.kinds((spec.topic, spec.group)))
 
     def _failed_alone(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
         """Whether the other groups can be pumped past this group's failure (then logged,
         once per group and kind of error). Not when the connection is gone, the schema
         or a grant is missing (every pump would fail the same way), or a wake-up cut the
         statement short: the loop handles those."""
-        if (broker.is_schema_error(exc) or broker.is_setup_error(exc)
-                or broker.was_interrupted(exc) or broker.connection_lost()):
+        if _loop_handles(exc):
             return False
-        if broker.error_code(exc) not in broker.LOCK_ERRORS:
-            # (A lock it gave up on passes: a --burst member still waits for the group.)
-            self.wedged.add((spec.topic, spec.group))
         if self.failing.failed((spec.topic, spec.group), exc):
             logger.error(
                 "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
@@ -223,7 +230,6 @@ class TopicDuty:
         return True
 
     def _pumps_again(self, spec: broker.GroupSpec) -> None:
-        self.wedged.discard((spec.topic, spec.group))
         if self.failing.recovered((spec.topic, spec.group)):
             logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
 
