@@ -110,6 +110,11 @@ class TopicGroup(models.Model):
     #: Operator changes of the position (reset, replay): when and who.
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
+    #: Why the group's pump can't go on, as its members last said (a failing statement, a
+    #: message too big for a delivery, a position past the topic's end), and since when.
+    #: Cleared by the next pump that moves the position, and by a reset.
+    pump_problem = models.TextField(blank=True, default="", db_default="")
+    pump_problem_at = models.DateTimeField(null=True, blank=True)
 
     objects = BoundManager["TopicGroup"]()
 

@@ -223,3 +223,25 @@ def test_the_trace_names_a_group_past_an_offset_whose_link_row_is_missing(root,
     assert 'id="topic-trace"' in text and "No group has received it yet" not in text
     assert "billing</td><td>-</td><td>no delivery record (its link row is missing)" in text
     assert "audit" not in text  # position 0: not past offset 1
+
+
+def test_a_group_whose_pump_cant_go_on_says_why_on_every_page(root, orders) -> None:
+    """A member noted the group's problem: the groups list, the group's page and the
+    dashboard show it beside the lag it explains; the pump's next move clears it."""
+    from django_mysqlq import broker
+
+    problem = "its pump failed: (1264, \"Out of range value for column 'last_offset'\")"
+    assert broker.note_pump_problem("orders", "audit", problem)
+    listed = root.get(GROUPS + "?topic=orders").content.decode()
+    assert 'class="pump-problem errornote"' in listed
+    assert "stopped: its pump failed: (1264, &quot;Out of range value" in listed
+    assert listed.count(">ok<") == 1  # billing
+    row = TopicGroup.objects.get(group_name="audit")
+    page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    assert 'id="group-pump-problem"' in page.content.decode()
+    assert "Its pump can't go on (since " in page.content.decode()
+    dashboard = root.get("/admin/django_mysqlq/queuestate/?refresh=0").content.decode()
+    assert dashboard.count('class="pump-problem"') == 1
+    assert broker.pump(group("orders", "audit", start="latest"), batch=100, window=100)
+    listed = root.get(GROUPS + "?topic=orders").content.decode()
+    assert "pump-problem" not in listed and listed.count(">ok<") == 2

@@ -158,14 +158,24 @@ def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
     duty = TopicDuty([], threading.Event(), get_settings())
     with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
         for _ in range(3):  # once per cause, not every round
-            duty._note_oversized(billing, pumped)
+            duty.trouble.pumped(billing, pumped)
     [record] = caplog.records
     assert record.getMessage().startswith(
         "Group 'billing' of topic 'ahead' is at position 10, past the topic's last offset 2")
     assert "queuetopic reset billing --topic ahead --to-offset 3" in record.getMessage()
+    # Said on the group's row too, for queuetopic groups and the admin.
+    [state] = broker.groups("ahead", "billing")
+    assert state.pump_problem.startswith("at position 10, past the topic's last offset 2")
+    assert state.pump_problem_at is not None
+    out = StringIO()
+    call_command("queuetopic", "groups", "--topic", "ahead", stdout=out)
+    assert "ahead / billing: its pump can't go on (since " in out.getvalue()
+    assert "--to-offset 3" in out.getvalue()
     TopicGroup.objects.filter(topic="ahead").update(position=-5)  # negative: from the start
     assert broker.pump_group(billing, batch=10, window=10).made == 2
     assert broker.position("ahead", "billing") == 2
+    [state] = broker.groups("ahead", "billing")
+    assert (state.pump_problem, state.pump_problem_at) == ("", None)  # the move cleared it
 
 
 def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_rest(

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from django_mysqlq import Topic
+from django_mysqlq import Topic, broker
 from django_mysqlq.models import TopicGroup, TopicState
 from tests.burst import run_burst
 from tests.conftest import wait_for
@@ -83,6 +83,12 @@ def test_a_group_whose_pump_fails_holds_up_no_other_group_or_queue(start_worker)
     assert "Database error in the worker loop" not in output, output[-3000:]
     assert output.count(said) == 1, output[-3000:]
     assert not GateRun.objects.filter(label="wedged").exists()
+    # The operator sees why the group's lag grows: on its row, in queuetopic groups.
+    [state] = broker.groups("opsfeed", "ops")
+    assert state.pump_problem.startswith("its pump failed: "), state.pump_problem
+    assert "Out of range" in state.pump_problem, state.pump_problem
+    assert state.lag == 1
+    assert broker.groups("ledger", "billing")[0].pump_problem == ""
     # Put back: the waiting message gets its offset, the group goes on and says so.
     TopicState.objects.filter(name="opsfeed").update(last_offset=1)
     TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=1)
@@ -91,6 +97,7 @@ def test_a_group_whose_pump_fails_holds_up_no_other_group_or_queue(start_worker)
              .count() == 2, timeout=30, message="the ops group to go on once put back")
     wait_for(lambda: "Group 'ops' of topic 'opsfeed' pumps again." in worker.output(),
              timeout=10, message="the worker to say the group pumps again")
+    assert broker.groups("opsfeed", "ops")[0].pump_problem == ""
 
 
 def test_a_burst_member_ends_past_a_group_whose_pump_fails(start_worker) -> None:

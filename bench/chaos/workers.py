@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,10 +58,21 @@ class Worker:
     port: int | None = None
     #: When it was told to stop (SIGTERM), killed, or found dead (host epoch seconds).
     ended_at: float | None = None
+    #: When its process ended, as seen by a thread blocked in ``wait()`` on it: a crash is
+    #: dated by this, not by the next :meth:`WorkerPool.reap` (which may come a second
+    #: later, while the queue has already recovered the claims the crash left).
+    exited_at: float | None = None
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+
+def _watch_exit(worker: Worker) -> None:
+    """Note the moment the worker's process ends (runs in a thread of its own)."""
+    with contextlib.suppress(Exception):
+        worker.popen.wait()
+        worker.exited_at = time.time()
 
 
 def _started(worker: Worker) -> bool:
@@ -104,6 +116,8 @@ class WorkerPool:
             )
         worker = Worker(index, popen, log_path, time.time(), port=port)
         self.workers.append(worker)
+        threading.Thread(target=_watch_exit, args=(worker,), daemon=True,
+                         name=f"exit-of-{popen.pid}").start()
         return worker
 
     def ports_by_pid(self) -> dict[int, int | None]:
@@ -150,9 +164,10 @@ class WorkerPool:
             status = worker.popen.poll()
             if worker.state == "running" and status is not None:
                 worker.state = "exited"
-                worker.ended_at = time.time()
+                worker.ended_at = worker.exited_at or time.time()
                 self.exit_statuses[worker.pid] = status
-                self.events.add(ev.CRASH, worker.pid, detail=f"exit status {status}")
+                self.events.add(ev.CRASH, worker.pid, at=worker.ended_at,
+                                detail=f"exit status {status}")
                 crashed += 1
             elif worker.state == "stopping" and status is not None:
                 worker.state = "exited"

@@ -60,13 +60,13 @@ def _bulk_reset(edge: str) -> Any:
 @admin.register(TopicGroup)
 class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("topic", "group_name", "position", "last_offset", "lag", "oldest",
-                    "dead_letter", "pumped_at", "changed")
+                    "dead_letter", "pumped_at", "pump", "changed")
     list_filter = (TopicFilter,)
     ordering = ("topic", "group_name")
     actions = [_bulk_reset("earliest"), _bulk_reset("latest")]
     change_form_template = "admin/django_mysqlq/topicgroup/change_form.html"
     fields = ("topic", "group_name", "queue", "start", "position", "created_at",
-              "pumped_at", "changed_at", "changed_by")
+              "pumped_at", "pump_problem", "pump_problem_at", "changed_at", "changed_by")
     readonly_fields = fields
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -115,6 +115,16 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         url = reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
             {"task": delivery_task_name(obj.topic, obj.group_name)})
         return format_html('<a class="dead-letter" href="{}">{}</a>', url, count)
+
+    @admin.display(description="pump")
+    def pump(self, obj: TopicGroup) -> str:
+        """"ok", or "stopped" with what a member said (the whole of it on the group's
+        page and in ``queuetopic groups``)."""
+        if not obj.pump_problem:
+            return "ok"
+        short = obj.pump_problem if len(obj.pump_problem) <= 80 else obj.pump_problem[:79] + "…"
+        return format_html('<span class="pump-problem errornote" title="{}">stopped: {}</span>',
+                           obj.pump_problem, short)
 
     @admin.display(description="changed by an operator")
     def changed(self, obj: TopicGroup) -> str:

@@ -42,6 +42,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``kept``       a topic's first kept offset, checked (one set by hand past the last)
 ``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
+``topic_problems`` why a group's pump can't go on, kept on its row for operators
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -187,6 +188,7 @@ from .topic_ops import (
     topic_bounds,
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
+from .topic_problems import note_pump_problem
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import (
@@ -305,6 +307,7 @@ __all__ = [
     "lookup",
     "mark_stale_workers",
     "mark_started",
+    "note_pump_problem",
     "on_alias",
     "overran_deliveries",
     "own_connection",

@@ -107,8 +107,9 @@ BEHIND_SQL = (
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
             "created_at) VALUES {rows}")
-MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6) "
-            "WHERE id = %s")
+#: (A pump that moves the position ends whatever problem its group had: ``topic_problems``.)
+MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6), "
+            "pump_problem = '', pump_problem_at = NULL WHERE id = %s")
 #: The pump's INSERT of deliveries of which the first few are claimed by the pumping
 #: member (MariaDB: ``RETURNING``): ``_READY_ROW`` (the gate's status: NULL holds its
 #: slot and is ready, else 'blocked') or ``_CLAIMED_ROW`` (what a claim sets).

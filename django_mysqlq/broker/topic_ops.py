@@ -55,7 +55,8 @@ class TopicOffsetError(ValueError):
 
 GROUPS_SQL = f"""
 SELECT g.topic, g.group_name, g.queue, g.start, g.position, g.created_at, g.pumped_at,
-       g.changed_at, g.changed_by, COALESCE(t.last_offset, 0), COALESCE(t.first_offset, 1)
+       g.changed_at, g.changed_by, COALESCE(t.last_offset, 0), COALESCE(t.first_offset, 1),
+       g.pump_problem, g.pump_problem_at
   FROM {GROUP_TABLE} g LEFT JOIN {TOPIC_TABLE} t ON t.name = g.topic
  {{where}}
  ORDER BY g.topic, g.group_name
@@ -100,7 +101,7 @@ SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
  WHERE task_name = %s AND status IN ('ready', 'scheduled', 'blocked')
 """
 MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, changed_at = UTC_TIMESTAMP(6), "
-                  "changed_by = %s WHERE id = %s")
+                  "changed_by = %s, pump_problem = '', pump_problem_at = NULL WHERE id = %s")
 
 # ------------------------------------------------------------------ groups, lag
 
@@ -132,6 +133,10 @@ class GroupState:
     #: is then a floor, shown as ``100000+``).
     unsequenced: int = 0
     unsequenced_capped: bool = False
+    #: Why its pump can't go on, as a member last said, and since when ("" and None: no
+    #: problem said; see ``topic_problems``).
+    pump_problem: str = ""
+    pump_problem_at: dt.datetime | None = None
 
     @property
     def task_name(self) -> str:
@@ -178,6 +183,9 @@ class GroupState:
             "oldest_age_seconds": self.oldest_age_seconds,
             "changed_at": self.changed_at.isoformat() if self.changed_at else None,
             "changed_by": self.changed_by,
+            "pump_problem": self.pump_problem,
+            "pump_problem_at": (self.pump_problem_at.isoformat()
+                                if self.pump_problem_at else None),
         }
 
 
@@ -197,7 +205,8 @@ def groups(topic: str | None = None, group: str | None = None, *,
         cursor.execute(GROUPS_SQL.format(where=where), params)
         found = [GroupState(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]),
                             aware_utc(r[5]) or r[5], aware_utc(r[6]), aware_utc(r[7]), str(r[8]),
-                            int(r[9]), int(r[10])) for r in cursor.fetchall()]
+                            int(r[9]), int(r[10]), pump_problem=str(r[11] or ""),
+                            pump_problem_at=aware_utc(r[12])) for r in cursor.fetchall()]
         firsts: dict[str, int] = {}
         for state in found:  # (a first_offset set by hand past the last: see kept.py)
             if state.topic not in firsts:

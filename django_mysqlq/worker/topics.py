@@ -29,6 +29,7 @@ from ..exceptions import PayloadDecodeError
 from ..log import Failures, one_line
 from ..messages import ClaimedMessage
 from ..topics import Subscription, TopicEvent, subscriptions
+from .group_trouble import GroupTrouble, loop_handles
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -48,14 +49,6 @@ BROADCAST_BATCH = 500
 BROADCAST_BYTES = 16 * 2**20
 
 
-def _loop_handles(exc: DatabaseError) -> bool:
-    """Whether ``exc`` is the worker loop's to handle, not one topic's or group's: no
-    connection left, the schema or a grant missing (everything else would fail the same
-    way), or a wake-up's ``KILL QUERY`` (the loop just goes round again)."""
-    return (broker.is_schema_error(exc) or broker.is_setup_error(exc)
-            or broker.was_interrupted(exc) or broker.connection_lost())
-
-
 def sequence_at_start(topic: str) -> None:
     """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
     its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
@@ -63,7 +56,7 @@ def sequence_at_start(topic: str) -> None:
     try:
         broker.try_sequence(topic)
     except DatabaseError as exc:
-        if _loop_handles(exc):
+        if loop_handles(exc):
             raise
         logger.error("Topic %r: its waiting messages could not be given offsets as this "
                      "worker started: %s. The worker starts; the topic's groups and readers "
@@ -118,17 +111,12 @@ class TopicDuty:
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
-        #: Groups stopped by a row only an operator can fix, logged once per cause:
-        #: (topic, group) to the offset of a message too big for its delivery, or to
-        #: minus a position past the topic's last offset.
-        self.stopped: dict[tuple[str, str], int] = {}
         #: Topics whose row another session has held at every look since (monotonic),
         #: and those of them logged.
         self._held_since: dict[str, float] = {}
         self._held_logged: set[str] = set()
-        #: Groups whose pump fails on its own (a row changed by hand, a value out of
-        #: range): they wait, and the others go on.
-        self.failing: Failures[tuple[str, str]] = Failures()
+        #: Groups whose pump fails on its own or stopped where an operator must help.
+        self.trouble = GroupTrouble()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast()
         if listeners:
@@ -170,6 +158,8 @@ class TopicDuty:
             room = claimer.pump_room(spec.queue) if claimer is not None else -1
             if room == 0 and self._claims():
                 continue  # no room: it pumps for itself once it has some
+            if self.trouble.resting(spec, now):
+                continue
             looked = True
             claim = (broker.PumpClaim(room, claimer.id, conf.LEASE_SECONDS)
                      if claimer is not None and room > 0 else None)
@@ -179,16 +169,14 @@ class TopicDuty:
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
                     sequence=True, keep=self.keep, recreate=True)
             except DatabaseError as exc:
-                if not self._failed_alone(spec, exc):
+                if not self.trouble.failed(spec, exc):
                     raise
                 continue
             finally:
                 if claimer is not None and room > 0:
                     claimer.pump_took(claimed, room)
-            if pumped.made:  # (not just no error: a pump that found the row held tried nothing)
-                self._pumps_again(spec)
+            self.trouble.pumped(spec, pumped)
             self.taken += len(claimed)
-            self._note_oversized(spec, pumped)
             self._note_held(spec.topic, pumped)
             made += pumped.made
             busy = busy or pumped.busy
@@ -202,36 +190,7 @@ class TopicDuty:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
         ``--burst`` member pumps until its groups have caught up with their topics)."""
         return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
-                   and (spec.topic, spec.group) not in self.stopped
-                   and not self._wedged(spec))
-
-    def _wedged(self, spec: broker.GroupSpec) -> bool:
-        """Whether the group's pump has failed for more than a lock since it last made
-        deliveries: a ``--burst`` member ends without waiting for it (a lock it gave up
-        on passes, so it still waits for such a group)."""
-        return any(code not in broker.LOCK_ERRORS
-                   for _, code in self.failing.kinds((spec.topic, spec.group)))
-
-    def _failed_alone(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
-        """Whether the other groups can be pumped past this group's failure (then logged,
-        once per group and kind of error). Not when the connection is gone, the schema
-        or a grant is missing (every pump would fail the same way), or a wake-up cut the
-        statement short: the loop handles those."""
-        if _loop_handles(exc):
-            return False
-        if self.failing.failed((spec.topic, spec.group), exc):
-            logger.error(
-                "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
-                "queues go on; this group gets no new deliveries until it pumps again, "
-                "tried at every round (said again only for a new kind of error). A row of "
-                "mysqlq_topic or mysqlq_topic_group changed by hand is the usual cause: "
-                "see manage.py queuetopic groups.",
-                spec.group, spec.topic, one_line(str(exc)))
-        return True
-
-    def _pumps_again(self, spec: broker.GroupSpec) -> None:
-        if self.failing.recovered((spec.topic, spec.group)):
-            logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
+                   and not self.trouble.waits_for_operator(spec))
 
     def busy_pause(self) -> float:
         """How long to wait before looking again while a topic's row is held: short while
@@ -263,29 +222,6 @@ class TopicDuty:
                 self._held_logged.discard(topic)
                 logger.warning("Topic %r: its row is free again after %.0f s; its messages "
                                "get their offsets.", topic, now - since)
-
-    def _note_oversized(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
-        """Log a group stopped before a message too big for its delivery, once per
-        message; forget it once the group gets past it."""
-        name = (spec.topic, spec.group)
-        if pumped.ahead is not None:
-            if self.stopped.get(name) != -pumped.ahead[0]:
-                self.stopped[name] = -pumped.ahead[0]
-                at, last = pumped.ahead
-                logger.error(
-                    "Group %r of topic %r is at position %d, past the topic's last offset %d "
-                    "(changed by hand?): it waits there and would skip offsets %d to %d. "
-                    "Put it back: manage.py queuetopic reset %s --topic %s --to-offset %d.",
-                    spec.group, spec.topic, at, last, last + 1, at, spec.group, spec.topic,
-                    last + 1)
-            return
-        if pumped.oversized is None:
-            if pumped.made:
-                self.stopped.pop(name, None)
-            return
-        if self.stopped.get(name) != pumped.oversized.offset:
-            self.stopped[name] = pumped.oversized.offset
-            logger.error("%s", pumped.oversized.describe(spec.topic, spec.group))
 
     def _claims(self) -> bool:
         """Whether pumps claim for this worker (MariaDB: ``INSERT … RETURNING``)."""

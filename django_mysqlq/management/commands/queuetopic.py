@@ -51,8 +51,18 @@ def groups_table(states: list[broker.GroupState]) -> str:
         rows.append((g.topic, g.group, str(g.position), str(g.last_offset), g.lag_shown,
                      _age(g.oldest_age_seconds), str(g.dead), changed))
     widths = [max(len(row[i]) for row in rows) for i in range(len(GROUP_COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     .rstrip() for row in rows)
+    table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                      .rstrip() for row in rows)
+    return "\n".join([table, *_problems(states)])
+
+
+def _problems(states: list[broker.GroupState]) -> list[str]:
+    """A line under the table for each group whose pump a member said can't go on."""
+    lines = [f"{g.topic} / {g.group}: its pump can't go on"
+             + (f" (since {g.pump_problem_at:%Y-%m-%d %H:%M:%S} UTC)" if g.pump_problem_at
+                else "")
+             + f": {g.pump_problem}" for g in states if g.pump_problem]
+    return ["", *lines] if lines else []
 
 
 def _attempts(delivery: broker.topic_lookup.DeliveryTrace) -> str:

@@ -1,0 +1,143 @@
+"""A member's view of its groups whose pump can't go on, and what it does about them.
+
+Two kinds of trouble stop a group's pump while the worker's other groups and queues go
+on: its pump *fails* (a row changed by hand, a value out of range: the server refuses a
+statement), or it *stops* before a message it can't deliver (too big) or at a position
+past the topic's end. Each is logged once per cause, written on the group's row for the
+operator (``queuetopic groups``, the admin: ``broker.note_pump_problem``), and a failing
+pump is tried again after a pause that doubles up to :data:`LONGEST_PAUSE` rather than at
+every round (every 20 ms on a busy worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import DatabaseError
+
+from .. import broker
+from ..log import Failures, one_line
+
+logger = logging.getLogger("django_mysqlq")
+
+#: A failing pump is tried again after this pause, doubled at each failure up to the
+#: longest one (a lock it gave up on, 1205/1213, is tried at the next round).
+FIRST_PAUSE = 0.5
+LONGEST_PAUSE = 5.0
+
+GroupName = tuple[str, str]
+
+
+def loop_handles(exc: DatabaseError) -> bool:
+    """Whether ``exc`` is the worker loop's to handle, not one topic's or group's: no
+    connection left, the schema or a grant missing (everything else would fail the same
+    way), or a wake-up's ``KILL QUERY`` (the loop just goes round again)."""
+    return (broker.is_schema_error(exc) or broker.is_setup_error(exc)
+            or broker.was_interrupted(exc) or broker.connection_lost())
+
+
+class GroupTrouble:
+    """The groups of one worker whose pump fails or stopped, and since when."""
+
+    def __init__(self) -> None:
+        #: Groups whose pump fails on their own: they wait, the others go on.
+        self.failing: Failures[GroupName] = Failures()
+        #: Groups stopped by a row only an operator can fix, logged once per cause: to
+        #: the offset of a message too big for its delivery, or to minus a position past
+        #: the topic's last offset.
+        self.stopped: dict[GroupName, int] = {}
+        #: Failing groups' next try (monotonic) and their failures in a row.
+        self._next_try: dict[GroupName, float] = {}
+        self._in_a_row: dict[GroupName, int] = {}
+
+    def resting(self, spec: broker.GroupSpec, now: float) -> bool:
+        """Whether the group's failing pump waits out its pause this round."""
+        return now < self._next_try.get((spec.topic, spec.group), 0.0)
+
+    def wedged(self, spec: broker.GroupSpec) -> bool:
+        """Whether the group's pump has failed for more than a lock since it last made
+        deliveries: a ``--burst`` member ends without waiting for it (a lock it gave up
+        on passes, so it still waits for such a group)."""
+        return any(code not in broker.LOCK_ERRORS
+                   for _, code in self.failing.kinds((spec.topic, spec.group)))
+
+    def waits_for_operator(self, spec: broker.GroupSpec) -> bool:
+        return (spec.topic, spec.group) in self.stopped or self.wedged(spec)
+
+    def failed(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
+        """Whether the other groups can be pumped past this group's failure (then logged,
+        once per group and kind of error, and noted on its row). Not when the loop
+        handles it (:func:`loop_handles`)."""
+        if loop_handles(exc):
+            return False
+        name = (spec.topic, spec.group)
+        code = broker.error_code(exc)
+        if code not in broker.LOCK_ERRORS:
+            in_a_row = self._in_a_row.get(name, 0) + 1
+            self._in_a_row[name] = in_a_row
+            self._next_try[name] = time.monotonic() + min(
+                LONGEST_PAUSE, FIRST_PAUSE * 2 ** (in_a_row - 1))
+        if self.failing.failed(name, exc):
+            text = one_line(str(exc))
+            logger.error(
+                "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
+                "queues go on; this group gets no new deliveries until it pumps again, "
+                "tried every %.0f s at most (said again only for a new kind of error). A "
+                "row of mysqlq_topic or mysqlq_topic_group changed by hand is the usual "
+                "cause: see manage.py queuetopic groups.",
+                spec.group, spec.topic, text, LONGEST_PAUSE)
+            self._note(spec, f"its pump failed: {text}")
+        return True
+
+    def pumped(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
+        """The group's pump ran without error: log and note where it stopped, if it did
+        (once per cause), or that it pumps again."""
+        name = (spec.topic, spec.group)
+        self._next_try.pop(name, None)
+        self._in_a_row.pop(name, None)
+        if pumped.ahead is not None or pumped.oversized is not None:
+            self._stopped_at(spec, pumped)
+        elif pumped.made:
+            self.stopped.pop(name, None)
+        # (Not just no error: a pump that found the row held tried nothing. Its move of
+        # the position cleared the note on the group's row.)
+        if pumped.made and self.failing.recovered(name):
+            logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
+
+    def _stopped_at(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
+        """Log and note a group stopped at a position past its topic's last offset, or
+        before a message too big for its delivery, once per cause."""
+        name = (spec.topic, spec.group)
+        if pumped.ahead is not None:
+            at, last = pumped.ahead
+            if self.stopped.get(name) == -at:
+                return
+            self.stopped[name] = -at
+            fix = (f"manage.py queuetopic reset {spec.group} --topic {spec.topic} "
+                   f"--to-offset {last + 1}")
+            logger.error(
+                "Group %r of topic %r is at position %d, past the topic's last offset %d "
+                "(changed by hand?): it waits there and would skip offsets %d to %d. "
+                "Put it back: %s.", spec.group, spec.topic, at, last, last + 1, at, fix)
+            self._note(spec, f"at position {at}, past the topic's last offset {last} "
+                       f"(changed by hand?): it waits there. Put it back: {fix}")
+            return
+        assert pumped.oversized is not None
+        if self.stopped.get(name) == pumped.oversized.offset:
+            return
+        self.stopped[name] = pumped.oversized.offset
+        described = pumped.oversized.describe(spec.topic, spec.group)
+        logger.error("%s", described)
+        self._note(spec, described)
+
+    def _note(self, spec: broker.GroupSpec, problem: str) -> None:
+        """Write the problem on the group's row; a failure to do so is only logged."""
+        try:
+            broker.note_pump_problem(spec.topic, spec.group, problem)
+        except DatabaseError as exc:
+            if loop_handles(exc):
+                raise
+            logger.warning("Group %r of topic %r: could not note its problem on its row "
+                           "(%s); the log above says it.", spec.group, spec.topic,
+                           one_line(str(exc)))
