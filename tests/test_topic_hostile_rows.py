@@ -15,6 +15,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from django_mysqlq import broker
 from django_mysqlq.models import Message, TopicGroup, TopicMessage
 from tests.burst import assert_succeeded, enqueue_good
 from tests.conftest import raw_connection, wait_for
@@ -104,7 +105,12 @@ def test_a_stored_message_too_big_for_its_delivery_stops_only_its_groups(start_w
     assert "max_allowed_packet" in output
     assert f"queuetopic reset billing --topic ledger --to-offset {big_offset + 1}" in output
     assert "Database error in the worker loop" not in output
+    # ... and said on the group's row, beside the lag it explains.
+    [state] = broker.groups("ledger", "billing")
+    assert state.pump_problem.startswith(
+        f"Group 'billing' of topic 'ledger' stops before offset {big_offset}"), state
     queuetopic("reset", "billing", "--topic", "ledger", "--to-offset", str(big_offset + 1))
+    assert broker.groups("ledger", "billing")[0].pump_problem == ""
     wait_for(lambda: handled(label, "billing") == {0, 1, 3, 4}, timeout=20,
              message="billing to go on after the reset")
     stopped(worker)
