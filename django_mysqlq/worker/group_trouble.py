@@ -27,14 +27,19 @@ FIRST_PAUSE = 0.5
 LONGEST_PAUSE = 5.0
 
 GroupName = tuple[str, str]
+#: The server going away (shutdown in progress, the connection killed, gone, lost): the
+#: loop's outage, even when the session still answers a ping just after.
+OUTAGE_ERRORS = frozenset({1053, 1927, 2006, 2013})
 
 
 def loop_handles(exc: DatabaseError) -> bool:
     """Whether ``exc`` is the worker loop's to handle, not one topic's or group's: no
-    connection left, the schema or a grant missing (everything else would fail the same
-    way), or a wake-up's ``KILL QUERY`` (the loop just goes round again)."""
-    return (broker.is_schema_error(exc) or broker.is_setup_error(exc)
-            or broker.was_interrupted(exc) or broker.connection_lost())
+    connection left or the server going away, the schema or a grant missing (everything
+    else would fail the same way), or a wake-up's ``KILL QUERY`` (the loop just goes
+    round again)."""
+    return (broker.error_code(exc) in OUTAGE_ERRORS or broker.is_schema_error(exc)
+            or broker.is_setup_error(exc) or broker.was_interrupted(exc)
+            or broker.connection_lost())
 
 
 class GroupTrouble:
