@@ -12,6 +12,7 @@ back by the token. Ack deletes the message and writes its history row in one tra
 guarded by the token so a late ack never touches a message a peer has since recovered.
 
 ``enqueue``    insert in the caller's transaction, wake parked workers after commit
+``dedup_lock`` producers of one dedup key insert it one at a time (a named lock)
 ``claim``      the claim ``UPDATE … LIMIT`` and its read-back
 ``settle``     ack, retry, dead, release of unstarted messages
 ``promote``    scheduled messages that are due become ready

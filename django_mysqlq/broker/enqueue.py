@@ -7,6 +7,7 @@ scheduled) or waits ``blocked``; both statements are in the same transaction.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from .base import (
     naive_utc,
     send_robust,
 )
+from .dedup_lock import one_inserter
 from .literals import execute_escaped
 from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
@@ -301,14 +303,21 @@ def _take_key_then_insert(alias: str, message: NewMessage) -> tuple[int, bool]:
         holder = take_key(cursor, message)
     if holder is not None:
         return holder, False
-    return _insert_or_find(alias, message)
+    return _insert_or_find(alias, message, serialized=True)
 
 
-def _insert_or_find(alias: str, message: NewMessage) -> tuple[int, bool]:
-    """Insert, or return the pending message that holds the key (a duplicate)."""
+def _insert_or_find(alias: str, message: NewMessage, serialized: bool = False
+                    ) -> tuple[int, bool]:
+    """Insert, or return the pending message that holds the key (a duplicate). Producers
+    of the key insert one at a time (``dedup_lock``) unless already ``serialized`` (the
+    key's row of ``unique_for`` is held)."""
+    assert message.dedup_key is not None
     for attempt in range(3):
         try:
-            with transaction.atomic(using=alias):  # a duplicate undoes its gate's count
+            # (A duplicate undoes its gate's count: the savepoint.)
+            with transaction.atomic(using=alias), contextlib.ExitStack() as stack:
+                if not serialized:
+                    stack.enter_context(one_inserter(alias, message.dedup_key))
                 return _insert_keyed(alias, message), True
         except IntegrityError:
             with connection_for(alias).cursor() as cursor:

@@ -1,0 +1,112 @@
+"""Producers of one dedup key at the same moment, just after that key's message finished.
+
+The finished row stays in the key's unique index as a deleted entry until InnoDB purges
+it; two transactions inserting the key then deadlocked on it (1213, one caller's whole
+transaction rolled back: 8 to 12 of 60 pairs, with or without a long transaction holding
+purge). Now they insert one at a time (``broker.dedup_lock``): one message, the other
+producer gets its id."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connections, transaction
+
+from django_mysqlq.models import Message
+from tests.conftest import raw_connection
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAIRS = 60
+
+
+def _race(keys: list[str], isolation: str) -> list[list[Any]]:
+    """For each key, two producers (threads that keep their connections, as a site's
+    do) enqueue it at once, each in its own transaction at ``isolation``; what each got,
+    per key."""
+    barrier = threading.Barrier(2)
+    results: list[list[Any]] = [[] for _ in keys]
+    lock = threading.Lock()
+
+    def produce() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation}")
+            for index, key in enumerate(keys):
+                barrier.wait()
+                try:
+                    with transaction.atomic():
+                        handle = tasks.record.using(dedup_key=key).enqueue("again")
+                        time.sleep(0.02)  # (the commit comes after the other's insert)
+                    got: Any = handle.id
+                except OperationalError as exc:
+                    got = exc.args[0]
+                with lock:
+                    results[index].append(got)
+                barrier.wait()  # (the main thread finishes the next key meanwhile)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=produce) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
+@pytest.mark.parametrize("purge_held", [False, True], ids=["purge-running", "purge-held"])
+def test_two_producers_of_a_just_finished_key_make_one_message(purge_held: bool,
+                                                               isolation: str) -> None:
+    stranger = raw_connection()
+    if purge_held:  # a report or a dump: nothing finished is purged meanwhile
+        stranger.cursor().execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    keys = [f"totals:{pair}" for pair in range(PAIRS)]
+    try:
+        for key in keys:  # each key's message finished just before its pair races
+            finished = tasks.record.using(dedup_key=key).enqueue("first")
+            Message.objects.filter(pk=finished.id).delete()  # as its ack does
+        outcomes = _race(keys, isolation)
+    finally:
+        stranger.rollback()
+        stranger.close()
+    deadlocked = [o for o in outcomes if 1213 in o]
+    assert not deadlocked, f"{len(deadlocked)} of {PAIRS} pairs deadlocked: {deadlocked}"
+    for key, ids in zip(keys, outcomes, strict=True):
+        [held] = Message.objects.filter(dedup_key=key).values_list("id", flat=True)
+        assert ids == [held, held], (key, ids)
+
+
+def test_a_transaction_enqueuing_its_key_again_waits_for_no_one_long() -> None:
+    """A holds the key's new row and enqueues the key again while B's INSERT waits for
+    that row under the key's lock: A must not wait on B (a cycle InnoDB can't see) longer
+    than the lock's own bound, and both get A's message."""
+    b_result: list[Any] = []
+    b_waiting = threading.Event()
+
+    def producer_b() -> None:
+        try:
+            b_waiting.set()
+            b_result.append(tasks.record.using(dedup_key="twice").enqueue("b").id)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        first = tasks.record.using(dedup_key="twice").enqueue("a")
+        b = threading.Thread(target=producer_b)
+        b.start()
+        b_waiting.wait()
+        time.sleep(0.3)  # B now holds the key's lock, its INSERT waiting for A's row
+        started = time.monotonic()
+        again = tasks.record.using(dedup_key="twice").enqueue("a again")
+        waited = time.monotonic() - started
+    b.join(30)
+    assert again.id == first.id
+    assert waited < 4.0, waited  # (LOCK_WAIT_SECONDS is 2; innodb_lock_wait_timeout 50)
+    assert b_result == [first.id]
+    assert Message.objects.filter(dedup_key="twice").count() == 1
