@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 from django.db import OperationalError
@@ -13,6 +14,7 @@ from django.db import OperationalError
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import topic_problems
 from django_mysqlq.models import TopicGroup
+from django_mysqlq.signals import topic_group_stopped
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from django_mysqlq.worker.group_trouble import GroupTrouble
 from tests.conftest import raw_connection
@@ -80,14 +82,25 @@ def test_what_the_loop_handles_is_left_to_it(ops, error) -> None:
 
 def test_the_note_is_written_once_per_kind_and_keeps_when_it_was_first_seen(ops, caplog) -> None:
     trouble = GroupTrouble()
-    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
-        for _ in range(3):
-            trouble.failed(ops, OUT_OF_RANGE)
+    sent: list[dict[str, Any]] = []
+
+    def receiver(sender: str, **kwargs: Any) -> None:
+        sent.append({"sender": sender, "group": kwargs["group"], "problem": kwargs["problem"]})
+
+    topic_group_stopped.connect(receiver)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+            for _ in range(3):
+                trouble.failed(ops, OUT_OF_RANGE)
+    finally:
+        topic_group_stopped.disconnect(receiver)
+    assert [(s["sender"], s["group"]) for s in sent] == [("opsfeed", "ops")]  # once
     assert [r.getMessage()[:44] for r in caplog.records] == [
         "Group 'ops' of topic 'opsfeed': its pump fai"]
     [state] = broker.groups("opsfeed", "ops")
     assert state.pump_problem == ("its pump failed: (1264, \"Out of range value for column "
                                   "'last_offset' at row 1\")")
+    assert sent[0]["problem"] == state.pump_problem
     first_seen = state.pump_problem_at
     assert first_seen is not None
     # Another member saying the same keeps the time it was first seen.

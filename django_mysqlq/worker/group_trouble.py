@@ -18,6 +18,7 @@ from django.db import DatabaseError
 
 from .. import broker
 from ..log import Failures, one_line
+from ..signals import topic_group_stopped
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -137,7 +138,9 @@ class GroupTrouble:
         self._note(spec, described)
 
     def _note(self, spec: broker.GroupSpec, problem: str) -> None:
-        """Write the problem on the group's row; a failure to do so is only logged."""
+        """Signal the problem and write it on the group's row (a failure to write it is
+        only logged)."""
+        broker.send_robust(topic_group_stopped, spec.topic, group=spec.group, problem=problem)
         try:
             broker.note_pump_problem(spec.topic, spec.group, problem)
         except DatabaseError as exc:
