@@ -17,6 +17,7 @@ import time
 from django.db import DatabaseError
 
 from .. import broker
+from ..broker.base import CONNECTION_LOST
 from ..log import Failures, one_line
 from ..signals import topic_group_stopped
 
@@ -28,9 +29,10 @@ FIRST_PAUSE = 0.5
 LONGEST_PAUSE = 5.0
 
 GroupName = tuple[str, str]
-#: The server going away (shutdown in progress, the connection killed, gone, lost): the
-#: loop's outage, even when the session still answers a ping just after.
-OUTAGE_ERRORS = frozenset({1053, 1927, 2006, 2013})
+#: The server going away (shutdown in progress, the connection killed, or gone and lost:
+#: ``CONNECTION_LOST``): the loop's outage, even when the session still answers a ping
+#: just after.
+OUTAGE_ERRORS = CONNECTION_LOST | {1053, 1927}
 
 
 def loop_handles(exc: DatabaseError) -> bool:
