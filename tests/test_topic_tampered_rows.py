@@ -178,6 +178,59 @@ def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
     assert (state.pump_problem, state.pump_problem_at) == ("", None)  # the move cleared it
 
 
+def test_a_position_put_back_by_hand_clears_the_note_at_the_next_look(caplog) -> None:
+    """Put back with an UPDATE to the last offset (not a reset), the group has nothing
+    to pump: no move of the position clears the note. Before, it stayed (and the admin
+    said "stopped") until the next publish."""
+    billing = spec("putback", "billing")
+    Topic("putback").publish_many(["a", "b"])
+    broker.sequence("putback")
+    broker.create_group(billing)
+    TopicGroup.objects.filter(topic="putback").update(position=9)
+    duty = TopicDuty([], threading.Event(), get_settings())
+    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
+    duty.trouble.pumped(billing, pumped)
+    assert broker.groups("putback", "billing")[0].pump_problem.startswith("at position 9")
+    assert broker.pump_group(billing, batch=10, window=10).noted
+    TopicGroup.objects.filter(topic="putback").update(position=2)
+    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
+    assert pumped == broker.Pumped(0, False, noted=True)
+    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
+        duty.trouble.pumped(billing, pumped)
+    [state] = broker.groups("putback", "billing")
+    assert (state.pump_problem, state.pump_problem_at) == ("", None)
+    assert "the note of its problem is cleared" in caplog.text
+    assert broker.pump_group(billing, batch=10, window=10) == broker.Pumped(0, False)
+    # A group still behind keeps its note: its pump has not shown it can go on.
+    TopicGroup.objects.filter(topic="putback").update(position=0)
+    assert broker.note_pump_problem("putback", "billing", "its pump failed: x")
+    behind = broker.Pumped(0, True, noted=True)  # (its row was held: it tried nothing)
+    duty.trouble.pumped(billing, behind)
+    assert broker.groups("putback", "billing")[0].pump_problem == "its pump failed: x"
+
+
+def test_clearing_a_note_skips_a_row_held_by_a_stranger() -> None:
+    billing = spec("heldnote", "billing")
+    Topic("heldnote").publish("a")
+    broker.sequence("heldnote")
+    broker.create_group(billing)
+    assert broker.note_pump_problem("heldnote", "billing", "its pump failed: x")
+    stranger = raw_connection()
+    cursor = stranger.cursor()
+    cursor.execute("START TRANSACTION")
+    cursor.execute("SELECT id FROM mysqlq_topic_group WHERE topic = 'heldnote' FOR UPDATE")
+    try:
+        started = time.monotonic()
+        assert not broker.clear_pump_problem("heldnote", "billing")
+        assert time.monotonic() - started < 1.0  # not waited for (lock wait: 50 s)
+    finally:
+        stranger.rollback()
+        stranger.close()
+    assert broker.clear_pump_problem("heldnote", "billing")
+    assert not broker.clear_pump_problem("heldnote", "billing")  # nothing left to clear
+    assert broker.groups("heldnote", "billing")[0].pump_problem == ""
+
+
 def test_a_delivery_whose_link_row_was_deleted_still_runs_and_lookup_shows_the_rest(
         ) -> None:
     billing, audit = spec("unlinked", "billing"), spec("unlinked", "audit")

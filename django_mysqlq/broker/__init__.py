@@ -189,7 +189,7 @@ from .topic_ops import (
     topic_bounds,
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
-from .topic_problems import note_pump_problem
+from .topic_problems import clear_pump_problem, note_pump_problem
 from .topic_replay import ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import (
@@ -266,6 +266,7 @@ __all__ = [
     "claim_sql_for",
     "claim_throttled",
     "claims_held",
+    "clear_pump_problem",
     "close_if_broken",
     "connection_identity",
     "connection_lost",

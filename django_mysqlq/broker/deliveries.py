@@ -82,13 +82,14 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: behind its topic's last offset, its ready deliveries counted up to the window, and
 #: (only when it is not behind: the look walks the offset index's NULL end, slow while
 #: purge lags behind the stamping) whether committed messages lack an offset.
-#: Most looks of a busy member end here, one statement instead of a transaction.
+#: Most looks of a busy member end here, one statement instead of a transaction. Last,
+#: whether the group's row carries a note of a pump problem (``topic_problems``).
 LOOK_SQL = (
     f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
     f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
     f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
-    " g.position, t.last_offset"
+    " g.position, t.last_offset, g.pump_problem <> ''"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -230,6 +231,10 @@ class Pumped(NamedTuple):
     #: The group's position and its topic's last offset when the position is past it
     #: (changed by hand): the offsets between would be skipped.
     ahead: tuple[int, int] | None = None
+    #: The group's row carries a note of a pump problem (``topic_problems``): one that
+    #: has every sequenced message clears it (``clear_pump_problem``), since a hand fix
+    #: that left nothing to pump is not followed by a move of the position.
+    noted: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,13 +305,14 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         # known, so say "behind" and the worker looks again instead of parking.
         return Pumped(0, True), []
     behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
+    noted = bool(look[5])
     if int(look[3]) > int(look[4]):
-        return Pumped(0, False, ahead=(int(look[3]), int(look[4]))), []
+        return Pumped(0, False, ahead=(int(look[3]), int(look[4])), noted=noted), []
     take = 0
     if claim is not None and claim.count > 0 and not waiting and pump_claims_supported(alias):
         take = min(claim.count, batch)
     elif waiting >= window or (waiting and window - waiting < least):
-        return Pumped(0, behind), []
+        return Pumped(0, behind, noted=noted), []
     wanted = take or min(batch, window - waiting)
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
                 if take and claim is not None else None)
@@ -317,7 +323,7 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
                                          sequence_if_empty=sequence)
         return Pumped(max(made, 0), True, busy=made < 0, oversized=oversized), claimed
     if not (sequence and unsequenced):
-        return Pumped(0, False), []
+        return Pumped(0, False, noted=noted), []
     made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
                                      claim=claiming)
     return Pumped(max(made, 0), False, busy=made < 0, oversized=oversized), claimed

@@ -4,7 +4,9 @@ A member whose pump for a group keeps failing (a row changed by hand, a value ou
 range), or stops before a message it can't deliver, says so in its log; the lag it causes
 shows in ``queuetopic groups``, the admin and the dashboard, so the cause is written
 beside it (``pump_problem``, ``pump_problem_at``). The pump's own move of the position
-clears it (``deliveries.MOVE_SQL``), and so does an operator's reset.
+clears it (``deliveries.MOVE_SQL``), and so does an operator's reset; a member whose look
+finds the group with every sequenced message clears it too (``clear_pump_problem``: a
+row fixed by hand may leave nothing to pump until the next publish).
 
 The row is taken with ``SKIP LOCKED``, as the pump takes it: a row held by a pump or by a
 stranger is not waited for (the note is then left for the member's next problem).
@@ -21,6 +23,8 @@ from .deliveries import GROUP_TABLE
 PROBLEM_MAX_CHARS = 2000
 LOCK_ROW_SQL = (f"SELECT id, pump_problem FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                 " FOR UPDATE SKIP LOCKED")
+CLEAR_SQL = (f"UPDATE {GROUP_TABLE} SET pump_problem = '', pump_problem_at = NULL"
+             " WHERE id = %s")
 NOTE_SQL = (f"UPDATE {GROUP_TABLE} SET pump_problem = %s, pump_problem_at = UTC_TIMESTAMP(6)"
             " WHERE id = %s")
 
@@ -42,3 +46,19 @@ def note_pump_problem(topic: str, group: str, problem: str, alias: str | None = 
 
     return in_transaction(alias or default_alias(), body)
 
+
+
+def clear_pump_problem(topic: str, group: str, alias: str | None = None) -> bool:
+    """Take the note off the group's row (its pump can go on again). True when a note was
+    there and is gone; False when there was none, or the row was held (left for the
+    member's next look)."""
+
+    def body(cursor: Any) -> bool:
+        cursor.execute(LOCK_ROW_SQL, [topic, group])
+        row = cursor.fetchone()
+        if row is None or not row[1]:
+            return False
+        cursor.execute(CLEAR_SQL, [row[0]])
+        return True
+
+    return in_transaction(alias or default_alias(), body)

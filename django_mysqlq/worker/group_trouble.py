@@ -112,6 +112,33 @@ class GroupTrouble:
         # the position cleared the note on the group's row.)
         if pumped.made and self.failing.recovered(name):
             logger.warning("Group %r of topic %r pumps again.", spec.group, spec.topic)
+        if pumped.noted and self._caught_up(pumped):
+            self._clear(spec)
+
+    @staticmethod
+    def _caught_up(pumped: broker.Pumped) -> bool:
+        """Whether the group has every sequenced message and its pump stopped at nothing:
+        no note of a problem holds then (a row fixed by hand left nothing to move)."""
+        return not (pumped.behind or pumped.busy or pumped.made or pumped.ahead is not None
+                    or pumped.oversized is not None)
+
+    def _clear(self, spec: broker.GroupSpec) -> None:
+        """Take the note off the group's row (a failure to is only logged: the next look
+        tries again)."""
+        self.stopped.pop((spec.topic, spec.group), None)
+        try:
+            cleared = broker.clear_pump_problem(spec.topic, spec.group)
+        except DatabaseError as exc:
+            if loop_handles(exc):
+                raise
+            logger.warning("Group %r of topic %r: could not clear the note of its pump's "
+                           "problem on its row (%s).", spec.group, spec.topic,
+                           one_line(str(exc)))
+            return
+        if cleared:
+            logger.warning("Group %r of topic %r has every message up to its topic's last "
+                           "offset: its pump goes on; the note of its problem is cleared.",
+                           spec.group, spec.topic)
 
     def _stopped_at(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
         """Log and note a group stopped at a position past its topic's last offset, or
