@@ -13,9 +13,11 @@ It writes one JSON object per record, on one line: ``time`` (UTC, ISO 8601), ``l
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
+import threading
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +31,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ERROR_TEXT_MAX = 500
 #: Longest traceback in the log (its last part is kept); history keeps up to 60,000.
 TRACEBACK_MAX = 10_000
+#: Longest error text kept for a failing thing's episode (a worker's row shows it).
+EPISODE_ERROR_MAX = 300
 
 #: Attributes every LogRecord has: anything else on a record came through ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -61,39 +65,67 @@ def error_kind(exc: BaseException) -> ErrorKind:
     return type(exc).__name__, code if isinstance(code, int) else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Episode(Generic[K]):
+    """One thing failing now: since when (UTC) and its latest error, on one line."""
+
+    key: K
+    since: dt.datetime
+    error: str
+
+
 class Failures(Generic[K]):
     """What keeps failing (a topic's read, an upkeep step, a group's pump), and how.
 
     A loop that tries again every round would log a lasting cause at every round: with
-    this, each thing's failure is said once per kind of error, and its end once.
+    this, each thing's failure is said once per kind of error, and its end once. Its
+    episodes (since when, the latest error) are read by another thread for the worker's
+    row, hence the lock.
     """
 
     def __init__(self) -> None:
         self._kinds: dict[K, set[ErrorKind]] = {}
+        self._since: dict[K, dt.datetime] = {}
+        self._latest: dict[K, str] = {}
+        self._lock = threading.Lock()
 
     def failed(self, key: K, exc: BaseException) -> bool:
         """Note that ``key`` failed with ``exc``; whether this kind is new for it (log it)."""
-        kinds = self._kinds.setdefault(key, set())
-        kind = error_kind(exc)
-        if kind in kinds:
-            return False
-        kinds.add(kind)
-        return True
+        with self._lock:
+            kinds = self._kinds.setdefault(key, set())
+            self._since.setdefault(key, dt.datetime.now(dt.UTC))
+            self._latest[key] = one_line(str(exc) or type(exc).__name__, EPISODE_ERROR_MAX)
+            kind = error_kind(exc)
+            if kind in kinds:
+                return False
+            kinds.add(kind)
+            return True
 
     def recovered(self, key: K) -> bool:
         """Note that ``key`` works; whether it was failing (log that it works again)."""
-        return self._kinds.pop(key, None) is not None
+        with self._lock:
+            self._since.pop(key, None)
+            self._latest.pop(key, None)
+            return self._kinds.pop(key, None) is not None
 
     def kinds(self, key: K) -> frozenset[ErrorKind]:
         """The kinds of error ``key`` has failed with since it last worked."""
-        return frozenset(self._kinds.get(key, ()))
+        with self._lock:
+            return frozenset(self._kinds.get(key, ()))
 
     def __contains__(self, key: object) -> bool:
         return key in self._kinds
 
     def keys(self) -> list[K]:
         """What is failing now."""
-        return list(self._kinds)
+        with self._lock:
+            return list(self._kinds)
+
+    def episodes(self) -> list[Episode[K]]:
+        """What is failing now, each since when and with its latest error, oldest first."""
+        with self._lock:
+            found = [Episode(key, self._since[key], self._latest[key]) for key in self._kinds]
+        return sorted(found, key=lambda episode: episode.since)
 
 
 class JSONFormatter(logging.Formatter):

@@ -302,6 +302,10 @@ class Worker(models.Model):
     node = models.CharField(max_length=64, blank=True, default="", db_default="")
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
+    #: What keeps failing in the worker now (an upkeep step, a broadcast read, a group's
+    #: pump), one line each with since when: written at each heartbeat, emptied when it
+    #: works again or the worker stops (``worker.troubles``). The log says each once.
+    troubles = models.TextField(blank=True, default="", db_default="")
 
     objects = BoundManager.from_queryset(WorkerQuerySet)()
 

@@ -291,6 +291,9 @@ class Dashboard:
     topics: list[broker.TopicVolume] = dataclasses.field(default_factory=list)
     groups: list[broker.GroupState] = dataclasses.field(default_factory=list)
     overran: list[broker.Overran] = dataclasses.field(default_factory=list)
+    #: Live workers in which something keeps failing (an upkeep step, a broadcast read,
+    #: a group's pump), as their last heartbeat said.
+    worker_troubles: list[broker.WorkerTroubles] = dataclasses.field(default_factory=list)
 
     @property
     def unserved_text(self) -> str:
@@ -319,6 +322,7 @@ class Dashboard:
                          "worker": o.worker_id, "seconds": o.running_seconds,
                          "timeout": o.timeout, "topic": o.topic, "group": o.group,
                          "offset": o.offset} for o in self.overran],
+            "worker_troubles": [worker.as_json() for worker in self.worker_troubles],
         }
 
 
@@ -375,7 +379,8 @@ def dashboard(top: int = 10, count_cap: int | None = None,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
                      purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
                      schedules=scheduling.statuses(queue_alias), topics=broker.topic_volumes(),
-                     groups=broker.groups(), overran=broker.overran_deliveries())
+                     groups=broker.groups(), overran=broker.overran_deliveries(),
+                     worker_troubles=broker.worker_troubles())
 
 
 # --------------------------------------------------------------------------- subjects

@@ -14,7 +14,7 @@ import pytest
 
 from django_mysqlq import broker
 from django_mysqlq.broker import Operator
-from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup, TopicState
+from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup, TopicState, Worker
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from tests.burst import run_burst
 from tests.conftest import wait_for
@@ -208,9 +208,17 @@ def test_a_broadcast_topic_whose_read_fails_holds_back_none_of_the_readers_other
     wait_for(lambda: heard("flowing") == {0, 1, 2, 3}, timeout=PATIENCE,
              message="the second topic's next message")
     assert heard("wedged") == set()
+    # Said once in the log, and on the worker's row while it lasts (queuestats, the
+    # dashboard and the admin show it).
+    row = Worker.objects.filter(pid=worker.pid, stopped_at__isnull=True)
+    wait_for(lambda: "the broadcast read of topic 'wedged' failing since " in
+             row.get().troubles, timeout=PATIENCE, message="the worker's row to say it")
+    assert "Out of range value for column 'msg_offset'" in row.get().troubles
     TopicState.objects.filter(name="wedged").update(last_offset=0)
     wait_for(lambda: heard("wedged") == {0}, timeout=PATIENCE,
              message="the first topic's message once its row is put back")
+    wait_for(lambda: row.get().troubles == "", timeout=PATIENCE,
+             message="the worker's row to say nothing fails any more")
     stop(worker)
     output = worker.output()
     assert output.count("Broadcast reader: reading topic 'wedged' failed") == 1, output

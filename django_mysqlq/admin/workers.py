@@ -47,10 +47,19 @@ class AliveFilter(admin.SimpleListFilter):
 @admin.register(Worker)
 class WorkerAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("id", "state", "host", "pid", "queues", "concurrency", "started_at",
-                    "last_heartbeat", "processed", "failed")
+                    "last_heartbeat", "processed", "failed", "trouble")
     list_filter = (DatabaseFilter, AliveFilter, "host")
     search_fields = ("id", "host", "=pid")
     ordering = ("-last_heartbeat",)
+
+    @admin.display(description="troubles")
+    def trouble(self, obj: Worker) -> str:
+        """The first thing failing in it (all of them on the worker's page), or '-'."""
+        if not obj.troubles or obj.stopped_at is not None:
+            return "-"
+        lines = obj.troubles.split("\n")
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        return f"{lines[0]}{more}"
 
     @admin.display(description="state")
     def state(self, obj: Worker) -> str:

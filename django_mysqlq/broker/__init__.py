@@ -132,6 +132,7 @@ from .overview import (
     OldestTransaction,
     PurgeLag,
     QueueOverview,
+    WorkerTroubles,
     has_pending,
     history_window,
     purge_lag,
@@ -140,6 +141,7 @@ from .overview import (
     queue_overview,
     queues_holding,
     status_counts,
+    worker_troubles,
     workers_alive,
 )
 from .park import idle_wait, listen, wake
@@ -253,6 +255,7 @@ __all__ = [
     "TopicOffsetError",
     "TopicVolume",
     "UnservedQueue",
+    "WorkerTroubles",
     "ack",
     "ack_many",
     "ack_within",
@@ -377,5 +380,6 @@ __all__ = [
     "wakeups_possible",
     "was_interrupted",
     "without_delivery",
+    "worker_troubles",
     "workers_alive",
 ]

@@ -71,6 +71,15 @@ SELECT COUNT(*) FROM {WORKER_TABLE} FORCE INDEX (mysqlq_wrk_heartbeat)
  WHERE last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND AND stopped_at IS NULL
 """
 
+#: Live workers whose row says something keeps failing in them (``troubles``, written at
+#: each heartbeat; few rows: the table has one per worker process).
+WORKER_TROUBLES_SQL = f"""
+SELECT id, troubles FROM {WORKER_TABLE}
+ WHERE last_heartbeat > UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND AND stopped_at IS NULL
+   AND troubles <> ''
+ ORDER BY id
+"""
+
 
 #: InnoDB's history list length: committed changes whose undo InnoDB has not purged yet.
 #: MariaDB has it as a status variable, readable without any privilege.
@@ -281,6 +290,25 @@ def workers_alive() -> int:
     with connection_for().cursor() as cursor:
         cursor.execute(WORKERS_ALIVE_SQL, [micros(get_settings().LEASE_SECONDS)])
         return int(cursor.fetchone()[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerTroubles:
+    """A live worker and what keeps failing in it now, one line each."""
+
+    worker_id: str
+    lines: list[str]
+
+    def as_json(self) -> dict[str, object]:
+        return {"worker": self.worker_id, "troubles": self.lines}
+
+
+def worker_troubles() -> list[WorkerTroubles]:
+    """Live workers whose last heartbeat said something keeps failing in them."""
+    with connection_for().cursor() as cursor:
+        cursor.execute(WORKER_TROUBLES_SQL, [micros(get_settings().LEASE_SECONDS)])
+        return [WorkerTroubles(str(worker), str(text).split("\n"))
+                for worker, text in cursor.fetchall()]
 
 
 @dataclasses.dataclass(frozen=True)

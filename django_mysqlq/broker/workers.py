@@ -13,17 +13,18 @@ INSERT INTO {WORKER_TABLE}
         stopped_at, processed, failed)
 VALUES (%s, %s, %s, %s, %s, CONNECTION_ID(), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, 0)
 ON DUPLICATE KEY UPDATE last_heartbeat = UTC_TIMESTAMP(6), stopped_at = NULL, listening = 0,
-       connection_id = CONNECTION_ID()
+       connection_id = CONNECTION_ID(), troubles = ''
 """
 HEARTBEAT_WORKER_SQL = f"""
 UPDATE {WORKER_TABLE}
    SET last_heartbeat = UTC_TIMESTAMP(6), connection_id = CONNECTION_ID(),
-       processed = %s, failed = %s, stopped_at = NULL, listening = %s
+       processed = %s, failed = %s, stopped_at = NULL, listening = %s, troubles = %s
  WHERE id = %s
 """
 STOP_WORKER_SQL = f"""
 UPDATE {WORKER_TABLE}
-   SET stopped_at = UTC_TIMESTAMP(6), listening = 0, processed = %s, failed = %s
+   SET stopped_at = UTC_TIMESTAMP(6), listening = 0, processed = %s, failed = %s,
+       troubles = ''
  WHERE id = %s
 """
 MARK_STALE_WORKERS_SQL = f"""
@@ -41,10 +42,13 @@ def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
 
 
 def heartbeat_worker(worker_id: str, processed: int, failed: int,
-                     listening: bool = False) -> None:
+                     listening: bool = False, troubles: str = "") -> None:
+    """Say the worker is alive, with its counters and what keeps failing in it now
+    (``troubles``: one line each, empty when nothing does)."""
     def run() -> None:
         with connection_for().cursor() as cursor:
-            cursor.execute(HEARTBEAT_WORKER_SQL, [processed, failed, listening, worker_id])
+            cursor.execute(HEARTBEAT_WORKER_SQL,
+                           [processed, failed, listening, troubles, worker_id])
 
     with_lock_retry(default_alias(), run)
 

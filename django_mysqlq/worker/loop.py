@@ -25,7 +25,7 @@ from ..log import one_line
 from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, schedules, topic_alerts
+from . import draining, fatal, queues, schedules, topic_alerts, troubles
 from .acker import Acker
 from .budget import TaskBudget
 from .gate import SoloGate
@@ -436,7 +436,7 @@ class Worker:
         """Renew the leases (checking them) and the worker's row."""
         self._renew()
         broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed,
-                                self._listening)
+                                self._listening, troubles.now(self.housekeeping, self.topics))
 
     def _renew(self) -> None:
         """Renew the held claims' leases; any a peer took meanwhile must not start here.

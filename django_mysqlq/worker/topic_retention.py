@@ -20,8 +20,8 @@ from .retention import BATCH, BATCHES_PER_CALL
 logger = logging.getLogger("django_mysqlq")
 
 #: Topics whose sequencing failed at the last call: logged once per topic and kind of
-#: error, not at every upkeep.
-_failing: Failures[str] = Failures()
+#: error, not at every upkeep (and on the worker's row: ``troubles``).
+failing: Failures[str] = Failures()
 
 #: Sequencing of topics nobody reads, per upkeep: at most this many rounds of 1,000 per
 #: topic, and after each topic's first round only while this budget lasts (it runs on
@@ -39,7 +39,7 @@ def sequence_unread() -> dict[str, int]:
 
     def on_error(topic: str, exc: DatabaseError) -> None:
         failed.add(topic)
-        if _failing.failed(topic, exc):
+        if failing.failed(topic, exc):
             logger.error(
                 "The recovery leader could not give offsets to messages of topic %r that "
                 "have none: %s. No group or broadcast reader gets them until it can; the "
@@ -50,8 +50,8 @@ def sequence_unread() -> dict[str, int]:
 
     done = broker.sequence_unread(UNREAD_ROUNDS, budget_seconds=UNREAD_BUDGET_SECONDS,
                                   on_error=on_error)
-    for topic in [name for name in _failing.keys() if name not in failed]:
-        _failing.recovered(topic)
+    for topic in [name for name in failing.keys() if name not in failed]:
+        failing.recovered(topic)
         logger.info("Topic %r is sequenced again by the recovery leader.", topic)
     for topic, count in done.items():
         logger.info("Gave offsets to %d message(s) of topic %r that no running worker reads "

@@ -54,8 +54,9 @@ class Housekeeping:
         self.lock_wait = lock_wait
         #: Tables found locked this round: later steps on them are skipped without a wait.
         self._locked: set[str] = set()
-        #: Steps whose last run failed: logged once per kind of error.
-        self._failing: Failures[str] = Failures()
+        #: Steps whose last run failed: logged once per kind of error (and on the
+        #: worker's row: ``troubles``).
+        self.failing: Failures[str] = Failures()
 
     @contextlib.contextmanager
     def _round(self) -> Iterator[None]:
@@ -80,7 +81,7 @@ class Housekeeping:
             self._locked.add(table)
             self._skipped(name, table)
             return None
-        if self._failing.recovered(name):
+        if self.failing.recovered(name):
             logger.info("Worker %s: upkeep step '%s' works again.", self.worker_id, name)
         return result
 
@@ -96,7 +97,7 @@ class Housekeeping:
             logger.debug("Worker %s: upkeep step '%s' was interrupted by a wake-up; it runs "
                          "again next round.", self.worker_id, name)
             return True
-        if self._failing.failed(name, exc):
+        if self.failing.failed(name, exc):
             logger.error("Worker %s: upkeep step '%s' failed: %s. The round's other steps "
                          "go on; this one is tried again next round (said again only for a "
                          "new kind of error).", self.worker_id, name, one_line(str(exc)))

@@ -33,6 +33,8 @@ def _table(data: ops.Dashboard) -> str:
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.append(f"workers alive: {data.workers_alive}   stuck: {data.stuck}")
+    lines.extend(f"WARNING: worker {worker.worker_id}: {line}"
+                 for worker in data.worker_troubles for line in worker.lines)
     if data.unserved:
         lines.append(f"WARNING: {data.unserved_text}")
     lines.append(f"purge lag: {data.purge_lag.describe()}")
