@@ -201,11 +201,17 @@ def test_a_leader_keeps_claiming_while_the_rate_table_is_locked(start_worker, st
     assert ("upkeep step 'rate key retention' skipped: mysqlq_rate is locked by another "
             "session") in worker.output()
     assert "retrying next round" in worker.output()
-    # The throttled claim gave way too, said once for the whole lock episode.
+    # The throttled claim gave way too, said once for the whole lock episode, and on the
+    # worker's row while it lasts (queuestats and the admin show it).
     assert worker.output().count("throttled messages are not claimed until it is free") == 1
+    row = Worker.objects.filter(pid=worker.pid, stopped_at__isnull=True)
+    wait_for(lambda: f"{RATE_TABLE} locked by another session since " in row.get().troubles,
+             timeout=10, message="the worker's row to say the rate table is held")
     with stranger.cursor() as cursor:
         cursor.execute("UNLOCK TABLES")
     _runs_promptly("after", within=10)
+    wait_for(lambda: RATE_TABLE not in row.get().troubles, timeout=15,
+             message="the worker's row to drop the lock once it is gone")
 
 
 @pytest.mark.worker

@@ -19,7 +19,7 @@ from django_mysqlq.log import Failures
 from django_mysqlq.models import Worker
 from django_mysqlq.worker import troubles
 from django_mysqlq.worker.topics import TopicDuty
-from django_mysqlq.worker.upkeep import Housekeeping
+from django_mysqlq.worker.upkeep import Housekeeping, RateWatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +106,20 @@ def test_the_heartbeat_writes_them_and_the_dashboard_shows_live_workers_only(roo
     broker.heartbeat_worker("w-bad", 0, 0, False, "")  # it works again
     assert broker.worker_troubles() == []
     assert 'id="worker-troubles"' not in root.get(DASHBOARD).content.decode()
+
+
+def test_a_rate_table_held_by_a_stranger_is_a_trouble_until_a_read_goes_through() -> None:
+    housekeeping = Housekeeping("w1", 5)
+    duty = TopicDuty([], threading.Event(), get_settings())
+    rates = RateWatch("w1", 1)
+    assert troubles.now(housekeeping, duty, rates) == ""
+    rates.locked()
+    rates.locked()  # (the same episode: its start stays)
+    assert troubles.now(housekeeping, duty, rates).startswith(
+        "mysqlq_rate locked by another session since ")
+    assert housekeeping.step("overflow", "t", _overflow) is None
+    lines = troubles.now(housekeeping, duty, rates).split("\n")
+    assert [line.split(" ")[0] for line in lines] == ["upkeep", "mysqlq_rate"]
+    rates.cleared()
+    assert troubles.now(housekeeping, duty, rates).startswith("upkeep step 'overflow'")
+    assert "mysqlq_rate" not in troubles.now(housekeeping, duty, rates)

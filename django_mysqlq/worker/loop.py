@@ -436,7 +436,8 @@ class Worker:
         """Renew the leases (checking them) and the worker's row."""
         self._renew()
         broker.heartbeat_worker(self.id, self.stats.processed, self.stats.failed,
-                                self._listening, troubles.now(self.housekeeping, self.topics))
+                                self._listening,
+                                troubles.now(self.housekeeping, self.topics, self.rate_watch))
 
     def _renew(self) -> None:
         """Renew the held claims' leases; any a peer took meanwhile must not start here.

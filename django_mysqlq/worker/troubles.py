@@ -3,7 +3,8 @@
 Each lasting failure is logged once (``log.Failures``). An operator who was not reading
 the log then sees it beside the worker in ``queuestats``, the dashboard and the admin,
 from the worker's next heartbeat until it works again: an upkeep step, a broadcast
-topic's read, a consumer group's pump, the leader's sequencing of a topic nobody reads.
+topic's read, a consumer group's pump, the leader's sequencing of a topic nobody reads,
+the rate keys' table held by a stranger.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..broker.park import RATE_TABLE
 from ..log import Failures
 from . import topic_retention
 
 if TYPE_CHECKING:
     from .topics import TopicDuty
-    from .upkeep import Housekeeping
+    from .upkeep import Housekeeping, RateWatch
 
 #: Longest text written on the row; the lines past it are counted, not written.
 TROUBLES_MAX_CHARS = 4000
@@ -25,8 +27,10 @@ TROUBLES_MAX_CHARS = 4000
 Source = tuple[Callable[[Any], str], Failures[Any]]
 
 
-def now(housekeeping: Housekeeping, topics: TopicDuty) -> str:
-    """The worker's troubles now: one line each, oldest first within each kind."""
+def now(housekeeping: Housekeeping, topics: TopicDuty, rates: RateWatch | None = None
+        ) -> str:
+    """The worker's troubles now: one line each, oldest first within each kind (a rate
+    table held by a stranger last: its throttled messages wait meanwhile)."""
     sources: list[Source] = [
         (lambda step: f"upkeep step {step!r}", housekeeping.failing),
         (lambda name: f"the pump of group {name[1]!r} of topic {name[0]!r}",
@@ -37,7 +41,12 @@ def now(housekeeping: Housekeeping, topics: TopicDuty) -> str:
     if topics.reader is not None:
         sources.append((lambda topic: f"the broadcast read of topic {topic!r}",
                         topics.reader.failing))
-    return describe(sources)
+    text = describe(sources)
+    if rates is not None and rates.locked_since is not None:
+        held = (f"{RATE_TABLE} locked by another session since "
+                f"{rates.locked_since:%Y-%m-%d %H:%M:%S} UTC: throttled messages wait")
+        text = fit([*text.split("\n"), held] if text else [held])
+    return text
 
 
 def describe(sources: Iterable[Source]) -> str:

@@ -21,6 +21,7 @@ stranger holds it, the worker claims and runs plain messages and leaves throttle
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -139,6 +140,8 @@ class RateWatch:
         self.lock_wait = lock_wait
         self._until = 0.0
         self._pause: float | None = None
+        #: When the current lock episode began (UTC), for the worker's row; None: none.
+        self.locked_since: dt.datetime | None = None
 
     def usable(self) -> bool:
         """Not known to be locked (or time to try it again)."""
@@ -150,6 +153,7 @@ class RateWatch:
         self._pause = min((self._pause or RATE_RETRY_FIRST / 2) * 2, RATE_RETRY_LONGEST)
         self._until = time.monotonic() + self._pause
         if news:
+            self.locked_since = dt.datetime.now(dt.UTC)
             logger.warning("Worker %s: %s is locked by another session (lock wait timeout "
                            "%d s): throttled messages are not claimed until it is free; "
                            "plain messages are. Trying it again now and then.",
@@ -160,6 +164,7 @@ class RateWatch:
         if self._pause is not None:
             self._pause = None
             self._until = 0.0
+            self.locked_since = None
             logger.info("Worker %s: %s is no longer locked; claiming throttled messages "
                         "again.", self.worker_id, RATE_TABLE)
 
