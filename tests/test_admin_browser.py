@@ -121,3 +121,34 @@ def test_dashboard_filter_dead_requeue_one_see_it_ready(live_server, browser):
     assert "owner connection" in browser.find_element(By.ID, "result_list").text
     browser.save_screenshot(str(SHOTS / "stuck.png"))
     assert (SHOTS / "dashboard.png").stat().st_size > 10_000
+
+
+def test_a_worker_s_troubles_show_on_the_dashboard_and_lead_to_its_page(live_server,
+                                                                        browser):
+    """What keeps failing in a live worker is in red above the dashboard's table, and its
+    link opens the worker's page with every line."""
+    from selenium.webdriver.common.by import By
+
+    broker.register_worker("web-2:77:feedbeef", "web-2", 77, ["default"], 4)
+    lines = ["upkeep step 'gate repair' failing since 2026-11-26 21:04:13 UTC: (1264, "
+             "\"Out of range value for column 'x' at row 1\")",
+             "the broadcast read of topic 'config' failing since 2026-11-26 21:05:00 UTC: "
+             "(1205, 'Lock wait timeout exceeded')"]
+    broker.heartbeat_worker("web-2:77:feedbeef", 3, 0, False, "\n".join(lines))
+    log_in(browser, live_server.url)
+    browser.get(live_server.url + "/admin/django_mysqlq/queuestate/")
+    block = browser.find_element(By.ID, "worker-troubles")
+    assert block.is_displayed()
+    assert "errornote" in block.get_attribute("class")
+    shown = block.text
+    assert "Worker web-2:77:feedbeef:" in shown
+    assert all(line in shown for line in lines), shown
+    block.find_element(By.LINK_TEXT, "web-2:77:feedbeef").click()
+    page = browser.find_element(By.ID, "content").text
+    assert "Out of range value for column 'x'" in page and "topic 'config'" in page
+    browser.get(live_server.url + "/admin/django_mysqlq/worker/")
+    assert ("upkeep step 'gate repair' failing since 2026-11-26 21:04:13 UTC" in
+            browser.find_element(By.ID, "result_list").text)
+    broker.heartbeat_worker("web-2:77:feedbeef", 3, 0, False, "")  # it works again
+    browser.get(live_server.url + "/admin/django_mysqlq/queuestate/")
+    assert not browser.find_elements(By.ID, "worker-troubles")
