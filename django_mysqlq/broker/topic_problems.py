@@ -14,6 +14,7 @@ stranger is not waited for (the note is then left for the member's next problem)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .base import default_alias, in_transaction
@@ -35,17 +36,12 @@ def note_pump_problem(topic: str, group: str, problem: str, alias: str | None = 
     or is gone."""
     text = problem[:PROBLEM_MAX_CHARS]
 
-    def body(cursor: Any) -> bool:
-        cursor.execute(LOCK_ROW_SQL, [topic, group])
-        row = cursor.fetchone()
-        if row is None:
-            return False
-        if row[1] != text:
-            cursor.execute(NOTE_SQL, [text, row[0]])
+    def write(cursor: Any, row_id: int, note: str) -> bool:
+        if note != text:
+            cursor.execute(NOTE_SQL, [text, row_id])
         return True
 
-    return in_transaction(alias or default_alias(), body)
-
+    return _on_group_row(topic, group, alias, write)
 
 
 def clear_pump_problem(topic: str, group: str, alias: str | None = None) -> bool:
@@ -53,12 +49,23 @@ def clear_pump_problem(topic: str, group: str, alias: str | None = None) -> bool
     there and is gone; False when there was none, or the row was held (left for the
     member's next look)."""
 
+    def clear(cursor: Any, row_id: int, note: str) -> bool:
+        if not note:
+            return False
+        cursor.execute(CLEAR_SQL, [row_id])
+        return True
+
+    return _on_group_row(topic, group, alias, clear)
+
+
+def _on_group_row(topic: str, group: str, alias: str | None,
+                  change: Callable[[Any, int, str], bool]) -> bool:
+    """``change(cursor, row id, its note)`` on the group's row, taken ``SKIP LOCKED``, in
+    one transaction; False when the row is held or gone."""
+
     def body(cursor: Any) -> bool:
         cursor.execute(LOCK_ROW_SQL, [topic, group])
         row = cursor.fetchone()
-        if row is None or not row[1]:
-            return False
-        cursor.execute(CLEAR_SQL, [row[0]])
-        return True
+        return row is not None and change(cursor, row[0], row[1])
 
     return in_transaction(alias or default_alias(), body)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError
 
@@ -126,16 +127,8 @@ class GroupTrouble:
         """Take the note off the group's row (a failure to is only logged: the next look
         tries again)."""
         self.stopped.pop((spec.topic, spec.group), None)
-        try:
-            cleared = broker.clear_pump_problem(spec.topic, spec.group)
-        except DatabaseError as exc:
-            if loop_handles(exc):
-                raise
-            logger.warning("Group %r of topic %r: could not clear the note of its pump's "
-                           "problem on its row (%s).", spec.group, spec.topic,
-                           one_line(str(exc)))
-            return
-        if cleared:
+        if _on_row(spec, "could not clear the note of its pump's problem on its row",
+                   lambda: broker.clear_pump_problem(spec.topic, spec.group)):
             logger.warning("Group %r of topic %r has every message up to its topic's last "
                            "offset: its pump goes on; the note of its problem is cleared.",
                            spec.group, spec.topic)
@@ -170,11 +163,20 @@ class GroupTrouble:
         """Signal the problem and write it on the group's row (a failure to write it is
         only logged)."""
         broker.send_robust(topic_group_stopped, spec.topic, group=spec.group, problem=problem)
-        try:
-            broker.note_pump_problem(spec.topic, spec.group, problem)
-        except DatabaseError as exc:
-            if loop_handles(exc):
-                raise
-            logger.warning("Group %r of topic %r: could not note its problem on its row "
-                           "(%s); the log above says it.", spec.group, spec.topic,
-                           one_line(str(exc)))
+        _on_row(spec, "could not note its problem on its row",
+                lambda: broker.note_pump_problem(spec.topic, spec.group, problem),
+                then="; the log above says it")
+
+
+def _on_row(spec: broker.GroupSpec, failing: str, write: Callable[[], bool],
+            then: str = "") -> bool:
+    """``write()`` to the group's row; a failure of its own is logged (``failing``) and
+    gives False, the loop's (the server gone, the schema) is raised."""
+    try:
+        return write()
+    except DatabaseError as exc:
+        if loop_handles(exc):
+            raise
+        logger.warning("Group %r of topic %r: %s (%s)%s.", spec.group, spec.topic, failing,
+                       one_line(str(exc)), then)
+        return False
