@@ -41,19 +41,18 @@ def now(housekeeping: Housekeeping, topics: TopicDuty, rates: RateWatch | None =
     if topics.reader is not None:
         sources.append((lambda topic: f"the broadcast read of topic {topic!r}",
                         topics.reader.failing))
-    text = describe(sources)
+    found = episode_lines(sources)
     if rates is not None and rates.locked_since is not None:
-        held = (f"{RATE_TABLE} locked by another session since "
-                f"{rates.locked_since:%Y-%m-%d %H:%M:%S} UTC: throttled messages wait")
-        text = fit([*text.split("\n"), held] if text else [held])
-    return text
+        found.append(f"{RATE_TABLE} locked by another session since "
+                     f"{rates.locked_since:%Y-%m-%d %H:%M:%S} UTC: throttled messages wait")
+    return fit(found)
 
 
-def describe(sources: Iterable[Source]) -> str:
+def episode_lines(sources: Iterable[Source]) -> list[str]:
     """One line per thing failing in ``sources``: what, since when, the latest error."""
-    return fit([f"{name(episode.key)} failing since {episode.since:%Y-%m-%d %H:%M:%S} UTC: "
-                f"{episode.error}" for name, failures in sources
-                for episode in failures.episodes()])
+    return [f"{name(episode.key)} failing since {episode.since:%Y-%m-%d %H:%M:%S} UTC: "
+            f"{episode.error}" for name, failures in sources
+            for episode in failures.episodes()]
 
 
 def fit(lines: Sequence[str], limit: int = TROUBLES_MAX_CHARS) -> str:
