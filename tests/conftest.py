@@ -32,6 +32,21 @@ def raw_connection(**options: Any) -> Any:
     return conn
 
 
+@contextlib.contextmanager
+def held_by_stranger(locking_read: str) -> Iterator[None]:
+    """The rows ``locking_read`` (a ``… FOR UPDATE``) takes, held by an open transaction
+    of another connection until the block ends."""
+    stranger = raw_connection()
+    try:
+        cursor = stranger.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(locking_read)
+        yield
+    finally:
+        stranger.rollback()
+        stranger.close()
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
              message: str = "condition") -> object:
     """Poll until ``predicate()`` is truthy; fail the test with ``message`` on timeout."""

@@ -17,7 +17,7 @@ from django_mysqlq.models import TopicGroup
 from django_mysqlq.signals import topic_group_stopped
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from django_mysqlq.worker.group_trouble import GroupTrouble
-from tests.conftest import raw_connection
+from tests.conftest import held_by_stranger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,17 +114,11 @@ def test_the_note_is_written_once_per_kind_and_keeps_when_it_was_first_seen(ops,
 
 
 def test_a_group_row_held_by_a_stranger_is_not_waited_for(ops, caplog) -> None:
-    stranger = raw_connection()
-    cursor = stranger.cursor()
-    cursor.execute("START TRANSACTION")
-    cursor.execute("SELECT id FROM mysqlq_topic_group WHERE group_name = 'ops' FOR UPDATE")
-    try:
+    with held_by_stranger("SELECT id FROM mysqlq_topic_group WHERE group_name = 'ops'"
+                          " FOR UPDATE"):
         started = time.monotonic()
         assert not broker.note_pump_problem("opsfeed", "ops", "its pump failed: x")
         assert time.monotonic() - started < 1.0  # (innodb_lock_wait_timeout is 50 s)
-    finally:
-        stranger.rollback()
-        stranger.close()
     assert broker.note_pump_problem("opsfeed", "ops", "x" * 3000)
     assert len(TopicGroup.objects.get(group_name="ops").pump_problem) \
         == topic_problems.PROBLEM_MAX_CHARS

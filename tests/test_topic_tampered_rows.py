@@ -21,7 +21,7 @@ from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage, TopicS
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from django_mysqlq.topics import Subscription, TopicEvent
 from django_mysqlq.worker.topics import BroadcastReader, TopicDuty
-from tests.conftest import raw_connection
+from tests.conftest import held_by_stranger, raw_connection
 from tests.packet_support import server_packet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -215,17 +215,11 @@ def test_clearing_a_note_skips_a_row_held_by_a_stranger() -> None:
     broker.sequence("heldnote")
     broker.create_group(billing)
     assert broker.note_pump_problem("heldnote", "billing", "its pump failed: x")
-    stranger = raw_connection()
-    cursor = stranger.cursor()
-    cursor.execute("START TRANSACTION")
-    cursor.execute("SELECT id FROM mysqlq_topic_group WHERE topic = 'heldnote' FOR UPDATE")
-    try:
+    with held_by_stranger("SELECT id FROM mysqlq_topic_group WHERE topic = 'heldnote'"
+                          " FOR UPDATE"):
         started = time.monotonic()
         assert not broker.clear_pump_problem("heldnote", "billing")
         assert time.monotonic() - started < 1.0  # not waited for (lock wait: 50 s)
-    finally:
-        stranger.rollback()
-        stranger.close()
     assert broker.clear_pump_problem("heldnote", "billing")
     assert not broker.clear_pump_problem("heldnote", "billing")  # nothing left to clear
     assert broker.groups("heldnote", "billing")[0].pump_problem == ""
