@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -127,8 +129,15 @@ def test_queuestats_watch_repeats_until_interrupted(monkeypatch):
     from django_mysqlq.management.commands import queuestats
 
     sleeps: list[float] = []
+    real_sleep, main = time.sleep, threading.current_thread()
 
     def sleep(seconds: float) -> None:
+        # time.sleep is patched for every thread: one left running by an earlier test
+        # (sleeping between its polls) must neither count nor take the interrupt, or the
+        # command never sees the third sleep and prints forever (a CI run hung there).
+        if threading.current_thread() is not main:
+            real_sleep(seconds)
+            return
         sleeps.append(seconds)
         if len(sleeps) == 3:
             raise KeyboardInterrupt
