@@ -38,6 +38,12 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+def storable(text: str) -> str:
+    """``text`` as the utf8mb4 columns accept it: lone surrogates written as ``\\udcff``
+    (the driver can't encode them, and the statement would fail on them)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def queue_problem(queue: object, option: str = "queue") -> str | None:
     """A queue name workers can serve: ``--queues`` splits on commas and strips names."""
     if (isinstance(queue, str) and queue and len(queue) <= QUEUE_NAME_MAX and "," not in queue

@@ -80,6 +80,18 @@ def test_many_troubles_are_cut_to_the_row_s_room_and_counted() -> None:
     assert last == f"… and {100 - kept} more (the worker's log has them)"
 
 
+def test_an_error_text_the_column_cannot_store_is_escaped_not_a_failed_heartbeat() -> None:
+    # A lone surrogate (os.fsdecode of a bad file name, in an error's text): the driver
+    # can't encode it, and the heartbeat that writes the line would fail at every beat.
+    housekeeping = Housekeeping("w-s", 5)
+    housekeeping.failing.failed("archive", OperationalError("no file /tmp/\udcff.parquet"))
+    text = troubles.now(housekeeping, TopicDuty([], threading.Event(), get_settings()))
+    assert text.endswith("UTC: no file /tmp/\\udcff.parquet"), text
+    broker.register_worker("w-s", "h", 1, ["default"], 1)
+    broker.heartbeat_worker("w-s", 0, 0, False, text)
+    assert Worker.objects.get(id="w-s").troubles == text
+
+
 def test_the_heartbeat_writes_them_and_the_dashboard_shows_live_workers_only(root) -> None:
     broker.register_worker("w-ok", "h", 1, ["default"], 1)
     broker.register_worker("w-bad", "h", 2, ["default"], 1)

@@ -20,6 +20,7 @@ from ..broker.base import only_test_transactions
 from ..conf import get_settings
 from ..context import TaskContext
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
+from ..limits import storable
 from ..log import one_line
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
@@ -34,11 +35,6 @@ logger = logging.getLogger("django_mysqlq")
 SETTLE_PATIENCE_SECONDS = 120.0
 
 
-def _storable(text: str) -> str:
-    """Text the utf8mb4 columns accept: lone surrogates (os.fsdecode names) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
     """The attempt's error for history; never raises, whatever the exception does."""
     try:
@@ -51,9 +47,9 @@ def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
         trace = f"<the traceback of {type(exc).__qualname__} could not be formatted>"
     return AttemptResult(
         started_at=started_at,
-        error_class=_storable(f"{type(exc).__module__}.{type(exc).__qualname__}"),
-        error_message=_storable(message[:10_000]),
-        traceback=_storable(trace[-60_000:]),
+        error_class=storable(f"{type(exc).__module__}.{type(exc).__qualname__}"),
+        error_message=storable(message[:10_000]),
+        traceback=storable(trace[-60_000:]),
     )
 
 

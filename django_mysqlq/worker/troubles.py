@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..broker.park import RATE_TABLE
+from ..limits import storable
 from ..log import Failures
 from . import topic_retention
 
@@ -57,10 +58,11 @@ def episode_lines(sources: Iterable[Source]) -> list[str]:
 
 def fit(lines: Sequence[str], limit: int = TROUBLES_MAX_CHARS) -> str:
     """``lines`` joined, as many as fit in ``limit`` characters with a last line counting
-    the others."""
+    the others. A line the column can't store as it is (a lone surrogate in an error's
+    text) is escaped: the heartbeat that writes it must not fail on it."""
     kept: list[str] = []
     size = 0
-    for index, line in enumerate(lines):
+    for index, line in enumerate(storable(line) for line in lines):
         if size + len(line) > limit - 60:
             kept.append(f"… and {len(lines) - index} more (the worker's log has them)")
             break
