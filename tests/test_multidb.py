@@ -23,8 +23,8 @@ from django_mysqlq import broker, routing
 from django_mysqlq.models import Message
 from tests import multidb_support as mdb
 from tests.conftest import wait_for
-from tests.testapp import tasks
-from tests.testapp.models import Ledger
+from tests.testapp import broadcast_handlers, tasks
+from tests.testapp.models import GateRun, Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__"),
               pytest.mark.worker, pytest.mark.compat]
@@ -159,6 +159,34 @@ def test_one_worker_process_serves_queues_on_both_servers(start_worker, env_b) -
     assert f"Summary: [{B}] processed=21" in worker.output()
     assert count(B, "mysqlq_worker", "stopped_at IS NULL") == 0
     assert count("default", "mysqlq_worker", "stopped_at IS NULL") == 0
+
+
+def test_broadcast_runs_once_a_process_from_the_latest_whatever_databases_it_serves(
+        start_worker, env_b) -> None:
+    """Topics live on MYSQLQ['DATABASE']. A process with a worker per database runs its
+    broadcast subscriptions once, not once per worker; and one serving only the second
+    database still runs them, from the main database's latest offset (it used to take
+    its start from the second database's empty topic table: every kept message again)."""
+    env = {**env_b, "MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.broadcast_handlers"}
+    broadcast_handlers.flowing.publish_many([{"seq": seq} for seq in range(3)])  # before
+    both = start_worker("--queues", f"default,{QUEUE_B}", env=env)
+    only_b = start_worker("--queues", QUEUE_B, env=env)
+    wait_for(lambda: both.output().count("started: queues=") == 2
+             and "started: queues=" in only_b.output(), timeout=30,
+             message="the workers to start")
+    broadcast_handlers.flowing.publish_many([{"seq": seq} for seq in range(3, 6)])
+
+    def heard(pid: int) -> list[int]:
+        return sorted(GateRun.objects.filter(label="flowing/broadcast", pid=pid)
+                      .values_list("seq", flat=True))
+
+    wait_for(lambda: heard(both.pid) == heard(only_b.pid) == [3, 4, 5], timeout=30,
+             message="each process to hear the three later messages")
+    time.sleep(1.0)  # a second reader in the process would have read them by now
+    for worker in (both, only_b):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output()
+    assert heard(both.pid) == heard(only_b.pid) == [3, 4, 5]
 
 
 def test_kill_9_on_the_second_database_is_recovered_there(start_worker, env_b) -> None:

@@ -17,6 +17,7 @@ import signal
 import threading
 from types import FrameType
 
+from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
 from ..routing import group_by_alias
 from . import draining
@@ -31,9 +32,17 @@ JOIN_SECONDS = 0.2
 
 
 def split(options: WorkerOptions) -> list[WorkerOptions]:
-    """One worker's options per database alias of ``options.queues`` (claim order kept)."""
-    return [dataclasses.replace(options, queues=tuple(queues), database=alias)
-            for alias, queues in group_by_alias(options.queues).items()]
+    """One worker's options per database alias of ``options.queues`` (claim order kept).
+
+    Broadcast subscriptions run once a process, whatever databases it serves: in the
+    worker of ``MYSQLQ['DATABASE']`` (where topics live), else in the first. A reader in
+    each worker would run every broadcast message once per database."""
+    grouped = group_by_alias(options.queues)
+    main = get_settings().DATABASE
+    reader = main if main in grouped else next(iter(grouped), None)
+    return [dataclasses.replace(options, queues=tuple(queues), database=alias,
+                                broadcast=options.broadcast and alias == reader)
+            for alias, queues in grouped.items()]
 
 
 class Workers:

@@ -136,7 +136,7 @@ class Worker:
         #: The consumer groups it serves (pumped before claims) and its broadcast reader.
         import_task_modules()  # the subscriptions TopicDuty reads (TASK_MODULES too)
         self.topics = TopicDuty(options.queues, self.stop_request.event, self.settings,
-                                keep=options.claim_batch)
+                                keep=options.claim_batch, broadcast=options.broadcast)
         self.claimer = PumpClaimer(self)
 
     def _nothing_waiting(self) -> bool:

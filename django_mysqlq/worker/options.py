@@ -41,6 +41,9 @@ class WorkerOptions:
     #: The database alias whose queues this worker serves (None: ``MYSQLQ['DATABASE']``).
     #: ``databases.Workers`` gives each alias of the asked-for queues a worker of its own.
     database: str | None = None
+    #: Whether this worker runs the process's broadcast subscriptions. A process serving
+    #: several databases runs them once, in one of its workers (``databases.split``).
+    broadcast: bool = True
 
     def __post_init__(self) -> None:
         if not self.queues:

@@ -24,10 +24,11 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 
 from .. import broker, payload
-from ..conf import QueueSettings
+from ..conf import QueueSettings, get_settings
 from ..exceptions import PayloadDecodeError
 from ..log import Failures, one_line
 from ..messages import ClaimedMessage
+from ..routing import bind_alias, on_alias
 from ..topics import Subscription, TopicEvent, subscriptions
 from .group_trouble import GroupTrouble, loop_handles
 
@@ -91,7 +92,7 @@ class TopicDuty:
     """Pumps the groups this worker serves; runs its broadcast reader."""
 
     def __init__(self, queues: Sequence[str], stop: threading.Event,
-                 settings: QueueSettings, keep: int = 0) -> None:
+                 settings: QueueSettings, keep: int = 0, broadcast: bool = True) -> None:
         served = [s for s in subscriptions.groups() if s.queue in set(queues)]
         self.specs = [_spec(s) for s in served]
         self.topics = sorted({spec.topic for spec in self.specs})
@@ -118,7 +119,7 @@ class TopicDuty:
         #: Groups whose pump fails on its own or stopped where an operator must help.
         self.trouble = GroupTrouble()
         self.reader: BroadcastReader | None = None
-        listeners = subscriptions.broadcast()
+        listeners = subscriptions.broadcast() if broadcast else []
         if listeners:
             self.reader = BroadcastReader(listeners, stop, settings.TOPIC_BROADCAST_POLL_SECONDS)
 
@@ -258,14 +259,17 @@ class BroadcastReader(threading.Thread):
         self.failing: Failures[str] = Failures()
 
     def begin(self) -> None:
-        """Take the starting positions (on the caller's connection, before the worker
-        counts as started)."""
-        for topic in self.listeners:
-            broker.ensure_topic(topic)
-            sequence_at_start(topic)  # (not waiting for a held row)
-            self.positions[topic] = broker.last_offset(topic)
+        """Take the starting positions (on the caller's connection to the topics'
+        database, before the worker counts as started: a worker of another database
+        must not take them from its own)."""
+        with on_alias(get_settings().DATABASE):
+            for topic in self.listeners:
+                broker.ensure_topic(topic)
+                sequence_at_start(topic)  # (not waiting for a held row)
+                self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:
+        bind_alias(get_settings().DATABASE)  # where topics live, whoever started it
         broker.own_connection()
         while not self.stop_event.is_set():
             if not self.read_once():
