@@ -15,6 +15,7 @@ import enum
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from ..messages import ClaimedMessage
@@ -98,6 +99,15 @@ class Holdings:
         with self._lock:
             return [*queued, *(pair(m) for m in self._waiting.values()),
                     *(pair(t.message) for t in self._running.values())]
+
+    def held_queues(self) -> Counter[str]:
+        """Claims held here and not finished, counted by queue (the claim order of a
+        worker's groups: ``TopicDuty.claim_order``)."""
+        with self._inbox.mutex:
+            queued = [m.queue for m in self._inbox.queue if m is not None]
+        with self._lock:
+            return Counter([*queued, *(m.queue for m in self._waiting.values()),
+                            *(t.message.queue for t in self._running.values())])
 
     def has_unstarted(self) -> bool:
         with self._lock:

@@ -386,14 +386,12 @@ class Worker:
         """Claim as many messages as there is room for; hand them to the task threads."""
         in_flight = self.holdings.in_flight
         wanted = self._room()
-        if wanted <= 0 or not self._active:
-            return 0
-        wanted = self.budget.reserve(wanted)
-        if wanted <= 0:
+        if wanted <= 0 or not self._active or (wanted := self.budget.reserve(wanted)) <= 0:
             return 0
         messages: list[ClaimedMessage] = []
         try:
-            messages = broker.claim(self._active, wanted, self.id, self.settings.LEASE_SECONDS)
+            order = self.topics.claim_order(self._active, self.holdings.held_queues)
+            messages = broker.claim(order, wanted, self.id, self.settings.LEASE_SECONDS)
             if self._rated and len(messages) < wanted:  # (none while its table is locked)
                 messages += self.rate_watch.claim(self._active, wanted - len(messages),
                                                   self.settings.LEASE_SECONDS,

@@ -8,7 +8,7 @@ modules are imported), ``MYSQLQ['DEFAULT_QUEUE']``, and the queues of Django's t
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from django.db import DatabaseError
 
@@ -76,3 +76,24 @@ def _report_unserved(who: str, queues: Sequence[str]) -> None:
                        "check the names the tasks use.", who,
                        broker.describe_unserved(unserved),
                        ",".join(queue.queue for queue in unserved))
+
+
+def in_turn(queues: Sequence[str], groups: Collection[str], turn: int,
+            held: Mapping[str, int] | None = None) -> list[str]:
+    """``queues`` (a claim order) with the consumer groups' queues reordered among their
+    own places: the group holding the fewest of the worker's claims (``held``, by queue)
+    first, ties in turn (rotated by ``turn``). Task queues keep the order given: it is
+    their priority. A group with a backlog claimed first at every round would keep the
+    worker's other groups waiting until it ran dry; taken in turn by claims alone, a
+    slow handler's group would still fill the threads and set a fast one's pace."""
+    places = [index for index, queue in enumerate(queues) if queue in groups]
+    order = list(queues)
+    if len(places) < 2:
+        return order
+    shift = turn % len(places)
+    rotated = [queues[source] for source in [*places[shift:], *places[:shift]]]
+    if held:
+        rotated.sort(key=lambda queue: held.get(queue, 0))  # (stable: ties keep their turn)
+    for place, queue in zip(places, rotated, strict=True):
+        order[place] = queue
+    return order

@@ -17,7 +17,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from asgiref.sync import async_to_sync
@@ -31,6 +31,7 @@ from ..messages import ClaimedMessage
 from ..routing import bind_alias, on_alias
 from ..topics import Subscription, TopicEvent, subscriptions
 from .group_trouble import GroupTrouble, loop_handles
+from .queues import in_turn
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -109,6 +110,7 @@ class TopicDuty:
         self.taken = 0
         self._claim_support: bool | None = None
         self._turn = 0
+        self._claim_turn = 0
         #: Another member held a topic's sequencing lock at the last pump: its commit
         #: wakes nobody here, so the worker looks again shortly instead of parking.
         self.sequencer_busy = False
@@ -122,6 +124,16 @@ class TopicDuty:
         listeners = subscriptions.broadcast() if broadcast else []
         if listeners:
             self.reader = BroadcastReader(listeners, stop, settings.TOPIC_BROADCAST_POLL_SECONDS)
+
+    def claim_order(self, active: Sequence[str],
+                    held: Callable[[], Mapping[str, int]]) -> list[str]:
+        """The worker's claim order for its next claim: among its groups, the one holding
+        fewest of its claims (``held()``, by queue) first, ties in turn
+        (``queues.in_turn``), so none waits behind another's backlog."""
+        if len(self.specs) < 2:
+            return list(active)
+        self._claim_turn += 1
+        return in_turn(active, {spec.queue for spec in self.specs}, self._claim_turn, held())
 
     def start(self) -> None:
         """Create this worker's groups (where they have no row) and start the broadcast
