@@ -12,6 +12,7 @@ import time
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.models import Attempt, Message, MessageStatus, TopicDelivery, TopicGroup
@@ -268,6 +269,27 @@ def test_queuestats_lists_topics_by_volume_and_groups_with_lag() -> None:
     billing = next(g for g in data["groups"] if g["group"] == "billing")
     assert (billing["position"], billing["lag"]) == (2, 5)
     assert data["overran"] == []
+
+
+def test_a_delivery_is_past_its_timeout_from_its_start_not_its_claim() -> None:
+    """A claim takes a batch: the deliveries waiting for a thread are not running. Timed
+    from the claim, the fourth of a batch behind 10 s handlers with a 30 s timeout was
+    shown as past it before it began."""
+    made = group("orders", "slow", timeout=30)
+    publish("orders", 3)
+    broker.pump(made, batch=100, window=100)
+    running, waiting, fresh = claim(made, 3)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mysqlq_message SET claimed_at = UTC_TIMESTAMP(6) - INTERVAL "
+                       "40 SECOND WHERE id IN (%s, %s, %s)", [running.id, waiting.id, fresh.id])
+        cursor.execute("UPDATE mysqlq_message SET started_at = UTC_TIMESTAMP(6) - INTERVAL "
+                       "35 SECOND WHERE id = %s", [running.id])  # started 5 s after its claim
+        cursor.execute("UPDATE mysqlq_message SET started_at = UTC_TIMESTAMP(6) - INTERVAL "
+                       "5 SECOND WHERE id = %s", [fresh.id])  # waited 35 s for a thread
+    [overran] = broker.overran_deliveries()
+    assert overran.message_id == running.id
+    assert 35 <= overran.running_seconds < 45
+    assert (overran.topic, overran.group, overran.offset) == ("orders", "slow", 1)
 
 
 def test_a_reset_to_a_time_nothing_was_published_at_or_after_says_so() -> None:

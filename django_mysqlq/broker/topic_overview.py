@@ -24,13 +24,16 @@ TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at
 PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                        "(mysqlq_tmsg_published) WHERE topic = %s "
                        "AND published_at >= UTC_TIMESTAMP(6) - INTERVAL %s MINUTE")
-#: Claimed deliveries (queues ``group:…``, along the claim index) past their timeout.
+#: Claimed deliveries (queues ``group:…``, along the claim index) whose handler has run
+#: past its timeout: timed from the start the worker recorded (within a second of it),
+#: not from the claim (a claim waits for a thread: up to a batch of them at a time).
 OVERRAN_SQL = f"""
 SELECT id, queue, task_name, worker_id, claimed_at, timeout,
-       TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) / 1e6
+       TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) / 1e6
   FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_claim)
  WHERE queue LIKE %s AND status = 'claimed' AND timeout IS NOT NULL
-   AND TIMESTAMPDIFF(MICROSECOND, claimed_at, UTC_TIMESTAMP(6)) > timeout * 1e6
+   AND started_at IS NOT NULL
+   AND TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) > timeout * 1e6
  LIMIT %s
 """
 
@@ -90,6 +93,7 @@ class Overran:
     worker_id: str
     claimed_at: dt.datetime
     timeout: float
+    #: Seconds since its handler started (as the worker recorded it).
     running_seconds: float
     #: The topic, group and offset it delivers (from its mysqlq_topic_delivery link; empty
     #: and None for a message of a group's queue that is no delivery).
