@@ -15,9 +15,23 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from django_mysqlq import Topic, broker
-from django_mysqlq.models import Attempt, Message, MessageStatus, TopicDelivery, TopicGroup
+from django_mysqlq.models import (
+    Attempt,
+    Message,
+    MessageStatus,
+    TopicDelivery,
+    TopicGroup,
+    TopicMessage,
+)
 from tests.operator_support import OPERATOR
-from tests.topic_ops_support import claim, forget_before, group, handle, publish
+from tests.topic_ops_support import (
+    claim,
+    forget_before,
+    group,
+    handle,
+    open_publisher,
+    publish,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -290,6 +304,28 @@ def test_a_delivery_is_past_its_timeout_from_its_start_not_its_claim() -> None:
     assert overran.message_id == running.id
     assert 35 <= overran.running_seconds < 45
     assert (overran.topic, overran.group, overran.offset) == ("orders", "slow", 1)
+
+
+def test_a_reset_to_a_time_takes_every_message_published_since_in_any_commit_order(
+        ) -> None:
+    """Offsets follow commits; ``published_at`` is the insert. A message published after
+    the time in a short transaction gets a lower offset than one published before it in a
+    long one: a reset to the time must give the group both (taking the first message by
+    time, and its offset - 1, skipped the other)."""
+    group("orders", "billing")
+    publish("orders", 2)  # offsets 1, 2: before the time
+    time.sleep(0.05)
+    cut = dt.datetime.now(dt.UTC)
+    time.sleep(0.05)
+    with open_publisher("orders", {"n": "long"}):  # inserted first, committed last
+        time.sleep(0.05)
+        publish("orders", 1, start=10)  # inserted later, committed and sequenced first
+    broker.sequence("orders")
+    offsets = dict(TopicMessage.objects.filter(topic="orders", offset__gt=2)
+                   .values_list("payload", "offset"))
+    assert offsets == {'{"n":10}': 3, '{"n":"long"}': 4}, offsets
+    run("reset", "billing", "--topic", "orders", "--to-time", cut.isoformat())
+    assert TopicGroup.objects.get(group_name="billing").position == 2
 
 
 def test_a_reset_to_a_time_nothing_was_published_at_or_after_says_so() -> None:

@@ -90,11 +90,20 @@ UNSEQUENCED_COUNT_SQL = (f"SELECT COUNT(*), MIN(id) FROM (SELECT id FROM {TOPIC_
 PUBLISHED_BY_ID_SQL = f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} WHERE id = %s"
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE")
-#: The first message published at or after a time (along mysqlq_tmsg_published).
+#: The first message published at or after a time (along mysqlq_tmsg_published), and
+#: when it was sequenced.
 OFFSET_AT_TIME_SQL = f"""
-SELECT msg_offset FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
+SELECT msg_offset, sequenced_at FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
  WHERE topic = %s AND published_at >= %s AND msg_offset IS NOT NULL
  ORDER BY published_at, id LIMIT 1
+"""
+#: The lowest offset of the messages published in a span. Offsets follow commits, and
+#: ``published_at`` is the insert's time: a message published later than the first one
+#: of the span, in a shorter transaction, may have the lower offset. Each such message
+#: was published before that first one was sequenced, which bounds the span.
+LOWEST_OFFSET_PUBLISHED_SQL = f"""
+SELECT MIN(msg_offset) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
+ WHERE topic = %s AND published_at >= %s AND published_at <= %s AND msg_offset IS NOT NULL
 """
 WAITING_DELIVERIES_SQL = f"""
 SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
@@ -318,11 +327,16 @@ def _new_position(cursor: Any, topic: str, target: ResetTarget,
     if target.edge == LATEST:
         return last, False
     if target.to_time is not None:
-        cursor.execute(OFFSET_AT_TIME_SQL, [topic, naive_utc(target.to_time)])
+        since = naive_utc(target.to_time)
+        cursor.execute(OFFSET_AT_TIME_SQL, [topic, since])
         found = cursor.fetchone()
         if found is None:
             return last, True  # nothing published since: the group gets what comes next
-        return max(int(found[0]), first) - 1, False
+        lowest = int(found[0])
+        if found[1] is not None:  # (None: changed by hand; that message's offset, then)
+            cursor.execute(LOWEST_OFFSET_PUBLISHED_SQL, [topic, since, found[1]])
+            lowest = min(lowest, int(cursor.fetchone()[0] or lowest))
+        return max(lowest, first) - 1, False
     offset = int(target.to_offset or 0)
     earliest = (f"Reset to {names[EARLIEST]}, or {_offsets_to(first, last)}."
                 if first <= last else f"Reset {_offsets_to(first, last)}.")
