@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import inspect
 import itertools
 import json
 import logging
@@ -28,12 +27,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from . import payload
+from . import awaiting, payload
 from .conf import get_settings
 from .context import TaskContext
 from .exceptions import MessageDoesNotExist, WaitTimeout
@@ -221,9 +219,7 @@ def _run_all(task: QueueTask[Any, Any], runs: list[tuple[NewMessage, ImmediateHa
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(func):
-        return async_to_sync(func)(*args, **kwargs)
-    return func(*args, **kwargs)
+    return awaiting.call(func, *args, **kwargs)
 
 
 def run_one(task: QueueTask[Any, Any], message: NewMessage, record: ImmediateRecord,

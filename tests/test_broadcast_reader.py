@@ -126,3 +126,40 @@ def test_the_reader_gets_every_message_in_order_across_byte_bounded_reads(
     assert counts == [2, 1, 1, 1, 0]
     assert [event.payload for event in got] == values
     assert [event.offset for event in got] == [1, 2, 3, 4, 5]
+
+
+def test_handlers_that_raise_anything_or_are_async_in_disguise_leave_the_reader_going(
+        caplog) -> None:
+    """A broadcast handler's SystemExit (or an async one's CancelledError) used to end the
+    reader's thread: the process heard no more broadcasts, and nothing said so. An async
+    handler under a plain decorator returned its coroutine unawaited: it never ran."""
+    import asyncio
+    import functools
+
+    heard: list[object] = []
+
+    def exits(event: TopicEvent) -> None:
+        raise SystemExit(3)
+
+    async def cancelled(event: TopicEvent) -> None:
+        raise asyncio.CancelledError
+
+    async def hears(event: TopicEvent) -> None:
+        heard.append(event.payload)
+
+    @functools.wraps(hears)
+    def plain(event: TopicEvent) -> object:
+        return hears(event)
+
+    reader = BroadcastReader([Subscription("noisy", handler, None)
+                              for handler in (exits, cancelled, plain)],
+                             threading.Event(), poll=0.1)
+    reader.begin()
+    Topic("noisy").publish_many([1, 2])
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert reader.read_once() == 2
+    assert heard == [1, 2]
+    failed = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failed) == 4 and all(line.startswith("Broadcast handler ") for line in failed)
+    Topic("noisy").publish(3)
+    assert reader.read_once() == 1 and heard == [1, 2, 3]

@@ -160,6 +160,15 @@ def test_async_task_functions_run(start_worker):
     assert Ledger.objects.filter(label="from-async").exists()
 
 
+def test_an_async_task_under_a_plain_decorator_runs_and_is_awaited(start_worker):
+    """Its wrapper is sync and returns the coroutine: called as a plain function, the
+    body never ran and the attempt counted as a success."""
+    handle = tasks.wrapped_async_record.enqueue("wrapped")
+    run_burst(start_worker)
+    assert Ledger.objects.filter(label="wrapped").exists()
+    assert Attempt.objects.get(message_id=handle.id).result == "wrapped"
+
+
 def test_async_tasks_use_their_task_thread_for_database_calls(start_worker):
     """Not one thread and connection shared by every async task of the process."""
     handles = tasks.async_records_its_db_thread.enqueue_many([["a1"], ["a2"], ["a3"]])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 import threading
 import time
@@ -11,11 +10,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .. import broker, payload, retries
+from .. import awaiting, broker, payload, retries
 from ..broker.base import only_test_transactions
 from ..conf import get_settings
 from ..context import TaskContext
@@ -102,11 +100,9 @@ def _left_open(connection: BaseDatabaseWrapper, mark: broker.Mark | None) -> boo
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(func):
-        # async_to_sync, not asyncio.run: the task's sync_to_async database calls then run
-        # back on this task thread and its connection, not on one thread shared by all.
-        return async_to_sync(func)(*args, **kwargs)
-    return func(*args, **kwargs)
+    # (An async task's sync_to_async database calls come back to this task thread and
+    # its connection, not to one thread shared by all: see awaiting.call.)
+    return awaiting.call(func, *args, **kwargs)
 
 
 class ClaimLost(Exception):

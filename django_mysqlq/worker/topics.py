@@ -13,17 +13,15 @@ Broadcast subscriptions run in a thread of every worker process.
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 
-from .. import broker, payload
+from .. import awaiting, broker, payload
 from ..conf import QueueSettings, get_settings
 from ..exceptions import PayloadDecodeError
 from ..log import Failures, one_line
@@ -356,12 +354,10 @@ class BroadcastReader(threading.Thread):
                            published_at=published_at)
         for listener in listeners:
             try:
-                handler = listener.handler
-                if inspect.iscoroutinefunction(handler):
-                    async_to_sync(handler)(event)
-                else:
-                    handler(event)
-            except Exception:  # no retry for broadcast: log and go on
+                awaiting.call(listener.handler, event)
+            except BaseException:
+                # (BaseException: a handler's SystemExit, or an async one's CancelledError,
+                # would end the reader's thread, and the process would hear no more.)
                 logger.exception("Broadcast handler %s failed on %s@%d.",
                                  getattr(listener.handler, "__qualname__", listener.handler),
                                  topic, offset)

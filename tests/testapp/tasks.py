@@ -1,5 +1,6 @@
 """Tasks the test suite enqueues; worker subprocesses import them by autodiscovery."""
 
+import functools
 import os
 import time
 
@@ -60,6 +61,23 @@ def closes_connection(label: str) -> None:
 
 @queue_task()
 async def async_record(label: str) -> str:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Ledger.objects.create)(label=label, pid=os.getpid())
+    return label
+
+
+def _logged(func):  # a plain decorator: its wrapper is sync and returns the coroutine
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@queue_task()
+@_logged
+async def wrapped_async_record(label: str) -> str:
     from asgiref.sync import sync_to_async
 
     await sync_to_async(Ledger.objects.create)(label=label, pid=os.getpid())
