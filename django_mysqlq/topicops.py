@@ -11,13 +11,18 @@ import datetime as dt
 from . import broker
 from .broker import Operator
 from .conf import get_settings
+from .registry import import_task_modules
 from .topicnames import delivery_task_name, group_queue
 from .topics import subscriptions
 
 
 def group_spec(topic: str, group: str) -> broker.GroupSpec:
     """How replayed deliveries are made: the subscription's options when this process
-    declares it, else the settings' defaults (attempts, first backoff, no timeout)."""
+    declares it, else the settings' defaults (attempts, first backoff, no timeout). The
+    task modules are imported first, as a worker does: a web process serving the admin
+    may not have imported the handlers' module yet (a replay of an ``on_dead="hold"``
+    group then made deliveries that held nothing, with no timeout)."""
+    import_task_modules()
     for subscription in subscriptions.groups():
         if (subscription.topic, subscription.group) == (topic, group) and subscription.task:
             task = subscription.task

@@ -511,3 +511,31 @@ def test_the_sequencer_sorts_when_the_index_order_is_not_ascending() -> None:
     ascending.fetchall = lambda: [(3, None), (5, cleared), (9, None)]  # type: ignore[method-assign]
     assert unsequenced_ids(ascending, "t", 3) == ([3, 5, 9], [(5, cleared)])
     assert len(ascending.statements) == 1
+
+
+def test_a_publish_wakes_the_groups_its_rows_name_even_unsubscribed_here(monkeypatch) -> None:
+    """A web process that only publishes may never import the handlers' module: its
+    subscriptions know no group of the topic, and its publishes woke no member (they
+    found the messages at the end of a park). The group rows name them; they are read
+    once per GROUP_QUEUES_SECONDS, not at every publish."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_mysqlq.broker import topics as broker_topics
+
+    woken: list[list[str]] = []
+    monkeypatch.setattr(broker_topics, "wake", lambda queues, alias: woken.append(queues))
+    monkeypatch.setattr(broker_topics, "_group_queues", {})
+    for name in ("billing", "audit"):
+        broker.create_group(broker.GroupSpec(
+            topic="remote", group=name, queue=group_queue(name),
+            task_name=delivery_task_name("remote", name), on_dead="skip", max_attempts=3,
+            retry_backoff=1.0, timeout=None))
+    Topic("remote").publish({"n": 1})
+    assert woken == [["group:audit", "group:billing"]]
+    with CaptureQueriesContext(connection) as queries:
+        Topic("remote").publish_many([{"n": 2}, {"n": 3}])
+    assert woken[-1] == ["group:audit", "group:billing"]
+    assert not any("mysqlq_topic_group" in q["sql"] for q in queries.captured_queries)
+    monkeypatch.setattr(broker_topics, "GROUP_QUEUES_SECONDS", 0.0)
+    Topic("quiet").publish({"n": 1})  # a topic without groups wakes nobody
+    assert woken[-1] == []

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from django.db import DatabaseError, IntegrityError, transaction
 
+from ..conf import get_settings
 from ..signals import topic_published
 from .base import (
     aware_utc,
@@ -127,6 +128,14 @@ HIGHEST_OFFSET_SQL = (f"SELECT MAX(msg_offset) FROM {TOPIC_MESSAGE_TABLE} "
 DUPLICATE_KEY = 1062
 #: The highest offset given out (0: none yet, or no such topic).
 LAST_OFFSET_SQL = f"SELECT last_offset FROM {TOPIC_TABLE} WHERE name = %s"
+#: The queues of a topic's groups, as their rows say. A publisher that never imported the
+#: handlers' module (a web process whose views only publish) knows none of them from its
+#: subscriptions, and its publishes woke nobody: members found them at the end of a park.
+GROUP_QUEUES_SQL = "SELECT queue FROM mysqlq_topic_group WHERE topic = %s"
+#: Seconds a publisher trusts the groups it read of a topic (a group created meanwhile
+#: is woken from the next read on; until then its members poll, as they always do).
+GROUP_QUEUES_SECONDS = 5.0
+_group_queues: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
 
 
 def publish(topic: str, rows: Sequence[tuple[str | None, str]],
@@ -150,7 +159,8 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
                            params)
             first = first or int(cursor.lastrowid)
     count = len(rows)
-    transaction.on_commit(lambda: _after_publish(topic, count, wake_queues), using=alias)
+    transaction.on_commit(lambda: _after_publish(topic, count, wake_queues, alias),
+                          using=alias)
     return first
 
 
@@ -164,13 +174,26 @@ def _check_packet(topic: str, sizes: Sequence[int], alias: str) -> None:
                        reserved=DELIVERY_ROW_BYTES)
 
 
-def _after_publish(topic: str, count: int, queues: Sequence[str]) -> None:
-    if queues:
+def _after_publish(topic: str, count: int, queues: Sequence[str], alias: str) -> None:
+    if get_settings().WAKEUP:
         try:
-            wake(list(queues))
+            wake(group_queues(topic, alias, queues), alias)
         except DatabaseError as exc:  # committed; workers find them at their next round
             logger.warning("Could not wake idle workers after a publish (%s).", exc)
     send_robust(topic_published, topic, count=count)
+
+
+def group_queues(topic: str, alias: str, known: Sequence[str] = ()) -> list[str]:
+    """The queues of ``topic``'s groups: ``known`` (this process's subscriptions) and
+    those the group rows name, read at most once per :data:`GROUP_QUEUES_SECONDS`."""
+    now = time.monotonic()
+    cached = _group_queues.get((alias, topic))
+    if cached is None or now - cached[0] > GROUP_QUEUES_SECONDS:
+        with connection_for(alias).cursor() as cursor:
+            cursor.execute(GROUP_QUEUES_SQL, [topic])
+            cached = (now, tuple(str(row[0]) for row in cursor.fetchall()))
+        _group_queues[alias, topic] = cached
+    return sorted({*known, *cached[1]})
 
 
 def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None) -> int:
