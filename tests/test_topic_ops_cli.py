@@ -505,3 +505,15 @@ def test_lookup_names_a_group_past_an_offset_with_no_delivery_of_it_on_record() 
     moved = run("lookup", "--topic", "orders", "--offset", "2")
     assert (f"  billing: no delivery record: its position was moved past it by "
             f"{OPERATOR.name}") in moved and "or its link row is missing" in moved
+
+
+def test_a_lookup_that_can_match_nothing_is_refused_saying_why() -> None:
+    publish("orders", 2)
+    with pytest.raises(CommandError, match=r"--until \(.*\) is before --since"):
+        run("lookup", "--topic", "orders", "--since", "1h", "--until", "2h")
+    for offset in ("0", "-5"):
+        with pytest.raises(CommandError, match="--offset must be 1 or more"):
+            run("lookup", "--topic", "orders", "--offset", offset)
+    # The same span the right way round finds both.
+    found = run("lookup", "--topic", "orders", "--since", "2h", "--until", "0s")
+    assert [line.split()[0] for line in found.splitlines()] == ["orders@1", "orders@2"]

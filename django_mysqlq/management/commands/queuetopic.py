@@ -167,6 +167,14 @@ class Command(cli.SaysDatabaseErrors):
     def do_lookup(self, options: dict[str, Any]) -> None:
         since = ops.parse_since(options["since"]) if options["since"] else None
         until = ops.parse_since(options["until"]) if options["until"] else None
+        if since is not None and until is not None and until < since:
+            raise CommandError(
+                f"--until ({until.isoformat()}) is before --since ({since.isoformat()}): no "
+                "message can match. A duration is time ago: --since 2h --until 1h is the "
+                "hour that ended an hour ago.")
+        if options["offset"] is not None and options["offset"] < 1:
+            raise CommandError(f"--offset must be 1 or more (offsets start at 1), not "
+                               f"{options['offset']}.")
         topic = options["topic"]
         found = broker.lookup(topic, offset=options["offset"], key=options["key"],
                               since=since, until=until, limit=options["limit"])
