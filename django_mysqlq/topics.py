@@ -162,19 +162,25 @@ subscriptions = SubscriptionRegistry()
 def _deliver(topic: str, group: str, handler: Handler) -> Callable[..., Any]:
     """The function the group's task runs: builds the event, calls the handler."""
 
-    def event(value: Any, offset: int, key: str | None, published_at: str) -> TopicEvent:
+    def event(value: Any, offset: int, key: str | None, published_at: str | None
+              ) -> TopicEvent:
+        if published_at is None:
+            raise ValueError(
+                f"Message {topic}@{offset} has no publish time: its published_at in "
+                "mysqlq_topic_message was changed by hand to a zero date. Set it to a real "
+                "time, then requeue this delivery.")
         return TopicEvent(topic=topic, offset=offset, key=key, payload=value,
                           published_at=dt.datetime.fromisoformat(published_at), group=group)
 
     if inspect.iscoroutinefunction(handler):
         async def deliver_async(value: Any, *, offset: int, key: str | None = None,
-                                published_at: str) -> Any:
+                                published_at: str | None) -> Any:
             return await handler(event(value, offset, key, published_at))
 
         function: Callable[..., Any] = deliver_async
     else:
         def deliver(value: Any, *, offset: int, key: str | None = None,
-                    published_at: str) -> Any:
+                    published_at: str | None) -> Any:
             return handler(event(value, offset, key, published_at))
 
         function = deliver

@@ -163,3 +163,28 @@ def test_handlers_that_raise_anything_or_are_async_in_disguise_leave_the_reader_
     assert len(failed) == 4 and all(line.startswith("Broadcast handler ") for line in failed)
     Topic("noisy").publish(3)
     assert reader.read_once() == 1 and heard == [1, 2, 3]
+
+
+def test_a_row_changed_by_hand_is_skipped_and_the_reader_goes_on(caplog) -> None:
+    """A payload that is no single JSON value ('' reads as none) ended the reader's
+    thread with an IndexError; so did a zero publish time (read as None)."""
+    reader, got = reader_of("tampered")
+    Topic("tampered").publish_many([{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}])
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        changes = [("payload", "", 1), ("payload", "1, 2", 2),
+                   ("published_at", "0000-00-00 00:00:00", 3)]
+        for column, value, n in changes:
+            cursor.execute(f"UPDATE mysqlq_topic_message SET {column} = %s WHERE topic = "
+                           "'tampered' AND payload = %s", [value, f'{{"n":{n}}}'])
+            assert cursor.rowcount == 1
+    finally:
+        conn.close()
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert reader.read_once() == 4
+    assert payloads(got) == [("tampered", {"n": 4})]
+    skipped = [r.getMessage() for r in caplog.records if "changed by hand" in r.getMessage()]
+    assert len(skipped) == 3, skipped
+    Topic("tampered").publish({"n": 5})
+    assert reader.read_once() == 1 and payloads(got)[-1] == ("tampered", {"n": 5})

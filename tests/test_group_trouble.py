@@ -122,3 +122,44 @@ def test_a_group_row_held_by_a_stranger_is_not_waited_for(ops, caplog) -> None:
     assert broker.note_pump_problem("opsfeed", "ops", "x" * 3000)
     assert len(TopicGroup.objects.get(group_name="ops").pump_problem) \
         == topic_problems.PROBLEM_MAX_CHARS
+
+
+def test_an_error_no_database_raised_rests_its_group_and_leaks_no_room(monkeypatch,
+                                                                       caplog) -> None:
+    """A row changed by hand into a value the pump can't take raised, say, an
+    AttributeError: no `except DatabaseError` caught it, and it ended the worker. And a
+    resting group's round reserved its member's room (``--max-tasks`` budget) and never
+    gave it back: a worker with a failing group soon said it had reached --max-tasks."""
+    import threading
+
+    from django_mysqlq.conf import get_settings
+    from django_mysqlq.worker.topics import TopicDuty
+    from tests.testapp import topic_ops_handlers  # noqa: F401 (the 'ops' subscription)
+
+    duty = TopicDuty(["group:ops"], threading.Event(), get_settings())
+    assert [s.group for s in duty.specs] == ["ops"]
+
+    class Claimer:
+        id = "w-test"
+        reserved = 0
+
+        def pump_room(self, queue: str) -> int:
+            self.reserved += 4
+            return 4
+
+        def pump_took(self, messages: list[Any], reserved: int) -> None:
+            self.reserved -= reserved - len(messages)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'NoneType' object has no attribute 'tzinfo'")
+
+    claimer = Claimer()
+    monkeypatch.setattr(broker, "pump_claiming", broken)
+    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
+        assert duty.pump(force=True, claimer=claimer) == 0  # raised nothing
+    assert "its pump failed: AttributeError: 'NoneType' object" in caplog.text
+    assert claimer.reserved == 0
+    for _ in range(5):  # resting: its rounds reserve nothing
+        duty.pump(force=True, claimer=claimer)
+    assert claimer.reserved == 0
+    assert duty.trouble.wedged(duty.specs[0])

@@ -191,3 +191,35 @@ def test_a_message_changed_into_bad_json_fails_its_delivery_not_the_pump(start_w
     assert f"billing: #{dead.pk} dead" in trace and "JSON" in trace, trace
     output = stopped(worker)
     assert "Database error in the worker loop" not in output
+
+
+def test_a_zero_publish_time_fails_its_delivery_and_skips_its_broadcast_not_the_worker(
+        start_worker):
+    """The driver reads a zero date (MariaDB's default sql_mode lets one be stored) as
+    None: the pump's and the broadcast reader's date handling raised on it, which no
+    `except DatabaseError` caught. The pump's error ended the worker (and every member
+    after it); the reader's ended its thread, so the process heard no more broadcasts."""
+    label = "zero-date"
+    worker = start_worker(*WORKER, "--groups", "billing", env=ENV)
+    started(worker)
+    wait_for(lambda: TopicGroup.objects.filter(topic="ledger", group_name="billing").exists(),
+             message="the group's row")
+    bad_id = insert_raw("ledger", json.dumps({"label": label, "seq": 0}))
+    conn = raw_connection()
+    try:
+        conn.cursor().execute("UPDATE mysqlq_topic_message SET published_at = "
+                              "'0000-00-00 00:00:00' WHERE id = %s", [bad_id])
+    finally:
+        conn.close()
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (1, 2)])
+    wait_for(lambda: handled(label, "billing") == {1, 2}, timeout=20,
+             message="billing to handle the messages after the zero-dated one")
+    wait_for(lambda: set(GateRun.objects.filter(label=f"{label}/broadcast", pid=worker.pid)
+                         .values_list("seq", flat=True)) == {1, 2}, timeout=20,
+             message="the broadcast reader to go on past it")
+    wait_for(lambda: "has no publish time" in (Message.objects.filter(
+        task_name="topic:ledger:billing").values_list("last_error", flat=True).first() or ""),
+        timeout=20, message="its delivery to fail saying why")
+    output = stopped(worker)  # (exit status 0: it ran to the stop)
+    assert "was changed by hand (its published_at is a zero date): skipped" in output
+    assert "Group 'billing' of topic 'ledger': its pump failed" not in output

@@ -9,6 +9,7 @@ import datetime as dt
 import time
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from django_mysqlq import broker
@@ -166,3 +167,18 @@ def test_a_lookup_of_an_offset_retention_deleted_says_so() -> None:
     assert lookup("--topic", "nothing", "--offset", "1").startswith(
         "No message matches: no message of topic 'nothing' has an offset yet")
     assert lookup("--topic", "orders", "--offset", "5").startswith("orders@5 ")
+
+
+def test_a_zero_publish_time_is_older_than_any_cut_off_not_an_error() -> None:
+    """The driver reads a zero date as None: retention's comparison raised on it, an
+    error no upkeep step catches, and the recovery leader stopped (then the next)."""
+    publish("orders", 3)
+    group("orders", "billing", start="latest")  # at 3: it has passed them
+    TopicMessage.objects.filter(topic="orders", offset=1).update(
+        published_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=10))
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mysqlq_topic_message SET published_at = '0000-00-00 00:00:00' "
+                       "WHERE topic = 'orders' AND msg_offset = 2")
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    assert broker.prune_topic_batch("orders", cut, 100) == 2
+    assert kept("orders") == [3]

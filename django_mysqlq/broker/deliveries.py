@@ -182,12 +182,16 @@ def position(topic: str, group: str, alias: str | None = None) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _payload(value: str, offset: int, key: str | None, published_at: dt.datetime) -> str:
+def _payload(value: str, offset: int, key: str | None, published_at: dt.datetime | None
+             ) -> str:
     """The delivery's task payload: the message's JSON as the one argument (not parsed
-    again: a row changed by hand into bad JSON fails its delivery, not the pump)."""
-    if published_at.tzinfo is None:
+    again: a row changed by hand into bad JSON fails its delivery, not the pump). A
+    zero ``published_at`` (changed by hand; the driver reads it as None) goes as null:
+    its delivery fails saying so, not the pump."""
+    if published_at is not None and published_at.tzinfo is None:
         published_at = published_at.replace(tzinfo=dt.UTC)
-    meta = json.dumps({"offset": offset, "key": key, "published_at": published_at.isoformat()})
+    meta = json.dumps({"offset": offset, "key": key, "published_at":
+                       None if published_at is None else published_at.isoformat()})
     return f'{{"args":[{value}],"kwargs":{meta}}}'
 
 

@@ -64,7 +64,10 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
     ids: list[int] = []
     last = 0
     for message_id, offset, published_at in rows:
-        stamp = published_at.replace(tzinfo=None) if published_at.tzinfo else published_at
+        # (A zero date, changed by hand, reads as None: older than any cut-off, as the
+        # server compares it; the archive's SQL takes it the same way.)
+        stamp = (dt.datetime.min if published_at is None
+                 else published_at.replace(tzinfo=None))
         if stamp >= cut or (ceiling is not None and int(offset) > ceiling):
             break
         ids.append(int(message_id))

@@ -74,11 +74,12 @@ class GroupTrouble:
     def waits_for_operator(self, spec: broker.GroupSpec) -> bool:
         return (spec.topic, spec.group) in self.stopped or self.wedged(spec)
 
-    def failed(self, spec: broker.GroupSpec, exc: DatabaseError) -> bool:
+    def failed(self, spec: broker.GroupSpec, exc: Exception) -> bool:
         """Whether the other groups can be pumped past this group's failure (then logged,
         once per group and kind of error, and noted on its row). Not when the loop
-        handles it (:func:`loop_handles`)."""
-        if loop_handles(exc):
+        handles it (:func:`loop_handles`). An error that is no database error (a row
+        changed by hand into a value the pump can't take) is the group's own."""
+        if isinstance(exc, DatabaseError) and loop_handles(exc):
             return False
         name = (spec.topic, spec.group)
         code = broker.error_code(exc)
@@ -88,7 +89,8 @@ class GroupTrouble:
             self._next_try[name] = time.monotonic() + min(
                 LONGEST_PAUSE, FIRST_PAUSE * 2 ** (in_a_row - 1))
         if self.failing.failed(name, exc):
-            text = one_line(str(exc))
+            text = one_line(str(exc) if isinstance(exc, DatabaseError)
+                            else f"{type(exc).__name__}: {exc}")
             logger.error(
                 "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
                 "queues go on; this group gets no new deliveries until it pumps again, "

@@ -166,11 +166,11 @@ class TopicDuty:
         for spec in [*self.specs[self._turn:], *self.specs[:self._turn]]:
             # A group that has every sequenced message sequences its topic's new ones in
             # its pump's transaction; one still behind has work without them.
+            if self.trouble.resting(spec, now):
+                continue  # (before pump_room: the room it reserves is given back below)
             room = claimer.pump_room(spec.queue) if claimer is not None else -1
             if room == 0 and self._claims():
                 continue  # no room: it pumps for itself once it has some
-            if self.trouble.resting(spec, now):
-                continue
             looked = True
             claim = (broker.PumpClaim(room, claimer.id, conf.LEASE_SECONDS)
                      if claimer is not None and room > 0 else None)
@@ -179,7 +179,9 @@ class TopicDuty:
                 pumped, claimed = broker.pump_claiming(
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
                     sequence=True, keep=self.keep, recreate=True)
-            except DatabaseError as exc:
+            except Exception as exc:
+                # (Not only database errors: a row changed by hand into what the code
+                # can't take must stop its group's pump, not the worker.)
                 if not self.trouble.failed(spec, exc):
                     raise
                 continue
@@ -305,6 +307,8 @@ class BroadcastReader(threading.Thread):
                     self.order.remove(topic)
                     self.order.append(topic)
                     break
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any one topic
+                self._failed(topic, exc, gone=False)
             else:
                 self._recovered(topic)
         return read
@@ -325,7 +329,7 @@ class BroadcastReader(threading.Thread):
             self.positions[topic] = row.offset
         return len(rows)
 
-    def _failed(self, topic: str, exc: DatabaseError, gone: bool) -> None:
+    def _failed(self, topic: str, exc: Exception, gone: bool) -> None:
         """Log a topic's failed read once per kind of error (its class and code) until
         the topic reads again: a lasting cause would log at every poll."""
         if not self.failing.failed(topic, exc):
@@ -341,12 +345,19 @@ class BroadcastReader(threading.Thread):
             logger.warning("Broadcast reader: topic %r reads again.", topic)
 
     def _handle(self, topic: str, listeners: Sequence[Subscription], offset: int,
-                key: str | None, text: str, published_at: dt.datetime) -> None:
+                key: str | None, text: str, published_at: dt.datetime | None) -> None:
         try:
             args, _ = payload.decode(f'{{"args":[{text}]}}')
         except PayloadDecodeError as exc:
             logger.error("Broadcast message %s@%d has a payload that isn't JSON (%s): "
                          "skipped.", topic, offset, exc)
+            return
+        if len(args) != 1 or published_at is None:
+            # Changed by hand: a payload that is no single JSON value ('' or '1, 2' read
+            # as none or two), a zero publish time (the driver reads it as None).
+            logger.error("Broadcast message %s@%d was changed by hand (%s): skipped.", topic,
+                         offset, "its payload is not one JSON value" if len(args) != 1
+                         else "its published_at is a zero date")
             return
         if published_at.tzinfo is None:
             published_at = published_at.replace(tzinfo=dt.UTC)
