@@ -17,8 +17,9 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import sys
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -37,6 +38,23 @@ EPISODE_ERROR_MAX = 300
 #: Attributes every LogRecord has: anything else on a record came through ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime"}
+
+
+def quietly(log: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """``log(*args, **kwargs)`` (a logger's method), where a handler or filter that
+    raises (a webhook handler's network error: ``Handler.handle`` does not catch what a
+    custom ``emit`` raises) is said on stderr instead of raised into the caller. The
+    acker and the task threads log from loops that must not end over a log line: a
+    dead acker held its successes' claims for good, a dead task thread its message."""
+    try:
+        log(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever a user's handler raises
+        try:
+            sys.stderr.write(f"django_mysqlq: a logging handler raised {type(exc).__name__}: "
+                             f"{one_line(str(exc))} (that log line is lost; the worker goes "
+                             "on)\n")
+        except Exception:  # noqa: BLE001 - stderr closed: nothing left to tell
+            pass
 
 
 def one_line(text: str, limit: int = ERROR_TEXT_MAX) -> str:

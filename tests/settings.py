@@ -180,6 +180,12 @@ elif os.environ.get("MYSQLQ_TEST_LOGGING") == "root":
         "handlers": {"stderr": {"class": "logging.StreamHandler"}},
         "root": {"handlers": ["stderr"], "level": "INFO"},
     }
+elif os.environ.get("MYSQLQ_TEST_LOGGING") == "raising":
+    # A project handler whose emit raises on every attempt line (a webhook that is down):
+    # logging's Handler.handle does not catch it (tests/test_worker_logging.py).
+    LOGGING["handlers"]["raising"] = {"class": "tests.testapp.logs.RaisingOnAttempts"}
+    LOGGING["loggers"]["django_mysqlq"]["handlers"] = [
+        *LOGGING["loggers"]["django_mysqlq"]["handlers"], "raising"]
 if os.environ.get("MYSQLQ_TEST_DEBUG") == "1":
     DEBUG = True
 if os.environ.get("MYSQLQ_TEST_LOG_FORMAT"):

@@ -116,6 +116,25 @@ def test_a_django_task_logs_each_line_once_when_logging_has_a_root_handler(start
     assert "KeyError: 'gone'" in output
 
 
+@pytest.mark.parametrize("batch", ["20", "1"], ids=["acker", "task-threads"])
+def test_a_logging_handler_that_raises_ends_no_thread_and_loses_no_ack(start_worker,
+                                                                        batch):
+    """An attempt line is written by the acker (batched successes) or a task thread.
+    A project handler raising from ``emit`` ended that thread: the acker's successes
+    stayed claimed (renewed) for good and the --burst worker never ended; a task thread
+    left its message in flight."""
+    good = tasks.record.enqueue_many([tasks.record.call(f"ok{i}") for i in range(30)])
+    bad = tasks.always_fails.enqueue("bad")
+    summary, output = run_burst(start_worker, "--concurrency", "2", env={
+        "MYSQLQ_TEST_LOGGING": "raising", "MYSQLQ_TEST_ACK_BATCH": batch})
+    assert summary["succeeded"] == 30 and summary["dead"] == 1, output[-3000:]
+    assert Attempt.objects.filter(message_id__in=[h.id for h in good],
+                                  outcome="succeeded").count() == 30
+    assert Attempt.objects.filter(message_id=bad.id, outcome="failed").exists()
+    assert ("django_mysqlq: a logging handler raised ConnectionError: the log webhook is "
+            "down (that log line is lost; the worker goes on)") in output
+
+
 def test_verbosity_zero_keeps_warnings_and_drops_successes(start_worker):
     ok = tasks.record.enqueue("quiet").id
     failing = tasks.fails_verbosely.enqueue(10).id

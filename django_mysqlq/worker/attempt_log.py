@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..log import cut_traceback, one_line
+from ..log import cut_traceback, one_line, quietly
 from ..messages import AttemptResult, ClaimedMessage
 from ..models import Outcome
 
@@ -79,4 +79,4 @@ class AttemptLine:
             record.exc_info = (type(error), error, error.__traceback__)
             trace = result.traceback if result is not None and result.traceback else ""
             record.exc_text = cut_traceback(trace) if trace else None
-        logger.handle(record)
+        quietly(logger.handle, record)

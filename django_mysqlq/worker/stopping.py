@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from ..log import quietly
+
 logger = logging.getLogger("django_mysqlq")
 
 #: Exit status after a second signal: claims are left for peers to recover.
@@ -94,6 +96,6 @@ class StopRequest:
             self._stop(self._heard)
 
     def _stop(self, name: str) -> None:
-        logger.info("%s received: no new claims; finishing in-flight tasks "
-                    "(send it again to exit at once).", name)
-        self.set(name)
+        self.set(name)  # (first: a logging handler that raises must not lose the stop)
+        quietly(logger.info, "%s received: no new claims; finishing in-flight tasks "
+                "(send it again to exit at once).", name)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections
 
 from .. import broker
+from ..log import quietly
 from ..messages import ClaimedMessage, Runner
 from ..models import Outcome
 from .executor import execute, settle
@@ -93,11 +94,11 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
     handover = worker.acker.handover() if worker.acker is not None else None
     try:
         outcome = execute(message, runner, worker.give_up, handover, started_at)
-    except Exception:
+    except Exception:  # noqa: BLE001 - logged (quietly: see log.quietly)
         # execute() records every task failure itself; this is a bug or an outage it
         # could not ride out. The claim stays; a peer recovers it.
-        logger.exception("Unexpected error while running %s #%s", message.task_name,
-                         message.id)
+        quietly(logger.exception, "Unexpected error while running %s #%s",
+                message.task_name, message.id)
         outcome = ""
     counter = COUNTERS.get(outcome)
     # A success handed to the acker is counted by the acker, once its ack is written.
