@@ -47,6 +47,12 @@ def expression_problem(expression: object, option: str = "cron") -> str | None:
         return (f"{option} must be a cron expression of at most {EXPRESSION_MAX} characters "
                 f"(five fields, e.g. '*/5 * * * *', or six with seconds last), not "
                 f"{expression!r}.")
+    if len(expression.split()) > 6:
+        # (croniter takes a seventh field, a year: such a schedule runs out of
+        # occurrences, and its next one could no longer be known after the last.)
+        return (f"{option} {expression!r} has {len(expression.split())} fields; use five "
+                "(minute hour day-of-month month day-of-week), or six with seconds last, "
+                "e.g. '*/5 * * * *' or '0 3 * * mon-fri'. A year field is not supported.")
     try:
         iterator = croniter(expression, dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
         iterator.get_next(dt.datetime)
@@ -116,10 +122,16 @@ class Cron:
         return self.every_hour or not self._repeat(local)
 
     def after(self, moment: dt.datetime) -> dt.datetime:
-        """The first occurrence strictly after ``moment`` (UTC)."""
+        """The first occurrence strictly after ``moment`` (UTC). One that has none (an
+        expression stored by hand or by an older version that runs out) is a
+        :class:`CronError`, the schedule's own: it stops that schedule, not the upkeep."""
         iterator = croniter(self.expression, _utc(moment).astimezone(self.zone))
         while True:
-            local: dt.datetime = iterator.get_next(dt.datetime)
+            try:
+                local: dt.datetime = iterator.get_next(dt.datetime)
+            except CroniterBadDateError:
+                raise CronError(f"cron {self.expression!r} has no occurrence after "
+                                f"{_utc(moment).isoformat()}: it never fires again.") from None
             if self._keep(local):
                 return local.astimezone(dt.UTC)
 

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from django_mysqlq import InvalidTaskOptions, queue_task
+from django_mysqlq import InvalidTaskOptions, cron, queue_task
 from django_mysqlq.checks import check_schedules, check_settings
 from django_mysqlq.cron import CATCH_UP_LIMIT, Cron, plan
 from django_mysqlq.recurring import declared
@@ -235,3 +235,18 @@ def test_settings_schedule_arguments_over_the_payload_limit_are_E006(settings):
     [error] = check_schedules()
     assert "MYSQLQ['SCHEDULES']['big']: The arguments of task" in error.msg
     assert "over MYSQLQ['MAX_PAYLOAD_BYTES'] (100)" in error.msg
+
+
+def test_a_year_field_is_refused_and_an_expression_that_runs_out_is_a_cron_error():
+    """croniter takes a seventh field, a year. Such a schedule passed the check (it fires
+    after 2000) and, once past its year, croniter raised outside CronError at every
+    upkeep round of every worker: they stopped, and again at each restart."""
+    problem = cron.expression_problem("0 9 1 1 * 0 2025")
+    assert problem is not None and "has 7 fields" in problem and "year" in problem
+    from zoneinfo import ZoneInfo
+
+    stored = Cron("0 9 1 1 * 0 2025", ZoneInfo("UTC"), False)  # stored by hand
+    with pytest.raises(cron.CronError, match="never fires again"):
+        stored.after(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert cron.expression_problem("0 9 1 1 * 0") is None  # six: seconds last
+    assert cron.expression_problem("@daily") is None

@@ -272,3 +272,14 @@ def test_a_park_sleeps_until_the_next_occurrence_only():
     assert state == "slept" and time.monotonic() - began < 10
     state, _ = broker.idle_wait(["nothing-here"], 30.0)
     assert state == "due"
+
+
+def test_an_expression_changed_by_hand_into_one_that_ran_out_stops_only_that_schedule(
+        clock):
+    clock(at(2025, 1, 1, 12, 0, 30))
+    broker.sync_schedules([declared(), declared("other", cron="*/2 * * * *")])
+    Schedule.objects.filter(name="report").update(cron="0 0 1 1 * 0 2024")  # a year: 2024
+    clock(at(2025, 1, 1, 12, 2, 5))
+    [fired] = broker.fire_due_schedules(grace=60)
+    assert fired.name == "other"
+    assert "has 7 fields" in row().error  # (parse refuses it before it could run out)
