@@ -22,13 +22,14 @@ from .base import (
     naive_utc,
     placeholders,
     require_autocommit,
+    schema_lock_name,
     with_lock_retry,
 )
 
 #: One archive run per database at a time (held by the driver's connection: a killed
 #: driver's connection closes, and with it the lock).
-ARCHIVE_LOCK_SQL = "SELECT GET_LOCK(CONCAT('mysqlq_archive:', DATABASE()), 0)"
-ARCHIVE_UNLOCK_SQL = "SELECT RELEASE_LOCK(CONCAT('mysqlq_archive:', DATABASE()))"
+ARCHIVE_LOCK_SQL = f"SELECT GET_LOCK({schema_lock_name('mysqlq_archive:')}, 0)"
+ARCHIVE_UNLOCK_SQL = f"SELECT RELEASE_LOCK({schema_lock_name('mysqlq_archive:')})"
 
 #: What the source holds of one archive batch, per day and queue: rows, and sum, first
 #: and last of their ids. Along the primary key over the batch's id range.

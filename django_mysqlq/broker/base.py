@@ -68,11 +68,24 @@ ROLLBACK_SQL = "ROLLBACK"
 #: Seconds a bounded statement still gets once its deadline has passed.
 SHORTEST_BOUND = 1.0
 
-#: Named lock held by the one recovery sweeper; scoped to the schema, so databases don't
-#: share it (used by ``recover`` and by the parked workers' check in ``park``).
 #: The database clock, for code that compares times the database wrote.
 NOW_SQL = "SELECT UTC_TIMESTAMP(6)"
-RECOVERY_LOCK_NAME = "CONCAT('django_mysqlq:recover:', DATABASE())"
+
+
+def schema_lock_name(prefix: str) -> str:
+    """SQL for a named lock scoped to the schema: ``prefix`` and the database's name, or
+    its SHA-1 when the two would pass 64 characters (MySQL refuses a longer lock name
+    with error 3057: a database named with 43 or more characters stopped every worker's
+    recovery sweep, and with it every claim). Names that fit are kept as they were, so
+    workers of the previous version agree with these on the lock."""
+    room = 64 - len(prefix)
+    return (f"CONCAT('{prefix}', IF(CHAR_LENGTH(DATABASE()) <= {room}, DATABASE(), "
+            "SHA1(DATABASE())))")
+
+
+#: Named lock held by the one recovery sweeper; scoped to the schema, so databases don't
+#: share it (used by ``recover`` and by the parked workers' check in ``park``).
+RECOVERY_LOCK_NAME = schema_lock_name("django_mysqlq:recover:")
 
 #: The status of a message that may run now: 'ready', or 'throttled' for one with a rate
 #: limit, which only a rate-limited claim takes (``rates``). Every statement that makes a
