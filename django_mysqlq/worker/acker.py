@@ -279,7 +279,7 @@ class Acker:
 
     def _run(self) -> None:
         broker.bind_alias(self.alias)
-        broker.own_connection()  # acks run at READ COMMITTED whatever the site's level
+        broker.own_connection(self.alias)  # acks run at READ COMMITTED whatever the site's level
         try:
             while (batch := self._take()) is not None:
                 tokens = self._ack(batch)

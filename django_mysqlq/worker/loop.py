@@ -149,7 +149,7 @@ class Worker:
         """Work until stopped; return the process exit status."""
         self.stop_request.install()
         broker.bind_alias(self.options.database)  # this thread's statements go there
-        broker.own_connection()  # this thread claims, renews and recovers: READ COMMITTED
+        broker.own_connection(self.options.database)  # claims, renews, recovers: READ COMMITTED
         import_task_modules()
         # Its code has rate-limited tasks: it claims throttled messages too, and its parks
         # end when a rate key may start its next one.
