@@ -70,8 +70,10 @@ class Retry(QueueError):
             raise InvalidTaskOptions("Retry() takes in_seconds or at, not both.")
         problem = (limits.seconds_problem(in_seconds, "Retry(in_seconds=...)")
                    if in_seconds is not None else None)
-        if at is not None and (not isinstance(at, dt.datetime) or at.utcoffset() is None):
-            problem = (f"Retry(at=...) must be a timezone-aware datetime, not {at!r}.")
+        if at is not None:
+            # (Past 100 years the server's date arithmetic overflowed: the retry's
+            # statement failed and the claim was left to recovery, run alone each time.)
+            problem = limits.run_at_problem(at, dt.datetime.now(dt.UTC), "Retry(at=...)")
         if problem:
             raise InvalidTaskOptions(problem)
         self.in_seconds = None if in_seconds is None else float(in_seconds)

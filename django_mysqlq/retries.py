@@ -92,7 +92,7 @@ def decide(error: BaseException, attempt: int, *, retry_on: ExceptionClasses = (
         if error.in_seconds is not None:
             delay: float | None = error.in_seconds
         elif error.at is not None:
-            delay = max(0.0, (error.at - now()).total_seconds())
+            delay = min(max(0.0, (error.at - now()).total_seconds()), limits.MAX_SECONDS)
         else:
             delay = usual
         shown = "the usual backoff" if delay is None else f"{delay:g}s"

@@ -71,6 +71,9 @@ def test_the_delay_a_decision_gives():
     ({"in_seconds": float("nan")}, "finite number"),
     ({"in_seconds": 1, "at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC)}, "not both"),
     ({"at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
+    # Past 100 years the retry's date arithmetic overflowed on the server.
+    ({"at": dt.datetime.max.replace(tzinfo=dt.UTC)}, "100 years from now"),
+    ({"at": dt.datetime.now(dt.UTC) + dt.timedelta(days=365 * 101)}, "100 years from now"),
 ])
 def test_a_bad_retry_request_says_what_is_wrong(kwargs, fragment):
     with pytest.raises(InvalidTaskOptions) as caught:
