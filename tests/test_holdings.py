@@ -42,3 +42,23 @@ def test_a_forced_exit_reads_the_holdings_even_if_the_interrupted_thread_holds_t
         assert [m.id for m in holdings.unstarted_for_forced_exit(0.05)] == [3]
     finally:
         holdings._lock.release()
+
+
+def test_a_solo_start_the_control_loop_marked_first_counts_as_recorded():
+    """Between a solo message's ``begin`` and its own record of its start, the control
+    loop's round of marks may record it: the thread's lookup of its unmarked start then
+    found none, raised, and the task thread ended with the message in flight."""
+    from types import SimpleNamespace
+
+    from django_mysqlq.worker.holdings import Verdict
+    from django_mysqlq.worker.threads import _record_start
+
+    holdings = _holdings()
+    message = _message(7)
+    holdings.add([message])
+    assert holdings.next() is message
+    verdict, started_at = holdings.begin(message)
+    assert verdict is Verdict.START
+    holdings.marked([message])  # the control loop's mark came first
+    worker = SimpleNamespace(holdings=holdings, give_up=threading.Event())
+    assert _record_start(worker, message, started_at) is True  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -84,7 +85,7 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
         _skip_lost(worker, message)
         return
     if solo:
-        recorded = _record_start(worker, message)
+        recorded = _record_start(worker, message, started_at)
         if recorded is None:
             _release(worker, message)
             return
@@ -109,12 +110,14 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
     worker.holdings.finish(message)
 
 
-def _record_start(worker: Worker, message: ClaimedMessage) -> bool | None:
+def _record_start(worker: Worker, message: ClaimedMessage,
+                  started_at: dt.datetime) -> bool | None:
     """Record a solo message's start before it runs, so that if it takes the process down,
     recovery counts the attempt it spent. False if the claim is no longer ours, None if
-    the database could not be reached."""
-    [(_, started_at)] = [start for start in worker.holdings.unmarked_starts()
-                         if start[0].id == message.id]
+    the database could not be reached. (The control loop's round of marks may have
+    recorded it already, between ``begin`` and here: then it is.)"""
+    if not any(start[0].id == message.id for start in worker.holdings.unmarked_starts()):
+        return True
     written = settle(lambda: broker.mark_started([(message, started_at)]),
                      f"the start of {message.task_name} #{message.id}", worker.give_up)
     if written is None:
