@@ -539,3 +539,21 @@ def test_a_publish_wakes_the_groups_its_rows_name_even_unsubscribed_here(monkeyp
     monkeypatch.setattr(broker_topics, "GROUP_QUEUES_SECONDS", 0.0)
     Topic("quiet").publish({"n": 1})  # a topic without groups wakes nobody
     assert woken[-1] == []
+
+
+def test_the_leader_s_look_for_unsequenced_topics_goes_on_where_it_stopped(monkeypatch
+                                                                          ) -> None:
+    """Each call looked at the first UNREAD_TOPICS_PER_CALL names: a topic past them
+    was never sequenced by the leader (and never pruned, retention going by offset)."""
+    from django_mysqlq.broker import topics as broker_topics
+
+    monkeypatch.setattr(broker_topics, "UNREAD_TOPICS_PER_CALL", 2)
+    monkeypatch.setattr(broker_topics, "_unread_after", {})
+    names = [f"unread{n}" for n in range(5)]
+    for name in names:
+        Topic(name).publish({"n": 1})
+    alias = connection.alias
+    calls = [broker_topics._topics_with_unsequenced(alias) for _ in range(3)]
+    assert calls == [["unread0", "unread1"], ["unread2", "unread3"], ["unread4"]]
+    broker.sequence("unread1")  # no longer unsequenced: looked at, not found
+    assert broker_topics._topics_with_unsequenced(alias) == ["unread0"]  # round again

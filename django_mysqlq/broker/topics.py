@@ -372,24 +372,36 @@ NEXT_TOPIC_SQL = (
     f"SELECT topic FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
     "WHERE topic > %s ORDER BY topic LIMIT 1"
 )
-#: Topics looked at per call (names in order; the next call starts over).
+#: Topics looked at per call, in name order from where the last call stopped (wrapping
+#: around): each topic is looked at within a few calls, however many there are. (Each
+#: call started over at the first name: a topic past the 1,000th was never sequenced by
+#: the leader, and retention, which goes by offset, never deleted its messages.)
 UNREAD_TOPICS_PER_CALL = 1000
+_unread_after: dict[str, str] = {}
 
 
 def _topics_with_unsequenced(alias: str) -> list[str]:
     """Topics with committed rows that have no offset: two index dives per topic."""
     found: list[str] = []
-    after = ""
+    start = after = _unread_after.get(alias, "")
+    wrapped = False
     with connection_for(alias).cursor() as cursor:
         for _ in range(UNREAD_TOPICS_PER_CALL):
             cursor.execute(NEXT_TOPIC_SQL, [after])
             row = cursor.fetchone()
             if row is None:
-                break
+                if wrapped or not start:
+                    after = ""
+                    break
+                after, wrapped = "", True  # past the last name: on from the first
+                continue
+            if wrapped and str(row[0]) >= start:
+                break  # round the whole list
             after = str(row[0])
             cursor.execute(ANY_UNSEQUENCED_SQL, [after])
             if cursor.fetchone() is not None:
                 found.append(after)
+    _unread_after[alias] = after
     return found
 
 
