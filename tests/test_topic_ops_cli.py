@@ -517,3 +517,29 @@ def test_a_lookup_that_can_match_nothing_is_refused_saying_why() -> None:
     # The same span the right way round finds both.
     found = run("lookup", "--topic", "orders", "--since", "2h", "--until", "0s")
     assert [line.split()[0] for line in found.splitlines()] == ["orders@1", "orders@2"]
+
+
+def test_a_reset_whose_cancel_fails_says_the_position_moved_and_to_run_it_again(
+        monkeypatch) -> None:
+    """The position's move commits first; the waiting deliveries are cancelled after.
+    A failed cancel showed only a database error: the operator could not know that
+    the position had moved and the deliveries would still run."""
+    from django.db import OperationalError
+
+    from django_mysqlq.broker import topic_ops
+
+    made = group("orders", "billing")
+    publish("orders", 4)
+    broker.pump(made, batch=100, window=100)
+
+    def locked(*args: object, **kwargs: object) -> list[int]:
+        raise OperationalError(1205, "Lock wait timeout exceeded")
+
+    monkeypatch.setattr(topic_ops, "cancel", locked)
+    with pytest.raises(CommandError, match=r"position moved 4 -> 1, but its 4 waiting "
+                                           r"deliveries could not be cancelled"):
+        run("reset", "billing", "--topic", "orders", "--to-offset", "2")
+    assert TopicGroup.objects.get(group_name="billing").position == 1
+    monkeypatch.undo()
+    out = run("reset", "billing", "--topic", "orders", "--to-offset", "2")
+    assert "position 1 -> 1" in out and "4 waiting deliveries cancelled" in out

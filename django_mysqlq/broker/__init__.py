@@ -183,6 +183,7 @@ from .subjects import GateRef
 from .topic_lookup import Lookup, NoDelivery, lookup, trace, without_delivery
 from .topic_ops import (
     GroupState,
+    ResetIncomplete,
     ResetResult,
     ResetTarget,
     TopicOffsetError,
@@ -247,6 +248,7 @@ __all__ = [
     "ReadMessage",
     "Repair",
     "ReplayResult",
+    "ResetIncomplete",
     "ResetResult",
     "ResetTarget",
     "Runner",

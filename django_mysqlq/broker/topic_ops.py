@@ -15,6 +15,9 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from django.db import DatabaseError
+
+from ..log import one_line
 from ..topicnames import delivery_task_name
 from .base import (
     MESSAGE_TABLE,
@@ -49,6 +52,11 @@ CLI_NAMES = {EARLIEST: "--earliest", LATEST: "--latest"}
 
 class TopicOffsetError(ValueError):
     """An operator asked for an offset the topic does not have (or no longer keeps)."""
+
+
+class ResetIncomplete(ValueError):
+    """A reset moved the group's position, but cancelling its waiting deliveries failed:
+    they would still run (twice after a reset backwards). Running it again cancels them."""
 
 
 # ------------------------------------------------------------------ statements
@@ -388,7 +396,16 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
         return old, new, waiting
 
     old, new, waiting = in_transaction(alias, body)
-    cancelled = cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING) if waiting else []
+    try:
+        cancelled = (cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING)
+                     if waiting else [])
+    except DatabaseError as exc:
+        text = (f"Consumer group {group!r} of topic {topic!r}: position moved {old} -> {new}, "
+                f"but its {len(waiting)} waiting deliveries could not be cancelled "
+                f"({one_line(str(exc))}); they would still run. Run the same reset again: "
+                "it cancels them (and sets the position again).")
+        logger.error("%s", text)
+        raise ResetIncomplete(text) from exc
     logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
                    "%d waiting deliveries cancelled.", group, topic, target.describe(),
                    operator.name, old, new, len(cancelled))
