@@ -127,3 +127,25 @@ def test_an_error_claiming_a_later_queue_gives_back_the_batch_already_claimed(mo
         ("ready", 0, None, None)
     # Nothing was lost: both are claimed by the next loop.
     assert {m.id for m in claim(("default", "other"))} == {first, blocked}
+
+
+def test_a_failed_bury_gives_back_its_own_batch_too(monkeypatch):
+    """A row of the batch that can't be run goes dead (``bury``); a bury that failed (a
+    lock wait on its gate, a lost connection) left the rest of that batch claimed by a
+    worker that never received it, until its lease ran out."""
+    good = [tasks.record.enqueue(f"g{n}").id for n in range(3)]
+    bad = tasks.record.enqueue("bad").id
+    with connection.cursor() as cursor:  # MariaDB's default sql_mode allows zero dates
+        cursor.execute("UPDATE mysqlq_message SET enqueued_at = '0000-00-00 00:00:00' "
+                       "WHERE id = %s", [bad])
+    claim_module = importlib.import_module("django_mysqlq.broker.claim")
+
+    def fails(*args, **kwargs):
+        raise OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction")
+
+    monkeypatch.setattr(claim_module, "bury", fails)
+    with pytest.raises(OperationalError):
+        claim(("default",))
+    monkeypatch.undo()
+    rows = {m.pk: (m.status, m.claim_token) for m in Message.objects.filter(pk__in=good)}
+    assert rows == {pk: ("ready", None) for pk in good}, rows

@@ -164,17 +164,20 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
             if not run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around):
                 continue
             rows = _read_claimed(alias, token)
+            for row in rows:
+                message = _message(row, token)
+                if isinstance(message, ClaimedMessage):
+                    claimed.append(message)
+                else:
+                    gate_key, gate_mode = row[12], row[13]
+                    bury(alias, int(row[0]), token, message,
+                         GateRef.of(str(row[1]), gate_mode, gate_key), gate_mode)
         except DatabaseError:
-            _give_back(alias, claimed)
+            # (This queue's batch too, by its token: a bury that failed left the rest of
+            # it claimed, held by nobody, until its lease ran out.)
+            give_back_tokens(alias, sorted({m.claim_token for m in claimed} | {token}),
+                             len(claimed), "this claim")
             raise
-        for row in rows:
-            message = _message(row, token)
-            if isinstance(message, ClaimedMessage):
-                claimed.append(message)
-            else:
-                gate_key, gate_mode = row[12], row[13]
-                bury(alias, int(row[0]), token, message,
-                     GateRef.of(str(row[1]), gate_mode, gate_key), gate_mode)
     return claimed
 
 
@@ -233,12 +236,6 @@ def _read_claimed(alias: str, token: str) -> list[Any]:
             logger.warning("A claimed batch (token %s) could not be read back nor released; "
                            "its lease will run out and a peer will recover it.", token)
         raise
-
-
-def _give_back(alias: str, claimed: Sequence[ClaimedMessage]) -> None:
-    """Release batches claimed before a later queue's claim failed: nobody will run them."""
-    give_back_tokens(alias, sorted({message.claim_token for message in claimed}), len(claimed),
-                     "earlier queues")
 
 
 def give_back_tokens(alias: str, tokens: Sequence[str], count: int, source: str) -> None:
