@@ -72,7 +72,9 @@ def zone_problem(name: object, option: str = "cron_tz") -> str | None:
                 f"(at most {ZONE_MAX} characters), not {name!r}.")
     try:
         zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        # (OSError: a folder of the tzdata package, 'America' or 'Etc', is no zone: its
+        # open raises IsADirectoryError.)
         return (f"{option} {name!r} is not a time zone this machine knows; use an IANA name "
                 "such as 'Europe/Paris' or 'UTC' (on Windows, pip install tzdata).")
     return None

@@ -81,7 +81,7 @@ class ScheduleStatus:
             return "-"
         try:
             return moment.astimezone(ZoneInfo(self.timezone)).strftime("%Y-%m-%d %H:%M:%S %Z")
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError, OverflowError):
             return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     @property

@@ -119,7 +119,7 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="duration")
     def duration(self, obj: Attempt) -> str:
-        if obj.started_at is None:
+        if obj.started_at is None or obj.finished_at is None:  # (None: a zero date)
             return "-"
         return f"{(obj.finished_at - obj.started_at).total_seconds():.3f}s"
 

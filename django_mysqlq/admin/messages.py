@@ -218,6 +218,8 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="age", ordering="enqueued_at")
     def age(self, obj: Message) -> str:
+        if obj.enqueued_at is None:  # a zero date changed by hand (the driver reads None)
+            return "-"
         return _duration((broker.database_now() - obj.enqueued_at).total_seconds())
 
     @admin.display(description="owner (worker, connection)")

@@ -65,4 +65,6 @@ class WorkerAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     def state(self, obj: Worker) -> str:
         if obj.stopped_at is not None:
             return "stopped"
+        if obj.last_heartbeat is None:  # a zero date changed by hand (the driver reads None)
+            return "stale"
         return "alive" if obj.last_heartbeat > _fresh_since() else "stale"

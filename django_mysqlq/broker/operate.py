@@ -82,7 +82,8 @@ SELECT queue, gate_key, gate_mode FROM {MESSAGE_TABLE}
 REQUEUE_SQL = f"""
 UPDATE {MESSAGE_TABLE}
    SET status = {RUNNABLE_STATUS}, run_at = UTC_TIMESTAMP(6),
-       max_attempts = IF(%s, max_attempts, GREATEST(max_attempts, attempts + 1)),
+       max_attempts = IF(%s, max_attempts,
+                         GREATEST(max_attempts, LEAST(attempts + 1, 4294967295))),
        attempts = IF(%s, 0, attempts)
  WHERE id IN ({{ids}})
 """

@@ -216,6 +216,8 @@ def queue_overview(cap: int | None = None) -> dict[str, QueueOverview]:
             cursor.execute(ENQUEUED_AT_SQL.format(ids=placeholders(len(oldest_ids))),
                            list(oldest_ids))
             for message_id, enqueued_at in cursor.fetchall():
+                if enqueued_at is None:  # a zero date, changed by hand: age unknown
+                    continue
                 if timezone.is_naive(enqueued_at):
                     enqueued_at = enqueued_at.replace(tzinfo=dt.UTC)
                 oldest[oldest_ids[int(message_id)]] = enqueued_at

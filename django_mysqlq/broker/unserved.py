@@ -120,7 +120,8 @@ def unserved_queues(also_served: Iterable[str] = (), cap: int = COUNT_CAP
         cursor.execute(ENQUEUED_AT_SQL.format(ids=placeholders(len(queues))),
                        [oldest_id[q] for q in queues])
         queue_of = {first_id: queue for queue, first_id in oldest_id.items()}
-        enqueued = {queue_of[int(i)]: at for i, at in cursor.fetchall()}
+        # (A zero date, changed by hand, reads as None: its age is unknown.)
+        enqueued = {queue_of[int(i)]: at for i, at in cursor.fetchall() if at is not None}
     now = database_now()
     return [UnservedQueue(q, min(counts.get(q, 0), cap), counts.get(q, 0) > cap,
                           max(0.0, (now - _aware(enqueued[q])).total_seconds())

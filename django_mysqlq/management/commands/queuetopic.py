@@ -76,7 +76,8 @@ def _attempts(delivery: broker.topic_lookup.DeliveryTrace) -> str:
 
 
 def _action_json(row: broker.topic_lookup.AttemptRow) -> dict[str, Any]:
-    return {"action": row.outcome, "by": row.actor, "at": row.finished_at.isoformat(),
+    return {"action": row.outcome, "by": row.actor,
+            "at": row.finished_at.isoformat() if row.finished_at else None,
             "note": row.error}
 
 
@@ -184,7 +185,7 @@ class Command(cli.SaysDatabaseErrors):
         if options["json"]:
             self.stdout.write(json.dumps({"truncated": found.truncated, "messages": [
                 {"offset": m.offset, "key": m.key, "payload": m.payload,
-                 "published_at": m.published_at.isoformat(),
+                 "published_at": m.published_at.isoformat() if m.published_at else None,
                  "deliveries": [{"group": d.group, "message_id": d.message_id,
                                  "outcome": d.outcome, "worker": d.handled_by,
                                  "handled_at": d.handled_at.isoformat() if d.handled_at
@@ -202,8 +203,10 @@ class Command(cli.SaysDatabaseErrors):
         if not found.messages:
             self.stdout.write(topicops.no_match(topic, options["offset"]))
         for m in found.messages:
-            self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published "
-                              f"{m.published_at:%Y-%m-%d %H:%M:%S} payload={m.payload[:200]}")
+            published = (f"{m.published_at:%Y-%m-%d %H:%M:%S}" if m.published_at
+                         else "- (a zero date: changed by hand)")
+            self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published {published} "
+                              f"payload={m.payload[:200]}")
             for d in traces.get(m.offset or 0, []):
                 mark = " (replay)" if topicops.is_replay(traces[m.offset or 0], d) else ""
                 when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
