@@ -93,3 +93,19 @@ def test_lookup_shows_a_message_whose_publish_time_is_a_zero_date() -> None:
                  stdout=out)
     assert json.loads(out.getvalue())["messages"][0]["published_at"] is None
     assert Attempt.objects.count() == 0
+
+
+@pytest.mark.parametrize("digits", [20, 4301])
+def test_a_number_longer_than_any_id_in_a_search_or_url_is_no_error(root, digits) -> None:
+    """int() of 4,301 digits or more raises ValueError: the message and history lists'
+    search and the history, topic message and group pages gave a 500."""
+    long = "9" * digits
+    tasks.record.enqueue("kept")
+    for page in (f"/admin/django_mysqlq/message/?q={long}",
+                 f"/admin/django_mysqlq/attempt/?q={long}"):
+        response = root.get(page)
+        assert response.status_code == 200, page
+    for page in (f"/admin/django_mysqlq/attempt/{long}/change/",
+                 f"/admin/django_mysqlq/topicmessage/{long}/change/",
+                 f"/admin/django_mysqlq/topicgroup/{long}/change/"):
+        assert root.get(page).status_code in (302, 404), page

@@ -19,6 +19,7 @@ from ..models import Attempt, Message
 from . import actions, databases
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import HistoryQueueFilter, HistoryTaskFilter
+from .ids import row_id
 from .listing import CappedPaginator, given, text
 from .readonly import ReadOnlyAdminMixin
 
@@ -47,7 +48,8 @@ def search(term: str) -> tuple[Q, bool]:
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
-        return Q(message_id=int(term)), False
+        found = row_id(term)
+        return (Q(message_id=found) if found is not None else Q(pk__in=[])), False
     return Q(task_name=term), True
 
 
@@ -135,7 +137,8 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         ]
 
     def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
-        attempt = Attempt.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        found = row_id(object_id)
+        attempt = Attempt.objects.filter(pk=found).first() if found is not None else None
         return {
             "can_replay": (attempt is not None and bool(attempt.payload)
                            and actions.allowed(request, actions.REPLAY)),
@@ -154,10 +157,11 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             + databases.suffix(request)
         if request.method != "POST":
             return HttpResponseRedirect(back)
-        if not object_id.isdigit():
+        found = row_id(object_id)
+        if found is None:
             raise Http404("History ids are numbers.")
         with routing.on_alias(databases.selected(request)):
-            new_id = self.replay_one(request, int(object_id))
+            new_id = self.replay_one(request, found)
             queue = Attempt.objects.filter(pk=object_id).values_list("queue", flat=True) \
                 .first()
         if new_id is None or queue is None:

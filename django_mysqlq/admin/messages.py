@@ -31,6 +31,7 @@ from .actions import ACTIONS, Action, outside_request_transaction
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
 from .gates import gate_holders, gate_label, holds_or_waits
+from .ids import row_id
 from .indexhints import IndexOrder, along, pin
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin
@@ -77,7 +78,8 @@ def search(term: str) -> tuple[Q, bool]:
     """
     term = term.strip()
     if term.isascii() and term.isdigit():
-        by_id = Q(pk=int(term)) | Q(dedup_key=term)
+        found = row_id(term)  # (None: longer than any id, still a key's text)
+        by_id = (Q(pk=found) if found is not None else Q(pk__in=[])) | Q(dedup_key=term)
         if Message.objects.filter(by_id).exists() or \
                 not Message.objects.filter(gate_key=term).exists():
             return by_id, False

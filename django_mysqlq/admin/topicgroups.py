@@ -30,6 +30,7 @@ from ..models import TopicGroup
 from ..topicnames import delivery_task_name
 from . import actions
 from .databases import DatabaseMixin
+from .ids import row_id
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
 
@@ -155,7 +156,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         }
 
     def _row(self, object_id: str) -> TopicGroup:
-        row = TopicGroup.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        found = row_id(object_id)
+        row = TopicGroup.objects.filter(pk=found).first() if found is not None else None
         if row is None:
             raise Http404("No such consumer group.")
         return row

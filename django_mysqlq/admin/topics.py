@@ -18,6 +18,7 @@ from ..models import TopicMessage, TopicState
 from . import payloads
 from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
+from .ids import row_id
 from .listing import CappedPaginator, given
 from .readonly import ReadOnlyAdminMixin
 
@@ -107,8 +108,8 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
             "dead at once (then its on_dead applies), broadcast listeners skip it")
 
     def change_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
-        message = TopicMessage.objects.filter(pk=object_id).first() \
-            if object_id.isdigit() else None
+        pk = row_id(object_id)
+        message = TopicMessage.objects.filter(pk=pk).first() if pk is not None else None
         deliveries: list[dict[str, Any]] = []
         missing: list[broker.NoDelivery] = []
         if message is not None and message.offset is not None:
