@@ -109,3 +109,16 @@ def test_a_number_longer_than_any_id_in_a_search_or_url_is_no_error(root, digits
                  f"/admin/django_mysqlq/topicmessage/{long}/change/",
                  f"/admin/django_mysqlq/topicgroup/{long}/change/"):
         assert root.get(page).status_code in (302, 404), page
+
+
+def test_the_dashboard_links_a_troubled_worker_whose_id_has_an_underscore(root) -> None:
+    """The admin reads ``_XX`` in an address as an escaped character: a worker id from a
+    host named like ``BOX_3A1`` (an underscore, then two hex digits) linked to no worker."""
+    import re
+
+    broker.register_worker("BOX_3A1:7:ab", "BOX_3A1", 7, ["default"], 1)
+    broker.heartbeat_worker("BOX_3A1:7:ab", 0, 0, False, "upkeep step 'purge' failing")
+    page = root.get("/admin/django_mysqlq/queuestate/").content.decode()
+    [link] = re.findall(r'<div id="worker-troubles".*?<a href="([^"]+)"', page, re.S)
+    followed = root.get(link)
+    assert followed.status_code == 200 and "BOX_3A1:7:ab" in followed.content.decode()

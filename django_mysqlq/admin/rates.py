@@ -4,6 +4,7 @@ how many wait throttled for it (read-only: the rows are the workers' bookkeeping
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.http import HttpRequest
@@ -50,4 +51,4 @@ class RateLimitAdmin(ReadOnlyAdminMixin, _Base):
                     .values_list("pk", flat=True)[:COUNT_CAP])
         url = reverse("admin:django_mysqlq_message_changelist")
         shown = f"{count}+" if count == COUNT_CAP else str(count)
-        return format_html('<a href="{}?q={}">{}</a>', url, obj.rate_key, shown)
+        return format_html('<a href="{}?{}">{}</a>', url, urlencode({"q": obj.rate_key}), shown)
