@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.db import DataError
+
 from . import broker
 from .broker import Operator
 from .conf import get_settings
+from .log import one_line
 from .registry import import_task_modules
 from .topicnames import delivery_task_name, group_queue
 from .topics import subscriptions
@@ -69,7 +72,17 @@ def reset_summary(done: broker.ResetResult, target: broker.ResetTarget) -> str:
 
 def replay(topic: str, group: str, first: int, last: int,
            who: Operator) -> broker.ReplayResult:
-    return broker.replay_range(group_spec(topic, group), first, last, who)
+    """Replay ``first..last`` into the group. A message of the range whose delivery the
+    server refuses (a key stored by hand past what a delivery's ordered subject takes)
+    is a ValueError saying so: the command and the admin show it (it was a traceback)."""
+    try:
+        return broker.replay_range(group_spec(topic, group), first, last, who)
+    except DataError as exc:
+        raise ValueError(
+            f"Offsets {first}..{last} of topic {topic!r} could not be replayed into group "
+            f"{group!r}: the server refused a delivery ({one_line(str(exc))}). A message of "
+            "the range was most likely changed by hand (a key longer than a delivery's "
+            "ordered subject takes): see queuetopic lookup, and replay around it.") from exc
 
 
 def is_replay(deliveries: list[broker.topic_lookup.DeliveryTrace],

@@ -559,3 +559,17 @@ def test_past_the_ranking_s_bound_the_recently_active_topics_are_ranked(monkeypa
     publish("zzz", 5)
     ranked = [t.name for t in broker.topic_volumes()]
     assert ranked[0] == "zzz" and len(ranked) == 2, ranked
+
+
+def test_a_replay_the_server_refuses_says_why_instead_of_a_traceback() -> None:
+    """A key stored by hand past what publish allows: its delivery's ordered subject
+    (``<topic>:<key>``) is longer than the gate key column, and the replay's insert
+    failed with a bare DataError."""
+    made = group("orders", "billing")
+    publish("orders", 1)
+    broker.pump(made, batch=100, window=100)  # delivered: a replay may take it
+    TopicMessage.objects.filter(topic="orders", offset=1).update(key="k" * 255)
+    with pytest.raises(CommandError, match=r"Offsets 1\.\.1 of topic 'orders' could not be "
+                                           r"replayed into group 'billing'"):
+        run("replay", "--topic", "orders", "--group", "billing", "--from-offset", "1",
+            "--to-offset", "1")
