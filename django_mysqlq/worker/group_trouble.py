@@ -95,8 +95,8 @@ class GroupTrouble:
                 "Group %r of topic %r: its pump failed: %s. The worker's other groups and "
                 "queues go on; this group gets no new deliveries until it pumps again, "
                 "tried every %.0f s at most (said again only for a new kind of error). A "
-                "row of mysqlq_topic or mysqlq_topic_group changed by hand is the usual "
-                "cause: see manage.py queuetopic groups.",
+                "row of mysqlq_topic, mysqlq_topic_group or mysqlq_topic_message changed by "
+                "hand is the usual cause: see manage.py queuetopic groups and lookup.",
                 spec.group, spec.topic, text, LONGEST_PAUSE)
             self._note(spec, f"its pump failed: {text}")
         return True
