@@ -167,7 +167,8 @@ def test_async_enqueue_and_get_result():
     assert result.status == READY
 
 
-@pytest.mark.parametrize("result_id", ["999999999", "abc", "", "12x", "-1", "1" * 30])
+@pytest.mark.parametrize("result_id", ["999999999", "abc", "", "12x", "-1", "1" * 30,
+                                       "\u00b2", "\u0661\u0662\u0663"])  # (not ASCII digits)
 def test_unknown_result_ids_do_not_exist(result_id):
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result(result_id)

@@ -117,7 +117,8 @@ def _configured_aliases() -> set[str]:
 
 
 def _message_id(result_id: object) -> int:
-    if isinstance(result_id, str) and result_id.isdigit() and len(result_id) < 20:
+    if (isinstance(result_id, str) and result_id.isascii() and result_id.isdigit()
+            and len(result_id) < 20):
         return int(result_id)
     raise TaskResultDoesNotExist(
         f"{result_id!r} is not the id of a task result of this backend (ids are message "
