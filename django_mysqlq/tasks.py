@@ -176,6 +176,13 @@ class QueueTask(Generic[P, R]):
         if delay is not None and run_at is not None:
             raise InvalidTaskOptions("Give either delay or run_at, not both.")
         current = self.options
+        if self.rate is not None and subject is not None:
+            # (As at declaration: rating.check_alone. Let through, the message took the
+            # gate's path and no rate key row: nothing claimed it for a while.)
+            raise InvalidTaskOptions(
+                f"{self.name}: .using(subject=...) on a task with a rate_limit: a message "
+                "waits for one thing at a time (its ordered subject or its rate limit); "
+                "declare two tasks, one calling the other.")
         subject, concurrency_key = gating.check_using(self.gate, self.name, subject,
                                                       concurrency_key)
         options = EnqueueOptions(

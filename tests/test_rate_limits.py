@@ -96,6 +96,12 @@ def test_per_call_keys_are_checked():
         per_account.enqueue(None, 1, "x")  # type: ignore[arg-type]
     handle = per_account.using(rate_limit_key=42).enqueue("a", 1, "x")  # type: ignore[arg-type]
     assert Message.objects.get(pk=handle.id).rate_key == "42"
+    # A per-call ordered subject, as at declaration: the message took the gate's path and
+    # its rate key got no row (nothing claimed it until the leader's repair).
+    for task in (per_account, per_minute):
+        with pytest.raises(InvalidTaskOptions, match=r"\.using\(subject=\.\.\.\) on a task "
+                                                     "with a rate_limit"):
+            task.using(subject="acct:7")
 
 
 # --- throttled, never ready --------------------------------------------------------------------
