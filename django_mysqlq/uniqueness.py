@@ -42,8 +42,22 @@ def derived_dedup_key(task_name: str, func: Callable[..., Any], args: Sequence[A
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         identity = json.dumps(bound.arguments, sort_keys=True, separators=(",", ":"),
-                              default=repr)
+                              default=_stable)
     except (TypeError, ValueError):
         pass  # no signature (some C callables): the payload as encoded
     digest = hashlib.sha256(f"{task_name}\x00{identity}".encode()).hexdigest()
     return f"{DERIVED_KEY_PREFIX}{digest}"
+
+
+def _stable(value: Any) -> Any:
+    """A default JSON can't encode (arguments given are JSON already), as the same text in
+    every process: its ``repr``, unless that names a memory address (an ``object()``
+    sentinel, a function) or follows the hash seed (a set): then its type, or its items
+    sorted. (With ``repr`` alone, each web process made its own key for the same call,
+    and duplicates got through.)"""
+    if isinstance(value, (set, frozenset)):
+        return sorted(repr(item) for item in value)
+    text = repr(value)
+    if " at 0x" in text:
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+    return text

@@ -491,3 +491,23 @@ def test_a_unique_message_killed_with_its_worker_keeps_its_key_and_runs_again(st
     assert GateRun.objects.filter(label="killed", edge="start").count() == 2
     peer.signal(signal.SIGTERM)
     peer.wait(timeout=30)
+
+
+def test_a_default_without_a_stable_repr_makes_the_same_key_in_every_process():
+    """The key was made with ``repr`` of defaults JSON can't encode: an ``object()``
+    sentinel or a function names its memory address, a set follows the hash seed, so
+    every process made its own key for the same call and duplicates got through. Two
+    sentinels stand here for the one sentinel as two processes see it."""
+    from django_mysqlq.uniqueness import derived_dedup_key
+
+    def one(user_id, _missing=object(), on_done=print,  # noqa: B008 - the point
+            tags=frozenset({"a", "b", "c"})):
+        pass
+
+    def other(user_id, _missing=object(), on_done=print,  # noqa: B008 - the point
+              tags=frozenset({"c", "b", "a"})):
+        pass
+
+    keys = {derived_dedup_key("app.tasks.f", func, [7], {}, "") for func in (one, other)}
+    assert len(keys) == 1, keys
+    assert derived_dedup_key("app.tasks.f", one, [8], {}, "") not in keys
