@@ -628,3 +628,16 @@ def test_a_task_of_another_backend_sent_here_with_using_runs_here(start_worker):
     assert fetched.task.func is djtasks.immediate_only.func
     assert fetched.task.backend == "default"
     assert Ledger.objects.get(label="moved").pid != os.getpid()
+
+
+def test_a_django_task_queue_on_another_database_is_refused(settings):
+    """Its result reads, its task_enqueued hook and a worker's reading of its attempts
+    go to MYSQLQ['DATABASE']: written on another database, get_result found nothing (or
+    another message with the same id)."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {"other": {"DATABASE": "elsewhere"}}}
+    [placed] = [m for m in task_backends["default"].check() if m.id == "django_mysqlq.E107"]
+    assert "'other'" in placed.msg and "'elsewhere'" in placed.msg
+    with pytest.raises(InvalidTask, match=r"Queue 'other' is placed on 'elsewhere'"):
+        djtasks.add.using(queue_name="other").enqueue(1, 2)
+    assert not Message.objects.exists()
+    djtasks.add.enqueue(1, 2)  # 'default' stays where it was

@@ -30,6 +30,7 @@ def check_backend(backend: MySQLQueueBackend) -> list[CheckMessage]:
     where = f"TASKS[{backend.alias!r}]"
     messages: list[CheckMessage] = []
     messages.extend(_queue_messages(where, backend.params.get("QUEUES"), backend.queues))
+    messages.extend(_placement_messages(where, backend.queues))
     messages.extend(_option_messages(where, backend.queue_options))
     messages.extend(_database_messages(where))
     if not apps.is_installed("django_mysqlq"):
@@ -38,6 +39,26 @@ def check_backend(backend: MySQLQueueBackend) -> list[CheckMessage]:
             hint="Add 'django_mysqlq' to INSTALLED_APPS and migrate: it owns the queue "
                  "tables and the runqueueworker command.", id="django_mysqlq.E105"))
     return messages
+
+
+def _placement_messages(where: str, queues: set[str]) -> list[CheckMessage]:
+    """The backend's queues live on ``MYSQLQ['DATABASE']``: its result reads, the
+    ``task_enqueued`` hook and a worker's reading of earlier attempts go there (placed on
+    another database, ``get_result`` found no result, or another message's)."""
+    from ..routing import alias_for_queue
+
+    try:
+        main = load_settings().DATABASE
+    except SettingsError:
+        return []  # E001 reports it
+    return [Error(f"{where}['QUEUES'] holds {queue!r}, which MYSQLQ['QUEUES'] or a router "
+                  f"places on {alias_for_queue(queue)!r}; a Django task's queue must live "
+                  f"on MYSQLQ['DATABASE'] ({main!r}).",
+                  hint="Keep Django tasks' queues on MYSQLQ['DATABASE'] (use @queue_task "
+                       "for tasks on another database; see docs/scaling.md).",
+                  id="django_mysqlq.E107")
+            for queue in sorted(q for q in queues if isinstance(q, str))
+            if alias_for_queue(queue) != main]
 
 
 def _queue_messages(where: str, raw: object, queues: set[str]) -> list[CheckMessage]:

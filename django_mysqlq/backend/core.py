@@ -23,6 +23,7 @@ from ..conf import get_settings
 from ..exceptions import ArgumentEncodingError
 from ..messages import NewMessage
 from ..models import Message
+from ..routing import alias_for_queue
 from . import checks, immediate, reach, results, wire
 from .compat import (
     BaseTaskBackend,
@@ -124,6 +125,15 @@ class MySQLQueueBackend(RunsOnThisQueue, BaseTaskBackend):
         name = wire.message_name(task.module_path)
         call_args, call_kwargs = _normalized(task.module_path, args, kwargs)
         conf = get_settings()
+        if alias_for_queue(task.queue_name) != conf.DATABASE:
+            # (Its result, its task_enqueued hook and a worker's reading of its attempts
+            # go to MYSQLQ['DATABASE']: written elsewhere, get_result missed it, or found
+            # another message with the same id. Check E107 says it for QUEUES.)
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is placed on {alias_for_queue(task.queue_name)!r} "
+                f"(MYSQLQ['QUEUES'] or a router); a Django task's queue must live on "
+                f"MYSQLQ['DATABASE'] ({conf.DATABASE!r}). Use @queue_task for tasks on "
+                "another database.")
         max_attempts, retry_backoff, timeout = self.queue_options.resolved(task)
         message = NewMessage(
             task_name=name,
