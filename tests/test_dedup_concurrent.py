@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 from django_mysqlq.models import Message
 from tests.conftest import raw_connection
@@ -110,3 +110,30 @@ def test_a_transaction_enqueuing_its_key_again_waits_for_no_one_long() -> None:
     assert waited < 4.0, waited  # (LOCK_WAIT_SECONDS is 2; innodb_lock_wait_timeout 50)
     assert b_result == [first.id]
     assert Message.objects.filter(dedup_key="twice").count() == 1
+
+
+def test_a_repeatable_read_snapshot_older_than_the_holder_still_gets_its_handle() -> None:
+    """The holder committed after this transaction's snapshot: the INSERT meets it (the
+    unique key), the plain read of the holder does not see it, and three tries ended in
+    a bare IntegrityError 1062 instead of the holder's handle."""
+    holder: list[int] = []
+
+    def other_producer() -> None:
+        try:
+            holder.append(tasks.record.using(dedup_key="rr-key").enqueue("first").id)
+        finally:
+            connections.close_all()
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with transaction.atomic():
+            assert Message.objects.count() == 0  # the snapshot is taken here
+            thread = threading.Thread(target=other_producer)
+            thread.start()
+            thread.join(30)
+            again = tasks.record.using(dedup_key="rr-key").enqueue("second")
+        assert holder and again.id == holder[0]
+        assert Message.objects.filter(dedup_key="rr-key").count() == 1
+    finally:
+        connection.close()  # (a new connection starts at the site's level again)

@@ -83,6 +83,11 @@ INSERT_RETURNING_SQL = INSERT_SQL + " RETURNING id"
 GATED_INSERT_RETURNING_SQL = GATED_INSERT_SQL + " RETURNING id"
 #: The pending message that holds a dedup key (the unique key refused ours).
 DEDUP_HOLDER_SQL = f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s"
+#: The same as a locking read: the latest committed row, whatever the caller's snapshot.
+#: Only when the plain read found none (a REPEATABLE READ transaction whose snapshot is
+#: older than the holder's commit): it holds a share lock on the holder until the
+#: caller's transaction ends, which would otherwise make a worker's ack of it wait.
+DEDUP_HOLDER_LOCKING_SQL = DEDUP_HOLDER_SQL + " LOCK IN SHARE MODE"
 
 
 
@@ -323,6 +328,9 @@ def _insert_or_find(alias: str, message: NewMessage, serialized: bool = False
             with connection_for(alias).cursor() as cursor:
                 cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
                 row = cursor.fetchone()
+                if row is None:
+                    cursor.execute(DEDUP_HOLDER_LOCKING_SQL, [message.dedup_key])
+                    row = cursor.fetchone()
             if row is not None:
                 return int(row[0]), False
             if attempt == 2:
