@@ -641,3 +641,13 @@ def test_a_django_task_queue_on_another_database_is_refused(settings):
         djtasks.add.using(queue_name="other").enqueue(1, 2)
     assert not Message.objects.exists()
     djtasks.add.enqueue(1, 2)  # 'default' stays where it was
+
+
+def test_a_task_bound_to_another_name_than_its_function_is_refused_at_enqueue():
+    """A worker looks a task up by its function's module and name: ``renamed =
+    task(_renamed)`` is not found there, and each message went dead as an unknown task
+    (while immediate mode ran it, so the tests passed)."""
+    with pytest.raises(InvalidTask, match=r"'tests\.testapp\.djtasks\._renamed' is not at "
+                                          r"that path"):
+        djtasks.renamed.enqueue("renamed")
+    assert not Message.objects.exists()

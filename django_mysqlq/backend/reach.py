@@ -22,7 +22,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .compat import InvalidTask, Task
-from .lookup import task_modules
+from .lookup import find_object, task_modules
 
 #: Module paths of tasks already found reachable (the check then costs a set look-up).
 _reachable: set[str] = set()
@@ -36,6 +36,7 @@ def check_reachable(task: Task[..., Any]) -> None:
     module = task.func.__module__
     imported = task_modules() | {f"{config.name}.models" for config in apps.get_app_configs()}
     if module in imported or _imported_by(task, module, imported):
+        _at_its_own_path(task)
         _reachable.add(path)
         return
     raise InvalidTask(
@@ -45,6 +46,20 @@ def check_reachable(task: Task[..., Any]) -> None:
         f"unknown task. Add {module!r} to MYSQLQ['TASK_MODULES'], or move the task into "
         "an app's tasks.py."
     )
+
+
+def _at_its_own_path(task: Task[..., Any]) -> None:
+    """A worker finds a task at its function's own path (module and qualified name): one
+    bound to another name (``send = task(_send)``) is not found there, and its messages
+    would go dead as unknown tasks (immediate mode ran them: tests passed)."""
+    found = find_object(task.module_path)
+    if isinstance(found, Task) and found.func is task.func:
+        return
+    raise InvalidTask(
+        f"The task of {task.module_path!r} is not at that path: a worker looks a task up "
+        f"by its function's module and name, and finds {type(found).__name__} there. "
+        "Decorate the function itself with @task (not name = task(function) under another "
+        "name).")
 
 
 def _imported_by(task: Task[..., Any], module: str, candidates: frozenset[str] | set[str]

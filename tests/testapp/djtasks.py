@@ -36,6 +36,15 @@ def record(label, value=None):
     return {"label": label, "pair": (1, 2)}  # a tuple comes back as a list (JSON)
 
 
+def _renamed(label):
+    Ledger.objects.create(label=label, pid=os.getpid())
+
+
+#: A task bound to another name than its function's: a worker looks it up at
+#: ``tests.testapp.djtasks._renamed`` and finds the plain function (test_tasks_backend).
+renamed = task(_renamed)
+
+
 @task(takes_context=True)
 def flaky(context, label, succeed_on):
     """Fails until attempt ``succeed_on``; reports what its context said."""
