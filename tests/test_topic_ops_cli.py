@@ -22,7 +22,6 @@ from django_mysqlq.models import (
     TopicDelivery,
     TopicGroup,
     TopicMessage,
-    TopicState,
 )
 from tests.operator_support import OPERATOR
 from tests.topic_ops_support import (
@@ -544,21 +543,6 @@ def test_a_reset_whose_cancel_fails_says_the_position_moved_and_to_run_it_again(
     monkeypatch.undo()
     out = run("reset", "billing", "--topic", "orders", "--to-offset", "2")
     assert "position 1 -> 1" in out and "4 waiting deliveries cancelled" in out
-
-
-def test_past_the_ranking_s_bound_the_recently_active_topics_are_ranked(monkeypatch) -> None:
-    """The ranking read the first MAX_TOPICS names: a busy topic named after them was
-    not in it."""
-    from django_mysqlq.broker import topic_overview
-
-    monkeypatch.setattr(topic_overview, "MAX_TOPICS", 2)
-    for name in ("aaa", "bbb"):
-        publish(name, 1)
-    TopicState.objects.filter(name__in=["aaa", "bbb"]).update(
-        sequenced_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=2))
-    publish("zzz", 5)
-    ranked = [t.name for t in broker.topic_volumes()]
-    assert ranked[0] == "zzz" and len(ranked) == 2, ranked
 
 
 def test_a_replay_the_server_refuses_says_why_instead_of_a_traceback() -> None:
