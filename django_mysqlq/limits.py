@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
+#: The largest row id (BIGINT).
+BIGINT_MAX = 2**63 - 1
 QUEUE_NAME_MAX = 64
 DEDUP_KEY_MAX = 255
 #: Longest ordered subject or concurrency key (the gate key columns).
@@ -42,6 +44,17 @@ def storable(text: str) -> str:
     """``text`` as the utf8mb4 columns accept it: lone surrogates written as ``\\udcff``
     (the driver can't encode them, and the statement would fail on them)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def row_id(text: str) -> int | None:
+    """``text`` as a row id, or None: ASCII digits that a BIGINT holds. (``int()`` of 4,301
+    digits or more raises ValueError, and other scripts' digits pass ``isdigit()``; past
+    BIGINT no row has the id anyway.) The admin's search boxes and page addresses, and
+    the Tasks backend's result ids, read ids with it."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    value = int(text)
+    return value if value <= BIGINT_MAX else None
 
 
 def queue_problem(queue: object, option: str = "queue") -> str | None:

@@ -15,11 +15,11 @@ from django.utils.html import format_html
 
 from .. import ops, routing
 from ..conf import get_settings
+from ..limits import row_id
 from ..models import Attempt, Message
 from . import actions, databases
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import HistoryQueueFilter, HistoryTaskFilter
-from .ids import row_id
 from .listing import CappedPaginator, given, text
 from .readonly import ReadOnlyAdminMixin
 

@@ -25,13 +25,13 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, ops, routing
+from ..limits import row_id
 from ..models import CLAIM_INDEX, Attempt, DeadMessage, Message, MessageStatus, StuckMessage
 from . import actions, databases, payloads
 from .actions import ACTIONS, Action, outside_request_transaction
 from .databases import DatabaseFilter, DatabaseMixin
 from .filters import DeadQueueFilter, DeadTaskFilter, QueueFilter, StuckFilter, TaskFilter
 from .gates import gate_holders, gate_label, holds_or_waits
-from .ids import row_id
 from .indexhints import IndexOrder, along, pin
 from .listing import COUNT_CAP, CappedPaginator, capped_count, given, text
 from .readonly import ReadOnlyAdminMixin

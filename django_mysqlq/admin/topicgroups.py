@@ -26,11 +26,11 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, ops, topicops
+from ..limits import row_id
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
 from . import actions
 from .databases import DatabaseMixin
-from .ids import row_id
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
 

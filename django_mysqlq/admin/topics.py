@@ -14,11 +14,11 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .. import broker, topicops
+from ..limits import row_id
 from ..models import TopicMessage, TopicState
 from . import payloads
 from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
-from .ids import row_id
 from .listing import CappedPaginator, given
 from .readonly import ReadOnlyAdminMixin
 

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from ..conf import get_settings
 from ..exceptions import PayloadDecodeError, UnknownTask
+from ..limits import row_id
 from ..models import Attempt, Message, MessageStatus, Outcome
 from . import wire
 from .compat import (
@@ -117,9 +118,9 @@ def _configured_aliases() -> set[str]:
 
 
 def _message_id(result_id: object) -> int:
-    if (isinstance(result_id, str) and result_id.isascii() and result_id.isdigit()
-            and len(result_id) < 20):
-        return int(result_id)
+    found = row_id(result_id) if isinstance(result_id, str) else None
+    if found is not None:
+        return found
     raise TaskResultDoesNotExist(
         f"{result_id!r} is not the id of a task result of this backend (ids are message "
         "ids: strings of digits).")
