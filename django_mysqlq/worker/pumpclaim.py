@@ -37,7 +37,7 @@ class PumpClaimer:
             return -1
         # Queues are claimed in the worker's order: a task queue served before this group
         # keeps its turn (the group's deliveries are then pumped ready and claimed after).
-        groups = worker.topics.group_queues
+        groups = {spec.queue for spec in worker.topics.specs}
         if any(ahead not in groups for ahead in active[:active.index(queue)]):
             return -1
         options, in_flight = worker.options, worker.holdings.in_flight

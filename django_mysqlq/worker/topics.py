@@ -94,8 +94,6 @@ class TopicDuty:
                  settings: QueueSettings, keep: int = 0, broadcast: bool = True) -> None:
         served = [s for s in subscriptions.groups() if s.queue in set(queues)]
         self.specs = [_spec(s) for s in served]
-        #: The queues of the groups it serves (its claim order and its pump's claims).
-        self.group_queues = frozenset(spec.queue for spec in self.specs)
         self.topics = sorted({spec.topic for spec in self.specs})
         self.settings = settings
         #: Deliveries a pump leaves to this worker's next claim (its claim batch) rather
@@ -133,7 +131,7 @@ class TopicDuty:
         if len(self.specs) < 2:
             return list(active)
         self._claim_turn += 1
-        return in_turn(active, self.group_queues, self._claim_turn, held())
+        return in_turn(active, {spec.queue for spec in self.specs}, self._claim_turn, held())
 
     def start(self) -> None:
         """Create this worker's groups (where they have no row) and start the broadcast
