@@ -47,7 +47,7 @@ def test_a_slow_group_s_backlog_does_not_hold_back_another_group(start_worker,
                                "tests.testapp.fair_handlers"})
     wait_for(lambda: "started: queues=" in worker.output(), timeout=60,
              message="the worker to start")
-    # Both groups get every message; only aaa's handler is slow (8 s of backlog here).
+    # Both groups get every message; only aaa's handler is slow (16 s of backlog).
     fair_handlers.fair.publish_many([{"seq": seq} for seq in range(slow_total)])
     wait_for(lambda: GateRun.objects.filter(label="fair/zzz").count() == slow_total,
              timeout=90, message="the fast group to handle every message")

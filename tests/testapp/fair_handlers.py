@@ -14,7 +14,7 @@ from .models import GateRun
 
 fair = Topic("fair")
 #: How long the slow group's handler takes per message.
-SLOW_SECONDS = 0.05
+SLOW_SECONDS = 0.2
 
 
 def _done(group: str, event: TopicEvent) -> None:
