@@ -6,15 +6,17 @@ offset is refused clearly."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 
 from django_mysqlq import broker
 from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
 from django_mysqlq.worker import topic_retention
+from tests.conftest import raw_connection
 from tests.operator_support import OPERATOR
 from tests.topic_ops_support import group, handle, open_publisher, publish
 
@@ -182,3 +184,93 @@ def test_a_zero_publish_time_is_older_than_any_cut_off_not_an_error() -> None:
     cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
     assert broker.prune_topic_batch("orders", cut, 100) == 2
     assert kept("orders") == [3]
+
+
+def test_a_reset_between_the_read_and_the_delete_rolls_the_batch_back(monkeypatch) -> None:
+    """Retention reads the groups' positions before its delete transaction; a reset that
+    moves a group back in between must keep the offsets it now needs (not skip them)."""
+    from django_mysqlq.broker import topic_retention as broker_retention
+
+    billing = group("orders", "billing")
+    publish("orders", 10)
+    age("orders", range(1, 11), days=10)
+    broker.pump(billing, batch=100, window=100)
+    handle(billing, 10)
+    original = broker_retention.in_transaction
+
+    def reset_first(alias, body):  # type: ignore[no-untyped-def]
+        broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=3), OPERATOR)
+        return original(alias, body)
+
+    monkeypatch.setattr(broker_retention, "in_transaction", reset_first)
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    assert broker.prune_topic_batch("orders", cut, 100) == 0
+    assert kept("orders") == list(range(1, 11))
+    assert TopicState.objects.get(name="orders").first_offset == 1
+    monkeypatch.setattr(broker_retention, "in_transaction", original)
+    assert broker.prune_topic_batch("orders", cut, 100) == 2  # now up to billing's 2
+    assert kept("orders") == list(range(3, 11))
+
+
+def test_a_reset_waits_for_an_open_retention_batch_and_sees_its_offsets_gone() -> None:
+    """A retention batch holds the topic row from moving ``first_offset`` to its commit:
+    a reset to an offset it deletes waits, then is refused (it would have skipped)."""
+    group("orders", "billing")
+    publish("orders", 10)
+    stranger = raw_connection()
+    outcome: list[object] = []
+    try:
+        cursor = stranger.cursor()
+        cursor.execute("START TRANSACTION")  # what a retention batch does, before commit
+        cursor.execute("DELETE FROM mysqlq_topic_message WHERE topic = 'orders' AND "
+                       "msg_offset < 5")
+        cursor.execute("UPDATE mysqlq_topic SET first_offset = 5 WHERE name = 'orders'")
+
+        def reset() -> None:
+            try:
+                outcome.append(broker.reset_group(
+                    "orders", "billing", broker.ResetTarget(to_offset=2), OPERATOR))
+            except Exception as exc:  # noqa: BLE001 (the test reads it)
+                outcome.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=reset)
+        thread.start()
+        time.sleep(0.5)
+        assert not outcome, f"the reset did not wait for the batch: {outcome}"
+        cursor.execute("COMMIT")
+        thread.join(30)
+    finally:
+        stranger.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], broker.TopicOffsetError), outcome
+    assert "no longer keeps offset 2" in str(outcome[0])
+    assert broker.position("orders", "billing") == 0
+
+
+def test_a_topic_held_by_a_stranger_does_not_stop_the_others_retention(monkeypatch,
+                                                                         caplog) -> None:
+    from django_mysqlq.broker import base
+
+    for topic in ("a_held", "b_free"):
+        publish(topic, 5)
+        age(topic, range(1, 6), days=2)
+    monkeypatch.setattr(base, "LOCK_RETRY_LIMIT", 1)
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+    stranger = raw_connection()
+    try:
+        cursor = stranger.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute("SELECT * FROM mysqlq_topic WHERE name = 'a_held' FOR UPDATE")
+        with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                       "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
+            assert topic_retention.prune() == {"b_free": 5}
+    finally:
+        stranger.close()
+    assert kept("a_held") == [1, 2, 3, 4, 5] and kept("b_free") == []
+    assert "Retention of topic 'a_held' failed" in caplog.text
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                   "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
+        assert topic_retention.prune() == {"a_held": 5}
+    assert "Retention of topic 'a_held' works again" in caplog.text

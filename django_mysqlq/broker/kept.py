@@ -20,6 +20,9 @@ from .base import logger
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 TOPIC_BOUNDS_SQL = f"SELECT first_offset, last_offset FROM {TOPIC_TABLE} WHERE name = %s"
+#: The same under a shared lock, for a writer that trusts ``first_offset`` until it
+#: commits (a reset): a retention batch moving it waits, or is waited for.
+TOPIC_BOUNDS_LOCKING_SQL = TOPIC_BOUNDS_SQL + " LOCK IN SHARE MODE"
 #: Put back a first_offset that can't be true (unless it changed meanwhile).
 REPAIR_FIRST_SQL = (f"UPDATE {TOPIC_TABLE} SET first_offset = %s "
                     "WHERE name = %s AND first_offset = %s")
@@ -47,11 +50,13 @@ def checked_first(cursor: Any, topic: str, first: int, last: int) -> int:
     return kept
 
 
-def kept_bounds(cursor: Any, topic: str, repair: bool = False) -> tuple[int, int] | None:
+def kept_bounds(cursor: Any, topic: str, repair: bool = False,
+                locking: bool = False) -> tuple[int, int] | None:
     """The topic's first kept (checked) and last offsets; None when it has no row. With
     ``repair`` (retention), a first_offset that can't be true is written back as the
-    lowest kept offset."""
-    cursor.execute(TOPIC_BOUNDS_SQL, [topic])
+    lowest kept offset; with ``locking`` (inside a transaction), the topic row is read
+    under a shared lock, held to the commit."""
+    cursor.execute(TOPIC_BOUNDS_LOCKING_SQL if locking else TOPIC_BOUNDS_SQL, [topic])
     row = cursor.fetchone()
     if row is None:
         return None

@@ -329,7 +329,10 @@ def _offsets_to(first: int, last: int) -> str:
 def _new_position(cursor: Any, topic: str, target: ResetTarget,
                   names: dict[str, str]) -> tuple[int, bool]:
     """The new position, and whether a time target found no message (the latest then)."""
-    first, last = kept_bounds(cursor, topic) or (1, 0)
+    # Under a shared lock: a retention batch deleting offsets this reset may target
+    # commits first (the reset then sees them gone) or waits for this one (and then
+    # sees the group's new position: see topic_retention.py).
+    first, last = kept_bounds(cursor, topic, locking=True) or (1, 0)
     if target.edge == EARLIEST:
         return first - 1, False
     if target.edge == LATEST:

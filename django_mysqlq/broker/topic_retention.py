@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .base import connection_for, default_alias, in_transaction, naive_utc
+from .base import connection_for, default_alias, in_transaction, logger, naive_utc
 from .kept import kept_bounds
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
@@ -35,6 +35,10 @@ MOVE_FIRST_SQL = (f"UPDATE {TOPIC_TABLE} SET first_offset = GREATEST(first_offse
                   "WHERE name = %s")
 DELETE_LINKS_SQL = (f"DELETE FROM {DELIVERY_TABLE} WHERE topic = %s AND msg_offset < %s "
                     "ORDER BY topic, msg_offset LIMIT %s")
+
+
+class _GroupMovedBack(Exception):
+    """A group's position fell below a retention batch while it deleted: roll it back."""
 
 
 def topic_names(alias: str | None = None) -> list[str]:
@@ -81,9 +85,24 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
             cursor.execute(DELETE_SQL, [message_id])
             deleted += int(cursor.rowcount)
         cursor.execute(MOVE_FIRST_SQL, [last + 1, topic])
+        if wait_for_groups:
+            # The positions were read before this transaction: a reset (or a new group
+            # starting at the earliest) may have moved one back since. Holding the topic
+            # row now, read them again (READ COMMITTED: what is committed; a reset still
+            # open waits for this commit on the topic row, then sees first_offset moved).
+            cursor.execute(SLOWEST_GROUP_SQL, [topic])
+            slowest = cursor.fetchone()[0]
+            if slowest is not None and int(slowest) < last:
+                raise _GroupMovedBack
         return deleted
 
-    deleted = in_transaction(alias, body)
+    try:
+        deleted = in_transaction(alias, body)
+    except _GroupMovedBack:
+        logger.info("Retention of topic %r: a group moved back below offset %d while a "
+                    "batch was deleting; the batch was rolled back and is tried again at "
+                    "the next upkeep.", topic, last)
+        return 0
     _delete_links(topic, last + 1, limit, alias)
     return deleted
 

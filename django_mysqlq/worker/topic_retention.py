@@ -22,6 +22,8 @@ logger = logging.getLogger("django_mysqlq")
 #: Topics whose sequencing failed at the last call: logged once per topic and kind of
 #: error, not at every upkeep (and on the worker's row: ``troubles``).
 failing: Failures[str] = Failures()
+#: Topics whose retention failed at the last call (logged the same way).
+pruning: Failures[str] = Failures()
 
 #: Sequencing of topics nobody reads, per upkeep: at most this many rounds of 1,000 per
 #: topic, and after each topic's first round only while this budget lasts (it runs on
@@ -69,12 +71,27 @@ def prune() -> dict[str, int]:
     done: dict[str, int] = {}
     for topic in broker.topic_names():
         deleted = 0
-        for _ in range(BATCHES_PER_CALL):
-            count = broker.prune_topic_batch(
-                topic, before, BATCH, wait_for_groups=conf.TOPIC_RETENTION_WAIT_FOR_GROUPS)
-            deleted += count
-            if count < BATCH:
-                break
+        try:
+            for _ in range(BATCHES_PER_CALL):
+                count = broker.prune_topic_batch(
+                    topic, before, BATCH,
+                    wait_for_groups=conf.TOPIC_RETENTION_WAIT_FOR_GROUPS)
+                deleted += count
+                if count < BATCH:
+                    break
+        except DatabaseError as exc:
+            # One topic's trouble (its row locked by a stranger past the lock wait, a
+            # value changed by hand) must not stop the retention of the others.
+            if pruning.failed(topic, exc):
+                logger.error(
+                    "Retention of topic %r failed: %s. Its old messages stay until it can "
+                    "(%d deleted this round); the other topics go on, and this one is tried "
+                    "again at every upkeep (said again only for a new kind of error). A "
+                    "session holding its row in mysqlq_topic, or a row changed by hand, is "
+                    "the usual cause.", topic, one_line(str(exc)), deleted)
+        else:
+            if pruning.recovered(topic):
+                logger.info("Retention of topic %r works again.", topic)
         if deleted:
             done[topic] = deleted
             logger.info("Retention: deleted %d message(s) of topic %r published before %s "
