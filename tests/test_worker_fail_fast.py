@@ -121,6 +121,26 @@ def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_w
         assert cursor.fetchone() == (1, 1)
 
 
+def test_a_group_member_without_the_topic_tables_leaves_no_live_row(start_worker,
+                                                                     scratch_db):
+    """A partial upgrade: the workers table is there, the topic tables are not. A member
+    of a consumer group registers, then creating its group fails: its row must not go on
+    saying that it serves its queues (it did: the topics' start was outside the guard)."""
+    source = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
+                       f"LIKE `{source}`.`mysqlq_worker`")
+    worker = start_worker("--groups", "ops", env={
+        "MYSQLQ_TEST_DB": scratch_db,
+        "MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.topic_ops_handlers"})
+    status, output = ended(worker)
+    assert status == EXIT_CANNOT_RUN, output
+    assert f"Table '{scratch_db}.mysqlq_topic" in output
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
+        assert cursor.fetchone() == (1, 1)
+
+
 def test_tables_dropped_under_a_running_worker_end_it(start_worker, migrated_scratch_db):
     worker = start_worker(env={"MYSQLQ_TEST_DB": migrated_scratch_db})
     wait_for(lambda: " started: " in worker.output(), timeout=PATIENCE,

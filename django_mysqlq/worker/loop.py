@@ -20,7 +20,6 @@ from django.db import DatabaseError
 
 from .. import broker
 from ..conf import QueueSettings, get_settings
-from ..exceptions import WorkerCannotRun
 from ..log import one_line
 from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
@@ -164,16 +163,16 @@ class Worker:
     def _start(self) -> None:
         self._call_until_up(lambda: broker.register_worker(
             self.id, self.host, self.pid, self.options.queues, self.options.concurrency))
-        self._call_until_up(self.topics.start)
-        logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
-                    self.id, ",".join(self.options.queues), self.options.concurrency,
-                    self.options.claim_batch, self.settings.LIVENESS,
-                    " (burst)" if self.options.burst else "")
         try:
+            self._call_until_up(self.topics.start)
+            logger.info("Worker %s started: queues=%s concurrency=%d batch=%d liveness=%s%s",
+                        self.id, ",".join(self.options.queues), self.options.concurrency,
+                        self.options.claim_batch, self.settings.LIVENESS,
+                        " (burst)" if self.options.burst else "")
             self._call_until_up(lambda: schedules.start(self.id))
             if self.options.report_queues:
                 queues.report(f"Worker {self.id}", self.options.queues)
-        except WorkerCannotRun:
+        except BaseException:
             draining.deregister(self)  # its row must not count as serving its queues
             raise
         if self.acker is not None:
