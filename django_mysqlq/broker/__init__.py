@@ -193,7 +193,7 @@ from .topic_ops import (
 )
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_problems import clear_pump_problem, note_pump_problem
-from .topic_replay import ReplayResult, replay_range
+from .topic_replay import ReplayIncomplete, ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import (
     ensure_topic,
@@ -247,6 +247,7 @@ __all__ = [
     "RateOfCopy",
     "ReadMessage",
     "Repair",
+    "ReplayIncomplete",
     "ReplayResult",
     "ResetIncomplete",
     "ResetResult",

@@ -16,15 +16,17 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from ..log import one_line
 from ..models import MessageStatus
 from .base import connection_for, default_alias, in_transaction, logger
 from .deliveries import LINK_SQL, GroupSpec, delivery
 from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .operate import Operator
+from .oversized import READ_UP_TO_SQL, Oversized, fitting
+from .packets import row_room
 from .park import wake
 from .topic_ops import GROUP_TABLE, TopicOffsetError
-from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: Offsets one replay takes at most (split a wider range into several replays).
 REPLAY_MAX = 100_000
@@ -32,13 +34,16 @@ REPLAY_MAX = 100_000
 REPLAY_CHUNK = 500
 
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
-RANGE_SQL = (f"SELECT msg_offset, msg_key, payload, published_at FROM {TOPIC_MESSAGE_TABLE} "
-             f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s "
-             "AND msg_offset <= %s ORDER BY msg_offset LIMIT %s")
 GROUP_POSITION_SQL = (f"SELECT id, position FROM {GROUP_TABLE} "
                       "WHERE topic = %s AND group_name = %s")
 RECORD_SQL = (f"UPDATE {GROUP_TABLE} SET changed_at = UTC_TIMESTAMP(6), changed_by = %s "
               "WHERE id = %s")
+
+
+class ReplayIncomplete(ValueError):
+    """A replay stopped part-way: the chunks before the failure are committed (their
+    deliveries will run); the message says from which offset to resume, not to replay
+    the whole range again (that would deliver the committed part a second time)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,36 +104,77 @@ def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
     done = 0
     queues: list[str] = []
     start = first
+    room = row_room(alias)
+    too_big: list[Oversized] = []
 
     def body(cursor: Any) -> tuple[int, int, list[str]]:
-        cursor.execute(RANGE_SQL, [spec.topic, start, last, REPLAY_CHUNK])
-        rows = cursor.fetchall()
+        too_big.clear()
+        cursor.execute(READ_UP_TO_SQL, [room, spec.topic, start - 1, last, REPLAY_CHUNK])
+        found = cursor.fetchall()
+        # (A message longer than one statement may carry is not read: the replay stops
+        # before it, as the pump does, instead of failing the whole chunk.)
+        fit = fitting(found, lambda row: delivery(spec, row), room)
+        if fit.oversized is not None:
+            too_big.append(fit.oversized)
+        rows, messages = fit.rows, fit.messages
         if not rows:
             return 0, last, []
-        messages = [delivery(spec, found) for found in rows]
         statuses = gate_statuses(cursor, messages)
         ids = insert_rows(alias, messages, statuses)
         params: list[Any] = []
-        for message_id, found in zip(ids, rows, strict=True):
-            params.extend((message_id, spec.topic, spec.group, int(found[0])))
+        for message_id, row in zip(ids, rows, strict=True):
+            params.extend((message_id, spec.topic, spec.group, int(row[0])))
         cursor.execute(LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
         cursor.execute(RECORD_SQL, [operator.name[:200], group_id])
         ready = [m.queue for m, status in zip(messages, statuses, strict=True)
                  if status != MessageStatus.BLOCKED]
         return len(rows), int(rows[-1][0]), ready
 
-    while start <= last:
-        count, reached, ready = in_transaction(alias, body)
-        done += count
-        queues.extend(ready)
-        if count < REPLAY_CHUNK:
-            break
-        start = reached + 1
-    if queues:
-        try:
-            wake(queues, alias)
-        except DatabaseError as exc:  # committed; members find them at their next round
-            logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
+    try:
+        while start <= last:
+            count, reached, ready = in_transaction(alias, body)
+            done += count
+            queues.extend(ready)
+            if too_big:
+                big = too_big[0]
+                raise _Stopped(
+                    f"the delivery of offset {big.offset} takes {big.size} bytes in one "
+                    f"statement and the server's max_allowed_packet leaves {big.room} for "
+                    "one row (raise it, or leave that offset out)", big.offset)
+            if count < REPLAY_CHUNK:
+                break
+            start = reached + 1
+    except (DatabaseError, _Stopped) as exc:
+        at = exc.offset if isinstance(exc, _Stopped) else start
+        _wake(spec, queues, alias)
+        if not done and not isinstance(exc, _Stopped):
+            raise  # nothing committed: the error as it is
+        text = (f"Replay of offsets {first}..{last} of topic {spec.topic!r} into group "
+                f"{spec.group!r} stopped at offset {at}: {one_line(str(exc))}. The offsets "
+                f"before it were replayed ({done} deliveries, committed; they will run). "
+                f"To finish, replay from offset {at + 1 if isinstance(exc, _Stopped) else at}"
+                f" to {last} once the cause is dealt with; replaying the whole range again "
+                "would deliver those a second time.")
+        logger.error("%s (by %s)", text, operator.name)
+        raise ReplayIncomplete(text) from exc
+    _wake(spec, queues, alias)
     logger.warning("Replayed offsets %d..%d of topic %r into group %r for %s: %d "
                    "deliveries.", first, last, spec.topic, spec.group, operator.name, done)
     return ReplayResult(spec.topic, spec.group, first, last, done)
+
+
+class _Stopped(Exception):
+    """The replay reached a message it can't deliver (``offset``)."""
+
+    def __init__(self, text: str, offset: int) -> None:
+        super().__init__(text)
+        self.offset = offset
+
+
+def _wake(spec: GroupSpec, queues: list[str], alias: str) -> None:
+    if not queues:
+        return
+    try:
+        wake(queues, alias)
+    except DatabaseError as exc:  # committed; members find them at their next round
+        logger.warning("Could not wake the members of group %r (%s).", spec.group, exc)
