@@ -7,8 +7,11 @@ death, unless it is a head that holds its subject.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
+
+from django.db import DatabaseError
 
 from ..conf import get_settings
 from ..models import Outcome
@@ -21,6 +24,7 @@ from .base import (
     connection_for,
     default_alias,
     in_transaction,
+    is_lock_wait,
     logger,
     micros,
     require_autocommit,
@@ -29,12 +33,16 @@ from .base import (
     with_lock_retry,
 )
 from .history import HISTORY_FROM_MESSAGE_SQL
+from .lockwait import bounded_lock_waits
 from .session import SERVER_START_SLACK, connection_session
 
 #: The largest value of ``losses`` (SMALLINT UNSIGNED): counting never adds past it.
 LOSSES_MAX = 65535
 
-
+#: Per database: the lost claims whose last sweep skipped them (a row another session
+#: holds), so a lock that lasts is reported once, not at every sweep.
+_skipped: dict[str, set[int]] = {}
+_skipped_lock = threading.Lock()
 
 #: Claims under a worker's id that it no longer knows about (see ``release_strays``).
 RELEASE_STRAYS_SQL = f"""
@@ -214,7 +222,7 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
             return []
         try:
             lost = _lost_claims(cursor, liveness, server_start)
-            recovered = [m for m in lost if _recover_one(alias, *m)]
+            recovered = _recover_all(alias, lost)
         finally:
             leader.end(cursor, lead)
     ids = [message_id for message_id, *_ in recovered]
@@ -226,6 +234,52 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
     return ids
 
 
+def _recover_all(alias: str, lost: list[LostClaim]) -> list[LostClaim]:
+    """Recover each lost claim in a transaction of its own; return those recovered.
+
+    Each waits at most ``UPKEEP_LOCK_WAIT_SECONDS`` for its gate and its row: one that
+    another session holds (a producer's transaction left open after enqueuing to the same
+    key) is skipped for this sweep. Waiting for it, retried, then failing, stopped the
+    sweep of every other lost claim and the leader's claims, at every round.
+    """
+    recovered: list[LostClaim] = []
+    skipped: list[int] = []
+    held: set[subjects.GateRef] = set()  # gates found held: their others skip without a wait
+    if lost:
+        with bounded_lock_waits(get_settings().UPKEEP_LOCK_WAIT_SECONDS, alias):
+            for claim in lost:
+                gate = claim[3]
+                try:
+                    if gate in held:
+                        raise GateHeld(gate)
+                    if _recover_one(alias, *claim):
+                        recovered.append(claim)
+                except GateHeld as exc:
+                    held.add(exc.gate)
+                    skipped.append(claim[0])
+                except DatabaseError as exc:
+                    if not is_lock_wait(exc):
+                        raise
+                    skipped.append(claim[0])
+    _report_skipped(alias, skipped)
+    return recovered
+
+
+def _report_skipped(alias: str, skipped: list[int]) -> None:
+    """Warn about lost claims skipped for a lock, once for as long as it lasts."""
+    with _skipped_lock:
+        news = sorted(set(skipped) - _skipped.get(alias, set()))
+        _skipped[alias] = set(skipped)
+    if news:
+        logger.warning(
+            "Recovery skipped lost message(s) %s: another transaction holds the message's "
+            "row or its gate's (waited %d s). The other lost messages were recovered; these "
+            "are tried again at every sweep. If this lasts, find the transaction holding "
+            "them (information_schema.INNODB_TRX: a producer's transaction left open after "
+            "enqueuing to the same key, a SELECT … FOR UPDATE left open) and end it.",
+            ", ".join(f"#{message_id}" for message_id in news),
+            get_settings().UPKEEP_LOCK_WAIT_SECONDS)
+
 
 def _recover_one(alias: str, message_id: int, token: str, reason: str,
                  gate: subjects.GateRef | None, gate_mode: str | None) -> bool:
@@ -235,7 +289,7 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str,
     promoted: list[tuple[int, str]] = []
 
     def body(cursor: Any) -> bool:
-        gates = subjects.lock_or_create(cursor, [gate], {}) if frees and gate else {}
+        gates = _lock_gate(cursor, gate) if frees and gate else {}
         cursor.execute(LOCK_LOST_SQL, [message_id, token])
         row = cursor.fetchone()
         if row is None:
@@ -253,6 +307,24 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str,
     recovered = in_transaction(alias, body)
     subjects.wake_promoted(alias, promoted)
     return recovered
+
+
+class GateHeld(Exception):
+    """Another session holds the gate a lost claim's recovery must lock first."""
+
+    def __init__(self, gate: subjects.GateRef) -> None:
+        super().__init__(gate.id)
+        self.gate = gate
+
+
+def _lock_gate(cursor: Any, gate: subjects.GateRef) -> dict[subjects.GateRef,
+                                                            subjects.GateRow]:
+    try:
+        return subjects.lock_or_create(cursor, [gate], {})
+    except DatabaseError as exc:
+        if is_lock_wait(exc):
+            raise GateHeld(gate) from exc
+        raise
 
 
 def live_connections(cursor: Any, liveness: str) -> set[int]:
