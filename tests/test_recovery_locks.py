@@ -1,13 +1,17 @@
-"""Recovery must not stall on one row another session holds.
+"""Recovery must neither stall on one locked row nor take a claim its owner just renewed.
 
 A producer that keeps its transaction open after enqueuing to a concurrency key holds that
 key's gate row. A sweep that waited on it (eight lock waits, then an error) never recovered
 the fleet's other lost claims, and its worker, the leader, treated it as an outage and
 claimed nothing, round after round. Now that one message is skipped for the round.
+
+Between the sweep's read of the claims and its lock of one, the owner may reconnect and
+renew the claim (a new owner connection, a new lease): the sweep must see that and leave it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 
@@ -16,11 +20,15 @@ from django.db import connection, connections
 
 from django_mysqlq import broker
 from django_mysqlq.broker.subjects import GateRef
+from django_mysqlq.models import Message
 from tests.conftest import raw_connection, wait_for
 from tests.subject_support import status
 from tests.testapp import gated, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The module (``broker.recover`` is its function of that name).
+recovery = importlib.import_module("django_mysqlq.broker.recover")
 
 #: The row-lock wait a worker's control connection keeps (``locked.short_wait``).
 CONTROL_CONNECTION_WAIT = 1
@@ -81,3 +89,24 @@ def test_a_gate_held_by_a_stranger_skips_that_claim_and_the_sweep_goes_on(caplog
     assert sorted(broker.recover()) == keyed
     assert status(*keyed, plain) == ["ready", "ready", "ready"]
 
+
+def test_a_claim_renewed_after_the_sweep_read_it_is_left_to_its_owner():
+    handle = tasks.record.enqueue("a")
+    [claimed] = in_peer(peer_claim)  # its connection closes: the owner looks gone
+    alias = broker.default_alias()
+    server_start = broker.connection_identity()[1]
+
+    def read():
+        with connection.cursor() as cursor:
+            return recovery._lost_claims(cursor, "connection", server_start)
+
+    [lost] = wait_for(read, timeout=20, message="the sweep's read to find the claim")
+    # The owner reconnects and its heartbeat renews the claim on its new connection.
+    renewed_on = in_peer(lambda: (broker.renew_leases([(claimed.id, claimed.claim_token)],
+                                                      30),
+                                  broker.connection_identity()[0]))
+    assert renewed_on[0] == 1
+    assert recovery._recover_one(alias, *lost) is False
+    row = Message.objects.get(pk=handle.id)
+    assert (row.status, row.claim_token, row.losses) == ("claimed", claimed.claim_token, 0)
+    assert row.owner_connection == renewed_on[1]

@@ -64,7 +64,8 @@ UPDATE {{pairs}} AS o STRAIGHT_JOIN {MESSAGE_TABLE} AS m
 
 CLAIMED_ROWS_SQL = f"""
 SELECT id, claim_token, owner_connection, owner_server_start,
-       lease_expires_at < UTC_TIMESTAMP(6) AS expired, queue, gate_key, gate_mode
+       lease_expires_at < UTC_TIMESTAMP(6) AS expired, queue, gate_key, gate_mode,
+       lease_expires_at
   FROM {MESSAGE_TABLE}
  WHERE status = 'claimed'
 """
@@ -86,11 +87,14 @@ UPDATE {MESSAGE_TABLE}
        last_error = %s, started_at = NULL, {CLEAR_CLAIM}
  WHERE id = %s AND claim_token = %s
 """
-#: Locks a lost claim and says what its recovery will do with it.
+#: Locks a lost claim and says what its recovery will do with it; nothing when its owner
+#: renewed it since the sweep judged it lost (a reconnected worker re-stamps its claims with
+#: its new connection and a new lease: the verdict was about the old ones).
 LOCK_LOST_SQL = f"""
 SELECT started_at IS NOT NULL, attempts >= max_attempts
   FROM {MESSAGE_TABLE}
  WHERE id = %s AND claim_token = %s
+   AND owner_connection <=> %s AND lease_expires_at <=> %s
    FOR UPDATE
 """
 #: Note added to the trace of a lost message that had not started.
@@ -158,12 +162,12 @@ def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None =
     return with_lock_retry(alias, run)
 
 
-LostClaim = tuple[int, str, str, subjects.GateRef | None, str | None]
+LostClaim = tuple[int, str, str, subjects.GateRef | None, str | None, Any, Any]
 
 
 def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[LostClaim]:
-    """``(id, token, reason, gate, gate_mode)`` of claims whose owner is gone or whose
-    lease ran out."""
+    """``(id, token, reason, gate, gate_mode, owner, lease)`` of claims whose owner is gone
+    or whose lease ran out; ``owner`` and ``lease`` as read, the verdict's grounds."""
     # Read the claims before the process list: a claim visible now was made by a
     # connection that exists now or died; one made later can't be judged wrongly.
     cursor.execute(CLAIMED_ROWS_SQL)
@@ -175,11 +179,13 @@ def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[LostClai
         cursor.execute(LIVE_CONNECTIONS_SQL)
         live = {int(row[0]) for row in cursor.fetchall()}
     lost: list[LostClaim] = []
-    for message_id, token, owner, owner_start, expired, queue, gate_key, gate_mode in rows:
+    for (message_id, token, owner, owner_start, expired, queue, gate_key, gate_mode,
+         lease) in rows:
         reason = loss_reason(owner, owner_start, expired, live, liveness, server_start)
         if reason is not None:
             lost.append((int(message_id), str(token), reason,
-                         subjects.GateRef.of(str(queue), gate_mode, gate_key), gate_mode))
+                         subjects.GateRef.of(str(queue), gate_mode, gate_key), gate_mode,
+                         owner, lease))
     return lost
 
 
@@ -282,7 +288,10 @@ def _report_skipped(alias: str, skipped: list[int]) -> None:
 
 
 def _recover_one(alias: str, message_id: int, token: str, reason: str,
-                 gate: subjects.GateRef | None, gate_mode: str | None) -> bool:
+                 gate: subjects.GateRef | None, gate_mode: str | None,
+                 owner: Any, lease: Any) -> bool:
+    """Recover one lost claim if it still stands as the sweep read it (``owner``, ``lease``);
+    False when it was acked, released or renewed meanwhile."""
     # The gate first (its lock comes before the message's on every path), in case the
     # message dies here and frees its slot.
     frees = gate is not None and subjects.frees_when_dead(gate_mode)
@@ -290,10 +299,10 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str,
 
     def body(cursor: Any) -> bool:
         gates = _lock_gate(cursor, gate) if frees and gate else {}
-        cursor.execute(LOCK_LOST_SQL, [message_id, token])
+        cursor.execute(LOCK_LOST_SQL, [message_id, token, owner, lease])
         row = cursor.fetchone()
         if row is None:
-            return False  # acked or released meanwhile
+            return False  # acked, released or renewed meanwhile
         started, last_attempt = bool(row[0]), bool(row[1])
         outcome = Outcome.FAILED if started and last_attempt else Outcome.LOST
         note = reason if started else f"{reason}; {NOT_STARTED}"
