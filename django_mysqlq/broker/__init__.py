@@ -105,6 +105,7 @@ from .held import (
 )
 from .isolation import own_connection
 from .leader import RECOVERY_LOCK_SQL, RECOVERY_UNLOCK_SQL, is_recovery_leader
+from .leader import resign as resign_recovery_lead
 from .leaks import (
     Mark,
     activity_marks,
@@ -356,6 +357,7 @@ __all__ = [
     "requeue_dead",
     "requeue_heads",
     "reset_group",
+    "resign_recovery_lead",
     "retry_delay",
     "run_schedule_now",
     "seconds_to_next_start",

@@ -161,6 +161,30 @@ def end(cursor: Any, lead: Lead) -> None:
         cursor.fetchone()
 
 
+def resign(alias: str | None = None) -> bool:
+    """Give up the lead this connection keeps (``take`` with ``keep``); return whether it
+    had it.
+
+    A stopping worker does this first: its connection lives on through the drain (up to
+    ``GRACE_SECONDS``), and so would its lock, while no peer could sweep. A peer now takes
+    the lead at its next try. The mark goes first: a connection the statement can't reach
+    is gone, and its lock with it.
+    """
+    connection = connection_for(alias)
+    raw = connection.connection
+    held = getattr(raw, _LEADER_ATTRIBUTE, None) if raw is not None else None
+    if held is None:
+        return False
+    setattr(raw, _LEADER_ATTRIBUTE, None)
+    with connection.cursor() as cursor:
+        if isinstance(held, float):  # a cluster's lease (its end is harmless if it lapsed)
+            cursor.execute(END_LEASE_SQL, [RECOVERY_LEASE, holder_id()])
+        else:
+            cursor.execute(RECOVERY_UNLOCK_SQL)
+            cursor.fetchone()
+    return True
+
+
 def park_checks(session: Session) -> tuple[str, list[Any], str, list[Any]]:
     """The park's leader and follower conditions for this connection, with parameters."""
     if not session.cluster:

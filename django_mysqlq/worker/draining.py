@@ -58,6 +58,19 @@ def _release(worker: Worker, unstarted: list[ClaimedMessage]) -> int:
     return count
 
 
+def resign_lead(worker: Worker) -> None:
+    """A stopping recovery leader gives the lead up first: its lock would otherwise live on
+    with its connection through the whole drain, and no peer could sweep meanwhile."""
+    try:
+        if broker.resign_recovery_lead():
+            logger.info("Worker %s: gave up the recovery lead for its stop; a peer takes "
+                        "it over.", worker.id)
+    except DatabaseError as exc:
+        logger.warning("Worker %s could not give up the recovery lead (%s); peers take it "
+                       "over once this process is gone.", worker.id, exc)
+        broker.close_if_broken()
+
+
 def _wait_for_threads(worker: Worker, deadline: float) -> None:
     """Join the task threads by ``deadline``, renewing leases meanwhile.
 
@@ -89,6 +102,7 @@ def drain(worker: Worker) -> int:
     broker.finish_by(deadline + STOP_STATEMENT_SECONDS)
     if worker.acker is not None:
         worker.acker.finish_by(deadline + STOP_STATEMENT_SECONDS)
+    resign_lead(worker)
     release_unstarted(worker)
     worker.holdings.close(len(worker.threads))
     running = len(worker.holdings.running())
