@@ -163,8 +163,9 @@ def set_paused(names: Sequence[str], paused: bool, who: Operator) -> list[str]:
     return broker.set_schedules_paused(names, paused, who.name)
 
 
-def prune(names: Sequence[str] = ()) -> int:
-    """Delete schedules no worker's code declares any more (all, or these)."""
+def prune(names: Sequence[str] | None = None) -> int:
+    """Delete schedules no worker's code declares any more (all for None, else these; an
+    empty list deletes none)."""
     return broker.prune_schedules(names)
 
 

@@ -261,3 +261,20 @@ def test_declared_schedules_show_before_any_worker_wrote_them(declared_nowhere_s
     data = {row["name"]: row for row in json.loads(run("queuestats", "--json"))["schedules"]}
     assert (data["nightly-report"]["stored"], data["nightly-report"]["state"]) == (
         True, "paused")
+
+
+def test_a_repeated_prune_of_a_deleted_schedule_deletes_no_other(root, three_schedules):
+    """A second POST (a reload, a double click) of 'delete the selected removed schedules'
+    for a schedule already gone selects nothing: that must delete nothing, not every
+    removed schedule."""
+    Schedule.objects.filter(name="hourly").update(removed_at=dt.datetime(2025, 1, 1,
+                                                                         tzinfo=dt.UTC))
+    form = {"action": "prune_selected", "_selected_action": ["gone"]}
+    assert "Deleted 1 removed schedule(s)." in root.post(SCHEDULES, form,
+                                                         follow=True).content.decode()
+    again = root.post(SCHEDULES, form, follow=True).content.decode()
+    assert "nothing deleted" in again and "-1 skipped" not in again
+    assert Schedule.objects.filter(name="hourly").exists()
+    assert broker.prune_schedules([]) == 0
+    assert Schedule.objects.filter(name="hourly").exists()
+    assert broker.prune_schedules() == 1

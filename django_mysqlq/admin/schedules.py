@@ -73,6 +73,10 @@ def resume_selected(modeladmin: ScheduleAdmin, request: HttpRequest,
 def prune_selected(modeladmin: ScheduleAdmin, request: HttpRequest,
                    queryset: QuerySet[Any]) -> None:
     names = _names(queryset)
+    if not names:  # already deleted (a reload, a second click): an empty list is not "all"
+        modeladmin.message_user(request, "None of the selected schedules exists any more: "
+                                "nothing deleted.", messages.WARNING)
+        return
     deleted = scheduling.prune(names)
     level = messages.SUCCESS if deleted == len(names) else messages.WARNING
     modeladmin.message_user(request, f"Deleted {deleted} removed schedule(s)"

@@ -399,14 +399,21 @@ def set_paused(names: Sequence[str], paused: bool, actor: str,
     return in_transaction(alias, pause if paused else resume)
 
 
-def prune(names: Sequence[str] = (), alias: str | None = None) -> int:
-    """Delete removed schedules (all of them, or these); return how many went."""
+def prune(names: Sequence[str] | None = None, alias: str | None = None) -> int:
+    """Delete removed schedules (all of them for None, else these); return how many went.
+
+    An empty ``names`` deletes nothing: an admin selection that matched no row (a second
+    POST of the same prune) must not turn into "every removed schedule".
+    """
     alias = alias or default_alias()
+    if names is not None and not names:
+        return 0
+    names = list(names or ())
     condition = f"AND name IN ({placeholders(len(names))})" if names else ""
 
     def run() -> int:
         with connection_for(alias).cursor() as cursor:
-            cursor.execute(PRUNE_SQL.format(names=condition), list(names))
+            cursor.execute(PRUNE_SQL.format(names=condition), names)
             return int(cursor.rowcount)
 
     return with_lock_retry(alias, run)

@@ -68,7 +68,7 @@ class Command(cli.SaysDatabaseErrors):
             raise CommandError(f"No schedule named {', '.join(map(repr, unknown))}; known: "
                                f"{', '.join(sorted(known)) or 'none'}.")
         if action == "prune":
-            self.stdout.write(f"Deleted {scheduling.prune(names)} removed schedule(s).")
+            self.stdout.write(f"Deleted {scheduling.prune(names or None)} removed schedule(s).")
             return
         if not names:
             raise CommandError(f"{action} needs the names of the schedules to {action}.")
