@@ -333,7 +333,9 @@ def dashboard(top: int = 10, count_cap: int | None = None,
     With ``count_cap`` (the admin's page), message counts stop there, so the page costs the
     same however big the backlog; without it (``queuestats``) they are exact.
     ``queue_alias`` is the queue database shown when it is read from a replica: the
-    schedules declared for its queues that no worker has written yet are listed too.
+    schedules declared for its queues that no worker has written yet are listed too, and
+    stuck claims and purge lag are read on it, not on the replica (a claim's owner is in
+    the source's process list; the transaction holding purge back is the source's).
     """
     overview = broker.queue_overview(count_cap)
     history = broker.history_window(max(WINDOWS))
@@ -370,12 +372,14 @@ def dashboard(top: int = 10, count_cap: int | None = None,
             if failed:
                 failures_per_minute[slot] += bucket.count
     top_failing = sorted(failing.items(), key=lambda item: (-item[1], item[0]))[:top]
-    lag = broker.purge_lag()
+    lag = broker.purge_lag(queue_alias)
+    with broker.on_alias(queue_alias):
+        stuck = len(broker.stuck_messages())
     unserved = broker.unserved_from(overview, broker.served_queues(), now)
     for queue in unserved:
         stats[queue.queue].unserved = True
     return Dashboard(queues=list(stats.values()), workers_alive=broker.workers_alive(),
-                     stuck=len(broker.stuck_messages()), top_failing=top_failing,
+                     stuck=stuck, top_failing=top_failing,
                      per_minute=per_minute, failures_per_minute=failures_per_minute,
                      purge_lag=lag, purge_warning=lag.warning(), unserved=unserved,
                      schedules=scheduling.statuses(queue_alias), topics=broker.topic_volumes(),

@@ -190,6 +190,42 @@ def test_a_live_claim_on_b_is_not_stuck_even_when_the_page_reads_a_replica(
     assert "act/release/" not in page(root, link(handle.id, B))
 
 
+def test_the_dashboard_and_queuestats_judge_stuck_and_purge_lag_on_b_not_its_replica(
+        root: Client, settings: Any) -> None:
+    """Read from the replica, the dashboard's counts are the replica's; but a claim's
+    owner is alive in B's process list (never the replica's), and the transaction holding
+    purge back is B's: naming a replica connection would send a KILL to the wrong one."""
+    import json
+    import re
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {B: mdb.ALIAS_R}}
+    handle = tasks.record.using(queue=QUEUE_B).enqueue("alive on b")
+    with routing.on_alias(B):
+        claim_only(handle.id, QUEUE_B)  # this thread's connection to B: alive
+    mdb.wait_replicated()
+    holder = mdb.raw(B)
+    try:
+        cursor = holder.cursor()
+        cursor.execute("SELECT CONNECTION_ID()")
+        (holder_id,) = cursor.fetchone()
+        cursor.execute("START TRANSACTION")
+        cursor.execute("SELECT COUNT(*) FROM mysqlq_queue FOR UPDATE")
+        dashboard = page(root, f"{ADMIN}/queuestate/?database={B}&refresh=0")
+        assert re.search(r'id="stuck-count">(\d+)<', dashboard).group(1) == "0"
+        out = StringIO()
+        call_command("queuestats", "--json", "--database", B, stdout=out)
+        data = json.loads(out.getvalue())
+        assert data["read_from"] == mdb.ALIAS_R
+        assert data["stuck"] == 0
+        assert data["purge_lag"]["oldest_transaction"]["connection_id"] == holder_id
+    finally:
+        holder.rollback()
+        holder.close()
+
+
 def test_the_blocked_list_and_its_subject_actions_on_b(root: Client) -> None:
     from tests.testapp import gated
 
