@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from . import broker, limits, payload, rating, scheduling
@@ -158,13 +158,34 @@ def matching_ids(selection: MessageFilter | Sequence[int]) -> Iterator[list[int]
         base = base.filter(selection.query())
     else:
         base = base.filter(pk__in=list(selection))
+    yield from id_batches(base)
+
+
+def id_batches(queryset: QuerySet[Message]) -> Iterator[list[int]]:
+    """The ids of ``queryset`` in batches of ``BATCH``, walked by id (keyset): no statement
+    carries more than a batch, and a row is met once even if it changes meanwhile."""
     last = 0
     while True:
-        batch = list(base.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:BATCH])
+        batch = list(queryset.filter(pk__gt=last).order_by("pk")
+                     .values_list("pk", flat=True)[:BATCH])
         if not batch:
             return
         yield batch
         last = batch[-1]
+
+
+def requeue_dead_of(queryset: QuerySet[Message], who: Operator, *,
+                    reset_attempts: bool = False) -> tuple[list[int], int]:
+    """Requeue the dead messages of ``queryset`` (an admin list's filter), batch by batch;
+    return the ids requeued and how many were met dead. One that is no longer dead when
+    it is locked (someone requeued it meanwhile) is left alone, its attempts untouched."""
+    done: list[int] = []
+    seen = 0
+    for batch in id_batches(queryset.filter(status=MessageStatus.DEAD)):
+        seen += len(batch)
+        done.extend(broker.requeue(batch, who, reset_attempts=reset_attempts,
+                                   statuses=(MessageStatus.DEAD,)))
+    return done, seen
 
 
 def count_matching(selection: MessageFilter) -> int:

@@ -230,6 +230,58 @@ def test_requeue_all_dead_matching_the_filter(root):
     assert status(other_dead) == "dead"
 
 
+def test_requeue_all_dead_matching_leaves_a_message_that_turned_ready_alone(root):
+    """A dead message someone else requeued between the list's read and the lock (now
+    ready) is not requeued again (its attempts would reset): it is counted as changed."""
+    from django.db import connection
+
+    from tests.conftest import raw_connection
+
+    first, second = make_dead(label="d1"), make_dead(label="d2")
+    stranger = raw_connection()
+    moved: list[int] = []
+
+    def requeued_elsewhere(execute, sql, params, many, context):
+        if not moved and "FOR UPDATE" in sql and "gate_mode" in sql:
+            stranger.cursor().execute(
+                "UPDATE mysqlq_message SET status='ready' WHERE id=%s", [second])
+            moved.append(second)
+        return execute(sql, params, many, context)
+
+    url = reverse("admin:django_mysqlq_message_requeue_matching")
+    try:
+        with connection.execute_wrapper(requeued_elsewhere):
+            page = root.post(url + "?task=tests.testapp.tasks.always_fails",
+                             follow=True).content.decode()
+    finally:
+        stranger.close()
+    assert moved == [second]
+    assert "Requeued 1 dead message(s)" in page and "1 changed meanwhile" in page
+    assert Attempt.objects.filter(message_id=first, outcome="requeued").count() == 1
+    assert not Attempt.objects.filter(message_id=second, outcome="requeued").exists()
+
+
+def test_requeue_all_dead_matching_walks_in_batches_of_bounded_statements(root):
+    """1,200 dead messages are requeued batch by batch: no statement carries every id
+    (at a million, one would pass max_allowed_packet, and each batch re-sent them all)."""
+    from django.db import connection
+
+    handles = tasks.always_fails.enqueue_many([("many",)] * 1200)
+    Message.objects.filter(pk__in=[h.id for h in handles]).update(status="dead")
+    widest: list[int] = [0]
+
+    def measure(execute, sql, params, many, context):
+        widest[0] = max(widest[0], len(params or ()))
+        return execute(sql, params, many, context)
+
+    url = reverse("admin:django_mysqlq_message_requeue_matching")
+    with connection.execute_wrapper(measure):
+        page = root.post(url + "?status__exact=dead", follow=True).content.decode()
+    assert "Requeued 1200 dead message(s)" in page
+    assert Message.objects.filter(status="dead").count() == 0
+    assert 0 < widest[0] <= 600
+
+
 # ------------------------------------------------------------------ permissions, CSRF
 
 

@@ -363,18 +363,18 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             raise Http404("Unknown filter; go back to the list and filter again.") from None
-        dead = along(changelist.get_queryset(request).filter(status=MessageStatus.DEAD),
+        matching = changelist.get_queryset(request)
+        dead = along(matching.filter(status=MessageStatus.DEAD),
                      message_ordering(request.GET, dead_only=True))
         query = request.GET.urlencode()
         back = reverse("admin:django_mysqlq_message_changelist") + (f"?{query}" if query else "")
-        if request.method == "POST":
-            ids = list(dead.values_list("pk", flat=True))
-            done = ops.requeue_matching(ids, actions.who(request),
-                                        reset_attempts=request.POST.get("reset") == "yes")
+        if request.method == "POST":  # walked by id in batches: any number, bounded statements
+            done, seen = ops.requeue_dead_of(matching, actions.who(request),
+                                             reset_attempts=request.POST.get("reset") == "yes")
             self.message_user(request, f"Requeued {len(done)} dead message(s) matching the "
                               "filter.", messages.SUCCESS)
-            if len(done) < len(ids):
-                self.message_user(request, f"{len(ids) - len(done)} changed meanwhile and "
+            if len(done) < seen:
+                self.message_user(request, f"{seen - len(done)} changed meanwhile and "
                                   "were left alone.", messages.WARNING)
             return HttpResponseRedirect(back)
         context = {
