@@ -131,6 +131,22 @@ def test_a_message_page_shows_its_own_databases_row_trace_and_buttons(root: Clie
     assert entry.status_code == 302 and entry["Location"] == link(dead, B)
 
 
+def test_history_links_keep_the_database(root: Client) -> None:
+    """#N, "trace" and a trace row's link on B lead to B's rows, not the default
+    database's same ids."""
+    dead = dead_on_b("linked on b")
+    same_id_on_default(dead, "a twin on default")
+    [attempt] = Attempt.objects.using(B).filter(message_id=dead).values_list("pk", flat=True)
+    message_page = f'href="/admin/django_mysqlq/message/{dead}/change/?database={B}"'
+    trace = f'href="/admin/django_mysqlq/attempt/?message_id={dead}&amp;database={B}"'
+    history = page(root, f"{ADMIN}/attempt/?database={B}")
+    assert message_page in history and trace in history
+    detail = page(root, f"{ADMIN}/attempt/{attempt}/change/?database={B}")
+    assert message_page in detail and trace in detail
+    row = f'href="/admin/django_mysqlq/attempt/{attempt}/change/?database={B}"'
+    assert row in page(root, link(dead, B))
+
+
 def test_bulk_actions_act_on_the_lists_database_only(root: Client) -> None:
     dead_a = make_dead(label="stays dead on a")
     dead = dead_on_b("requeued on b")

@@ -110,8 +110,11 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
 
     @admin.display(description="message", ordering="message_id")
     def message_link(self, obj: Attempt) -> str:
-        trace = reverse("admin:django_mysqlq_attempt_changelist") + f"?message_id={obj.message_id}"
-        page = reverse("admin:django_mysqlq_message_change", args=[obj.message_id])
+        # Ids are per database: on another one, both links name it (else #N is the default's).
+        database = databases.shown_suffix()
+        trace = reverse("admin:django_mysqlq_attempt_changelist") \
+            + f"?message_id={obj.message_id}" + database.replace("?", "&")
+        page = reverse("admin:django_mysqlq_message_change", args=[obj.message_id]) + database
         return format_html('<a href="{}">#{}</a> (<a href="{}">trace</a>)', page,
                            obj.message_id, trace)
 

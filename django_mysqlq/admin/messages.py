@@ -280,6 +280,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             "stuck": stuck,
             "buttons": buttons,
             "holders": gate_holders(message) if message is not None else None,
+            "database_suffix": databases.suffix(request),  # the trace rows' links keep it
         }
 
     def act(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
