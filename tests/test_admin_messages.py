@@ -164,6 +164,45 @@ def test_bulk_change_priority_takes_the_new_value(root):
     assert Message.objects.get(pk=handle.id).priority == 77
 
 
+def confirm_form(page: str) -> list[tuple[str, str]]:
+    """The fields a browser sends back from a confirmation page's form."""
+    import re
+
+    form = page[page.index('<form method="post">'):]
+    form = form[:form.index("</form>")]
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)
+
+
+@pytest.mark.parametrize("name, extra", [("cancel", {}), ("priority", {"priority": "9"})])
+def test_a_bulk_action_over_1500_selected_messages_is_confirmed_and_done(root, name, extra):
+    """"Select all" of 1,500 messages: the confirmation sends the selection back in a
+    form under Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000), not one field per id."""
+    from urllib.parse import urlencode
+
+    handles = tasks.record.enqueue_many([("many",)] * 1500)
+    page = root.post(LIST, {"action": name, "select_across": "1", "index": "0",
+                            ACTION_CHECKBOX_NAME: [handles[0].id]}).content.decode()
+    assert "are you sure?" in page
+    fields = [(k, v) for k, v in confirm_form(page) if k != "csrfmiddlewaretoken"]
+    response = root.post(LIST, urlencode([*fields, *extra.items()]),
+                         content_type="application/x-www-form-urlencoded", follow=True)
+    assert response.status_code == 200  # not 400 (TooManyFieldsSent), nothing done
+    if name == "cancel":
+        assert "Cancelled 1500 message(s)" in response.content.decode()
+        assert not Message.objects.exists()
+    else:
+        assert Message.objects.filter(priority=9).count() == 1500
+
+
+def test_a_damaged_selection_acts_on_nothing(root):
+    handle = tasks.record.enqueue("kept")
+    response = root.post(LIST, {"action": "cancel", "confirmed": "yes",
+                                "_selected_ids": f"{handle.id},x٣"}, follow=True)
+    assert response.status_code == 200
+    assert "select them again" in response.content.decode()
+    assert status(handle.id) == "ready"
+
+
 def test_bulk_release_frees_only_claims_whose_owner_is_gone(root):
     orphan = tasks.record.enqueue("orphan")
     claim_in_peer(orphan.id)

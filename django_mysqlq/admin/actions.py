@@ -11,12 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from django.contrib import messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import connections, transaction
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern
 
 from .. import broker, ops
 from ..broker import Operator
+from ..limits import row_id
+from .listing import COUNT_CAP
 
 #: Permission codenames, in the ``django_mysqlq`` app.
 REQUEUE = "requeue_message"
@@ -34,6 +38,28 @@ def allowed(request: HttpRequest, codename: str) -> bool:
 
 def who(request: HttpRequest) -> Operator:
     return ops.operator(request.user.get_username(), "admin")
+
+
+#: The confirmation page's one field carrying the selected ids, comma-joined: a field per
+#: id passes Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) well before COUNT_CAP.
+SELECTED_IDS = "_selected_ids"
+
+
+def take_selection(request: HttpRequest) -> HttpResponse | None:
+    """Give a confirmation's ``_selected_ids`` to Django's action handling as its usual
+    checkbox list; when it is not a list of row ids, a redirect back (nothing done)."""
+    if request.method != "POST" or SELECTED_IDS not in request.POST:
+        return None
+    ids = [row_id(part) for part in request.POST[SELECTED_IDS].split(",")]
+    if len(ids) > COUNT_CAP or any(i is None for i in ids):
+        messages.error(request, "The selection sent back was not a list of message ids; "
+                       "nothing was done: select them again.")
+        return HttpResponseRedirect(request.get_full_path())
+    post = request.POST.copy()
+    del post[SELECTED_IDS]
+    post.setlist(ACTION_CHECKBOX_NAME, [str(i) for i in ids])
+    request.POST = post  # type: ignore[assignment]
+    return None
 
 
 def outside_request_transaction(urls: list[URLPattern]) -> list[URLPattern]:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
@@ -347,7 +346,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             "missing": len(ids) - Message.objects.using(broker.default_alias())
             .filter(pk__in=list(ids)).count(),
             "bulk": bulk,
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "selected_ids": actions.SELECTED_IDS,
         }
         return TemplateResponse(request, "admin/django_mysqlq/message/confirm.html", context)
 
@@ -392,6 +391,9 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = dict(extra_context or {})
+        refused = actions.take_selection(request)
+        if refused is not None:
+            return refused
         query = [(k, str(v)) for k, v in request.GET.items() if k not in ("p", "o")]
         context["requeue_matching_url"] = (
             reverse("admin:django_mysqlq_message_requeue_matching")
@@ -408,6 +410,9 @@ class _EntryPoint(MessageAdmin):
 
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        refused = actions.take_selection(request)
+        if refused is not None:
+            return refused
         context = dict(extra_context or {})
         context["requeue_matching_url"] = None
         return databases.within(
