@@ -88,6 +88,27 @@ def test_stuck_candidates_workers_and_purge_use_their_indexes(big_tables):
     assert "filesort" not in json.dumps(plan)
 
 
+def test_handlers_past_their_timeout_are_read_from_the_claimed_rows_only(big_tables):
+    """The dashboard's "topic handlers past their timeout": a range of the claim index on
+    queue LIKE 'group:%' would read every delivery of every group, dead letters included;
+    the lease index's status = 'claimed' reads only what runs now."""
+    from django_mysqlq.broker import topic_overview
+
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO mysqlq_message (queue, task_name, payload, status, priority,
+                   enqueued_at, run_at, attempts, max_attempts, retry_backoff, last_error,
+                   timeout)
+            SELECT CONCAT('group:g', seq % 3), 't', '{}', IF(seq % 500, 'dead', 'claimed'),
+                   0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 0, 3, 1, '', 5
+              FROM seq_1_to_5000""")
+        cursor.execute("ANALYZE TABLE mysqlq_message")
+        cursor.fetchall()
+    [table] = tables(explain(topic_overview.OVERRAN_SQL, ["group:%", 100]))
+    assert (table["key"], table["access_type"]) == ("mysqlq_msg_lease", "ref")
+    assert table["rows"] < 100  # the claimed ones (10 here), not the 5,000 deliveries
+
+
 def test_operator_row_locks_are_primary_key_lookups(big_tables):
     ids = ", ".join(["%s"] * 3)
     sql = operate._LOCK_OPERABLE_SQL.format(ids=ids, statuses="%s, %s, %s")

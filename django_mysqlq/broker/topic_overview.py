@@ -26,14 +26,17 @@ TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at
 PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                        "(mysqlq_tmsg_published) WHERE topic = %s "
                        "AND published_at >= UTC_TIMESTAMP(6) - INTERVAL %s MINUTE")
-#: Claimed deliveries (queues ``group:…``, along the claim index) whose handler has run
-#: past its timeout: timed from the start the worker recorded (within a second of it),
-#: not from the claim (a claim waits for a thread: up to a batch of them at a time).
+#: Claimed deliveries (queues ``group:…``) whose handler has run past its timeout: timed
+#: from the start the worker recorded (within a second of it), not from the claim (a claim
+#: waits for a thread: up to a batch of them at a time). Read along the lease index, the
+#: claimed messages only (as many as run at once, as STUCK_CANDIDATES_SQL): the claim
+#: index's range on queue LIKE 'group:%' would read every delivery of every group, dead
+#: letters included, status being its second column.
 OVERRAN_SQL = f"""
 SELECT id, queue, task_name, worker_id, claimed_at, timeout,
        TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) / 1e6
-  FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_claim)
- WHERE queue LIKE %s AND status = 'claimed' AND timeout IS NOT NULL
+  FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
+ WHERE status = 'claimed' AND queue LIKE %s AND timeout IS NOT NULL
    AND started_at IS NOT NULL
    AND TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) > timeout * 1e6
  LIMIT %s
