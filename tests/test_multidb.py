@@ -304,6 +304,16 @@ def test_reads_go_to_the_replica_and_claims_and_actions_never(start_worker, sett
     broker.set_paused(QUEUE_B, False, broker.Operator("test"))
 
 
+def test_queuestats_refuses_an_alias_that_holds_no_queue() -> None:
+    """The replica's alias is a database of this project, but no queue lives there: it is
+    refused as such, never shown as a queue database (nor advised to be migrated)."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=f"holds no queue .*{B}"):
+        call_command("queuestats", "--database", mdb.ALIAS_R)
+
+
 def test_replica_lag_is_unknown_and_said_so_on_a_server_that_replicates_nothing() -> None:
     from django_mysqlq.broker.replica import replica_lag
 

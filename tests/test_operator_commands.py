@@ -51,6 +51,13 @@ def test_queuestats_table_and_json():
     assert data["top_failing"] == [{"task": "tests.testapp.tasks.always_fails", "failures": 1}]
 
 
+def test_queuestats_refuses_an_unknown_database_naming_the_queue_ones():
+    """Not a ConnectionDoesNotExist traceback: what to give instead."""
+    with pytest.raises(CommandError, match=r"--database 'nosuch' holds no queue \(queue "
+                                           r"databases: default\)"):
+        call_command("queuestats", "--database", "nosuch", stdout=io.StringIO())
+
+
 def test_queuerequeue_defaults_to_dead_and_honours_filters():
     dead_a = make_dead(label="a")
     dead_b = make_dead(task=tasks.record, label="b")

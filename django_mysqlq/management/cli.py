@@ -100,12 +100,18 @@ def add_database_argument(parser: ArgumentParser) -> None:
                              "when queues live on several (docs/scaling.md).")
 
 
-def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
-    """This command's statements go to ``alias`` (a queue database; never a replica)."""
+def queue_database(alias: str | None) -> str | None:
+    """``--database``'s alias when it holds queues; else a CommandError naming those that
+    do (not a traceback for an unknown alias, nor migrate advice for another database)."""
     if alias is not None and alias not in routing.queue_aliases():
         raise CommandError(f"--database {alias!r} holds no queue (queue databases: "
                            f"{', '.join(routing.queue_aliases())}).")
-    return routing.on_alias(alias)
+    return alias
+
+
+def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
+    """This command's statements go to ``alias`` (a queue database; never a replica)."""
+    return routing.on_alias(queue_database(alias))
 
 
 class SaysDatabaseErrors(BaseCommand):

@@ -86,8 +86,9 @@ class Command(cli.SaysDatabaseErrors):
                             help="Print again every SECONDS (default 2) until Ctrl-C.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        only = cli.queue_database(options["database"])
         while True:
-            found = views.dashboards(only=options["database"])
+            found = views.dashboards(only=only)
             several = len(found) > 1 or found[0].lag is not None or found[0].alias != \
                 get_settings().DATABASE
             if options["json"]:
