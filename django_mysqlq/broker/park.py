@@ -71,15 +71,24 @@ _SCHEDULE_WAIT = f"""COALESCE((
                          MIN(COALESCE(next_run_at, UTC_TIMESTAMP(6)))) / 1000000
       FROM {SCHEDULE_TABLE} WHERE paused = 0 AND removed_at IS NULL AND error = ''),
     1000000000)"""
+#: Whether the rate key of the row ``r`` has a throttled message a worker may claim (the
+#: parameter: it runs nothing, so it may take one lost with a worker before, as
+#: ``rates.NEXT_THROTTLED_SQL`` does). A scalar subquery, one dive into the key's messages
+#: per row: written as EXISTS, the optimizer made it a semi-join that materialized every
+#: throttled message, reading the whole messages table at every claim and park.
+CLAIMABLE_IN_KEY = f"""(SELECT 1 FROM {MESSAGE_TABLE} AS m FORCE INDEX (mysqlq_msg_rate)
+        WHERE m.rate_key = r.rate_key AND m.queue = r.queue
+          AND m.status = '{MessageStatus.THROTTLED}' AND (m.losses = 0 OR %s)
+        LIMIT 1) IS NOT NULL"""
 #: Seconds until the earliest start a key of these queues with throttled messages may
-#: make (negative: now), or NULL: a parked worker's park ends then (``park``).
+#: make (negative: now), or NULL: a parked worker's park ends then (``park``). A parked
+#: worker runs nothing, so it may claim any of them (the parameter is true): what this
+#: calls due, its claim takes (``rates.DUE_KEYS_SQL``), or its parks would end at once,
+#: again and again.
 RATE_WAIT = f"""(
     SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(r.next_at)) / 1000000
       FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
-     WHERE r.queue IN ({{rate_queues}})
-       AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} AS m FORCE INDEX (mysqlq_msg_rate)
-                    WHERE m.rate_key = r.rate_key AND m.queue = r.queue
-                      AND m.status = '{MessageStatus.THROTTLED}'))"""
+     WHERE r.queue IN ({{rate_queues}}) AND {CLAIMABLE_IN_KEY})"""
 #: Parks an idle worker: returns at once if its queues have ready messages, a scheduled
 #: message or a schedule's occurrence is due, else sleeps (at most %s seconds, or until
 #: the next one is due) until a producer's KILL QUERY cuts the SLEEP short. The check and
@@ -149,7 +158,7 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
         "{rate_wait}", RATE_WAIT.replace("{rate_queues}", ", ".join(["%s"] * len(queues)))
         if rates else "NULL")
     params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
-              *watched, seconds, *(queues if rates else [])]
+              *watched, seconds, *([*queues, True] if rates else [])]
     connection = connection_for()
     sql = bounded_statement(connection, sql, lock_wait)
     held = session.cluster and worker_id is not None

@@ -39,7 +39,7 @@ from .base import (
 )
 from .claim import give_back_tokens, read_claimed_messages
 from .lockwait import bounded_lock_waits, bounded_statement
-from .park import RATE_TABLE
+from .park import CLAIMABLE_IN_KEY, RATE_TABLE
 from .session import connection_session
 
 #: Which of these keys have a row (a plain read: no lock, so an open producer never holds
@@ -55,22 +55,23 @@ _ENSURE_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
 #: The longest spacing a key's row takes (a week: the longest window of one start).
 INTERVAL_MAX_MICROS = 7 * 86400 * 1_000_000
 
-#: Keys of these queues whose next start may be now.
+#: Keys of these queues whose next start may be now and that have a message to start.
+#: A key whose messages all ran keeps its row, and its old ``next_at``, for an hour
+#: (``IDLE_KEY_SECONDS``): counted, such keys would fill the LIMIT ahead of a new key.
 DUE_KEYS_SQL = f"""
-SELECT id, queue, rate_key FROM {RATE_TABLE} FORCE INDEX (mysqlq_rate_due)
- WHERE queue IN ({{queues}}) AND next_at <= UTC_TIMESTAMP(6)
- ORDER BY next_at
+SELECT r.id, r.queue, r.rate_key FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
+ WHERE r.queue IN ({{queues}}) AND r.next_at <= UTC_TIMESTAMP(6)
+   AND {CLAIMABLE_IN_KEY}
+ ORDER BY r.next_at
  LIMIT %s
 """
 #: Seconds until the soonest next start of a key of these queues that has throttled
-#: messages (NULL: none waits), for a busy worker's pause between claims.
+#: messages this worker may claim (NULL: none waits), for a busy worker's pause between
+#: claims: a key due with only messages it leaves alone would make that pause nil.
 NEXT_START_SQL = f"""
 SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(r.next_at)) / 1000000
   FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
- WHERE r.queue IN ({{queues}})
-   AND EXISTS (SELECT 1 FROM {MESSAGE_TABLE} AS m FORCE INDEX (mysqlq_msg_rate)
-                WHERE m.rate_key = r.rate_key AND m.queue = r.queue
-                  AND m.status = '{MessageStatus.THROTTLED}')
+ WHERE r.queue IN ({{queues}}) AND {CLAIMABLE_IN_KEY}
 """
 #: The key's row, if its next start may be now and no other worker holds it.
 LOCK_KEY_SQL = f"""
@@ -197,7 +198,7 @@ def _claim_throttled(queues: Sequence[str], limit: int, worker_id: str,
 
     def due_keys() -> list[tuple[str, str, str]]:
         with connection.cursor() as cursor:
-            cursor.execute(due_sql, [*queues, limit * 4])
+            cursor.execute(due_sql, [*queues, idle, limit * 4])
             return [(str(row[0]), str(row[1]), str(row[2])) for row in cursor.fetchall()]
 
     # (A producer's late wake-up, KILL QUERY, landing here is retried like a deadlock. A
@@ -238,19 +239,21 @@ def _claim_throttled(queues: Sequence[str], limit: int, worker_id: str,
 IDLE_KEY_SECONDS = 3600
 
 
-def seconds_to_next_start(queues: Sequence[str],
-                          lock_wait: int | None = None) -> float | None:
+def seconds_to_next_start(queues: Sequence[str], lock_wait: int | None = None, *,
+                          idle: bool = True) -> float | None:
     """Seconds until a key of these queues may start its next throttled message (0 or
     less: now), or None when no message is throttled: a worker running tasks pauses
-    between claims until then rather than by its growing poll interval. ``lock_wait``
-    bounds the wait for the tables' metadata locks (MariaDB; see ``claim_throttled``)."""
+    between claims until then rather than by its growing poll interval. Not ``idle``,
+    messages it would leave to an idle worker don't count (``claim_throttled``).
+    ``lock_wait`` bounds the wait for the tables' metadata locks (MariaDB; see
+    ``claim_throttled``)."""
     if not queues:
         return None
     connection = connection_for(default_alias())
     with connection.cursor() as cursor:
         cursor.execute(bounded_statement(
             connection, NEXT_START_SQL.format(queues=placeholders(len(queues))), lock_wait),
-            list(queues))
+            [*queues, idle])
         row = cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
 

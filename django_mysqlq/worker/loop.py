@@ -327,7 +327,8 @@ class Worker:
             # wakes this wait; asking the rate keys then cost a statement per claim.)
             if self._rated and self._active \
                     and self.holdings.in_flight < self.options.concurrency:
-                soonest = self.rate_watch.next_start(self._active)
+                soonest = self.rate_watch.next_start(
+                    self._active, idle=self.holdings.in_flight == 0)
                 if soonest is not None:
                     pause = min(pause, max(0.0, soonest))
             self.wakeup.wait(pause)

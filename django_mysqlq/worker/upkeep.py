@@ -184,13 +184,13 @@ class RateWatch:
         self.cleared()
         return messages
 
-    def next_start(self, queues: Sequence[str]) -> float | None:
-        """Seconds to a rate key's next start (``broker.seconds_to_next_start``); None
-        while the table is locked."""
+    def next_start(self, queues: Sequence[str], idle: bool) -> float | None:
+        """Seconds to a rate key's next start (``broker.seconds_to_next_start``) with a
+        message a worker (``idle`` or not) may claim; None while the table is locked."""
         if not self.usable():
             return None
         try:
-            return broker.seconds_to_next_start(queues, lock_wait=self.lock_wait)
+            return broker.seconds_to_next_start(queues, lock_wait=self.lock_wait, idle=idle)
         except DatabaseError as exc:
             if not broker.is_lock_wait(exc):
                 raise
