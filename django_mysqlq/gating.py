@@ -194,3 +194,24 @@ def check_using(gate: TaskGate, task: str, subject: object, concurrency_key: obj
     return (None if subject is None else checked_key(subject, "subject"),
             None if concurrency_key is None else checked_key(concurrency_key,
                                                              "concurrency_key"))
+
+
+def unschedulable(gate: TaskGate, unique_for: int | None) -> tuple[str, str] | None:
+    """The option that keeps a task from a schedule, and why (None: nothing does).
+
+    A schedule's occurrences are inserted from its row, ready, with no gate and no dedup
+    key (``broker.schedules``): a task's gate or uniqueness would not hold for them, and
+    runs longer than the schedule's interval would overlap.
+    """
+    if gate.ordered:
+        shown = repr(gate.source) if isinstance(gate.source, str) else "..."
+        return (f"ordered_by={shown}", "its occurrences would be enqueued ready, past the "
+                "subject's gate, so they would not wait for each other")
+    if gate.limit is not None:
+        return (f"concurrency_limit={gate.limit}", "its occurrences would be enqueued "
+                "ready, past the gate, so runs longer than the schedule's interval would "
+                "overlap")
+    if unique_for is not None:
+        return (f"unique_for={unique_for}", "its occurrences would be enqueued without a "
+                "dedup key, so they would not be unique")
+    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import calls, cron, payload
+from . import calls, cron, gating, payload
 from .broker.schedules import DeclaredSchedule
 from .conf import get_settings
 from .exceptions import QueueError
@@ -51,6 +51,11 @@ def from_settings(name: str, entry: dict[str, Any]) -> DeclaredSchedule:
             f"{where} names {task.name!r}, which has rate_limit={task.rate.spec!r}: a "
             "schedule's occurrences are enqueued ready and would not wait for the limit. "
             "Schedule a task without rate_limit that enqueues this one.")
+    alone = gating.unschedulable(task.gate, task.unique_for)
+    if alone is not None:
+        raise ScheduleProblem(
+            f"{where} names {task.name!r}, which has {alone[0]}: {alone[1]}. Schedule a "
+            f"task without it whose body calls {task.name}.enqueue(...).")
     schedule = cron.CronSchedule(entry["cron"], entry["tz"], entry["catch_up"],
                                  tuple(entry["args"]), dict(entry["kwargs"]))
     try:

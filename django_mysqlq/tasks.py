@@ -475,6 +475,10 @@ def queue_task(
                                 rate_limit_key=rate_limit_key, takes_context=takes_context),
         )
         rating.check_alone(task_name, task.rate, task.gate, cron)
+        if cron is not None and (alone := gating.unschedulable(task.gate, task.unique_for)):
+            raise InvalidTaskOptions(
+                f"{task_name}: cron=... can't be combined with {alone[0]}: {alone[1]}. Put "
+                f"cron=... on a task without it whose body calls {task_name}.enqueue(...).")
         if cron is not None:
             task = dataclasses.replace(task, schedule=_declare_schedule(
                 task, cron, cron_tz, catch_up, cron_args, cron_kwargs))

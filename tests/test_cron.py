@@ -166,6 +166,24 @@ def test_a_good_schedule_is_kept_on_the_task_with_its_zone(settings):
     assert task.schedule.kwargs == {"period": "week"}
 
 
+@pytest.mark.parametrize("options, fragment", [
+    ({"concurrency_limit": 1}, "concurrency_limit=1"),
+    ({"concurrency_limit": 2, "concurrency_key": "period"}, "concurrency_limit=2"),
+    ({"ordered_by": "period"}, "ordered_by='period'"),
+    ({"unique_for": 0}, "unique_for=0"),
+    ({"unique_for": 300}, "unique_for=300"),
+])
+def test_a_schedule_of_a_gated_or_unique_task_is_refused_when_declared(options, fragment):
+    """A schedule's occurrences are inserted ready from its row, with no gate and no dedup
+    key: ``cron='* * * * *', concurrency_limit=1`` runs that outlast a minute overlapped."""
+    with pytest.raises(InvalidTaskOptions) as caught:
+        declare(cron="* * * * *", **options)
+    message = str(caught.value)
+    assert f"can't be combined with {fragment}" in message
+    assert "whose body calls tests.declared." in message and ".enqueue(" in message
+    declare(**options)  # without cron=...: as before
+
+
 # ------------------------------------------------------------ MYSQLQ['SCHEDULES']
 
 @pytest.mark.parametrize("schedules, fragment", [
@@ -192,6 +210,24 @@ def test_a_settings_schedule_of_an_unknown_task_is_E006(settings):
     [error] = check_schedules()
     assert error.id == "django_mysqlq.E006"
     assert "'shop.tasks.nope', which is not registered" in error.msg
+
+
+@pytest.mark.parametrize("task, fragment", [
+    ("limited_step", "concurrency_limit="), ("ordered_step", "ordered_by='key'"),
+    ("unique_step", "unique_for="), ("unique_while_queued", "unique_for=0"),
+])
+def test_a_settings_schedule_of_a_gated_or_unique_task_is_E006(settings, task, fragment):
+    from tests.testapp import gated, unique_tasks
+
+    declared_task = getattr(gated, task, None) or getattr(unique_tasks, task)
+    settings.MYSQLQ = {"SCHEDULES": {"often": {"task": declared_task.name,
+                                               "cron": "* * * * *", "args": ["k", 1, "x"]
+                                               if task != "unique_while_queued" else ["k"]}}}
+    [error] = check_schedules()
+    assert error.id == "django_mysqlq.E006"
+    assert f"MYSQLQ['SCHEDULES']['often'] names {declared_task.name!r}, which has " \
+        f"{fragment}" in error.msg
+    assert "Schedule a task without it whose body calls" in error.msg
 
 
 def test_settings_schedule_arguments_are_checked_against_the_task_E006(settings):
