@@ -137,3 +137,47 @@ def test_a_repeatable_read_snapshot_older_than_the_holder_still_gets_its_handle(
         assert Message.objects.filter(dedup_key="rr-key").count() == 1
     finally:
         connection.close()  # (a new connection starts at the site's level again)
+
+
+@pytest.mark.parametrize("end", ["acked", "dead"])
+def test_a_repeatable_read_snapshot_older_than_a_new_holder_gets_the_new_one(end) -> None:
+    """The snapshot still shows the key's old message A (since acked, or dead: its key
+    given up); another session then enqueued B with the key. The INSERT meets B, and the
+    plain read of the holder found A in the snapshot: the caller got A's handle, a
+    finished message, while B, the one that will run, was never named."""
+    from django.utils import timezone
+
+    from django_mysqlq import broker
+    from django_mysqlq.messages import AttemptResult, Runner
+
+    old = tasks.record.using(dedup_key="rr-moved").enqueue("A").id
+    new: list[int] = []
+
+    def finish_then_enqueue() -> None:
+        try:
+            [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
+            result = AttemptResult(started_at=timezone.now(), error_class="E")
+            runner = Runner("rr-test", "h", 1, "t")
+            if end == "acked":
+                broker.ack_many([(claimed, runner, result)])
+            else:
+                broker.fail(claimed, runner, result, retry=False)
+            new.append(tasks.record.using(dedup_key="rr-moved").enqueue("B").id)
+        finally:
+            connections.close_all()
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with transaction.atomic():
+            assert Message.objects.filter(dedup_key="rr-moved").get().pk == old  # snapshot
+            thread = threading.Thread(target=finish_then_enqueue)
+            thread.start()
+            thread.join(30)
+            assert new and new[0] != old
+            again = tasks.record.using(dedup_key="rr-moved").enqueue("C")
+        assert again.id == new[0]
+        assert list(Message.objects.filter(dedup_key="rr-moved").values_list(
+            "pk", flat=True)) == [new[0]]
+    finally:
+        connection.close()  # (a new connection starts at the site's level again)

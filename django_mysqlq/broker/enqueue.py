@@ -81,13 +81,20 @@ GATED_INSERT_SQL = f"INSERT INTO {MESSAGE_TABLE} ({_GATED_COLUMNS}) VALUES {{row
 #: The same, reading the new ids back (MariaDB only: MySQL has no INSERT … RETURNING).
 INSERT_RETURNING_SQL = INSERT_SQL + " RETURNING id"
 GATED_INSERT_RETURNING_SQL = GATED_INSERT_SQL + " RETURNING id"
-#: The pending message that holds a dedup key (the unique key refused ours).
-DEDUP_HOLDER_SQL = f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s"
-#: The same as a locking read: the latest committed row, whatever the caller's snapshot.
-#: Only when the plain read found none (a REPEATABLE READ transaction whose snapshot is
-#: older than the holder's commit): it holds a share lock on the holder until the
-#: caller's transaction ends, which would otherwise make a worker's ack of it wait.
-DEDUP_HOLDER_LOCKING_SQL = DEDUP_HOLDER_SQL + " LOCK IN SHARE MODE"
+#: The pending message that holds a dedup key (the unique key refused ours), with the
+#: session's isolation level (``{level}``: the variable's name differs by server), in one
+#: round trip: under READ COMMITTED this read is of the latest committed rows.
+DEDUP_HOLDER_SQL = (f"SELECT {{level}}, (SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s)")
+#: The holder as a locking read: the latest committed row, whatever the caller's snapshot.
+#: Under REPEATABLE READ the plain read sees the snapshot, which may predate the holder's
+#: commit (no holder), or still show a message that finished since, its key then taken by
+#: a new one (a wrong, finished holder). It holds a share lock on the holder until the
+#: caller's transaction ends: a worker's claim or ack of that message waits for it (the
+#: claim at most ``locked.LOCK_WAIT_SECONDS``, then steps around it).
+DEDUP_HOLDER_LOCKING_SQL = (f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s "
+                            "LOCK IN SHARE MODE")
+#: Levels whose plain reads see the latest commit (MariaDB and MySQL spell them alike).
+_FRESH_READS = frozenset({"READ-COMMITTED", "READ-UNCOMMITTED"})
 
 
 
@@ -325,18 +332,31 @@ def _insert_or_find(alias: str, message: NewMessage, serialized: bool = False
                     stack.enter_context(one_inserter(alias, message.dedup_key))
                 return _insert_keyed(alias, message), True
         except IntegrityError:
-            with connection_for(alias).cursor() as cursor:
-                cursor.execute(DEDUP_HOLDER_SQL, [message.dedup_key])
-                row = cursor.fetchone()
-                if row is None:
-                    cursor.execute(DEDUP_HOLDER_LOCKING_SQL, [message.dedup_key])
-                    row = cursor.fetchone()
-            if row is not None:
-                return int(row[0]), False
+            holder = _dedup_holder(alias, message.dedup_key)
+            if holder is not None:
+                return holder, False
             if attempt == 2:
                 raise
             # The holder finished between our insert and our look-up: insert again.
     raise AssertionError("unreachable")
+
+
+def _dedup_holder(alias: str, key: str) -> int | None:
+    """The id of the message that holds ``key`` now, or None (it finished meanwhile).
+
+    The plain read, unless the session is at REPEATABLE READ (or SERIALIZABLE): then the
+    locking read, since the snapshot may be older than the holder (``DEDUP_HOLDER_SQL``).
+    """
+    connection = connection_for(alias)
+    level = "@@tx_isolation" if connection.mysql_is_mariadb else "@@transaction_isolation"  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
+        cursor.execute(DEDUP_HOLDER_SQL.format(level=level), [key])
+        isolation, holder = cursor.fetchone()
+        if str(isolation).upper() not in _FRESH_READS:
+            cursor.execute(DEDUP_HOLDER_LOCKING_SQL, [key])
+            row = cursor.fetchone()
+            holder = None if row is None else row[0]
+    return None if holder is None else int(holder)
 
 
 def _insert_rated(alias: str, cursor: Any, messages: Sequence[NewMessage]) -> list[int]:
