@@ -74,7 +74,11 @@ def _run_child(options: WorkerOptions, parent: int) -> int:
 
 def _describe_exit(status: int) -> str:
     if os.WIFSIGNALED(status):
-        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        signum = os.WTERMSIG(status)
+        try:
+            return f"killed by {signal.Signals(signum).name}"
+        except ValueError:  # a real-time signal (kill -40) has no name
+            return f"killed by signal {signum}"
     code = os.WEXITSTATUS(status)
     if code == EXIT_TIMEOUT:
         return "ended after a task ran past its timeout"
