@@ -15,9 +15,11 @@ import signal
 
 import pytest
 
+from django_mysqlq.models import Attempt
 from tests.conftest import wait_for
 from tests.test_supervisor import live_children
-from tests.test_worker_signals import wait_exit
+from tests.test_worker_signals import started, wait_exit
+from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -38,3 +40,18 @@ def test_a_child_killed_by_a_real_time_signal_is_replaced(start_worker):
         in supervisor.output()
     supervisor.signal(signal.SIGTERM)
     assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
+
+
+def test_a_stop_after_a_max_memory_drain_is_the_first_signal_heard(start_worker):
+    """--max-memory stops claiming on its own; the first SIGTERM after that still drains."""
+    worker = start_worker("--concurrency", "2", "--batch", "1", "--max-memory", "1")
+    handle = tasks.slow.enqueue("long", TASK_SECONDS + 3)
+    wait_for(lambda: started(["long"]), PATIENCE, message="the long task to start")
+    tasks.record.enqueue("short")
+    wait_for(lambda: "over --max-memory 1" in worker.output(), PATIENCE,
+             message="the worker to drain after the short task")
+    worker.signal(signal.SIGTERM)
+    assert wait_exit(worker, PATIENCE + TASK_SECONDS) == 0, worker.output()
+    assert "SIGTERM received while stopping already (max-memory)" in worker.output()
+    assert "exiting now" not in worker.output()
+    assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]

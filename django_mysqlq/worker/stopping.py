@@ -1,5 +1,8 @@
 """SIGTERM/SIGINT handling: the first asks for a graceful stop, the second exits at once.
 
+Only signals heard count: a stop the worker began on its own (``--max-memory``) leaves
+the first SIGTERM a first one, which drains too.
+
 Python runs a signal handler on the main thread between two of its bytecodes, wherever
 that thread is: also in the middle of ``wakeup.clear()`` or ``wakeup.wait()``, which hold
 the event's lock (not reentrant) for a few bytecodes, or in a queue's ``put``, or a
@@ -70,7 +73,7 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         """On the main thread, wherever it was: takes no lock (see the module's doc)."""
         name = signal.Signals(signum).name
-        if self._heard or self.event.is_set():  # (is_set reads a flag: no lock)
+        if self._heard:
             logger.warning("Second %s: exiting now; claimed messages that had not started go "
                            "back to the queue, peers will recover the running ones.", name)
             if self._on_force is not None:
@@ -96,6 +99,11 @@ class StopRequest:
             self._stop(self._heard)
 
     def _stop(self, name: str) -> None:
+        before = self.signal_name if self.event.is_set() else ""
+        if before:
+            quietly(logger.info, "%s received while stopping already (%s): finishing "
+                    "in-flight tasks (send it again to exit at once).", name, before)
+            return
         self.set(name)  # (first: a logging handler that raises must not lose the stop)
         quietly(logger.info, "%s received: no new claims; finishing in-flight tasks "
                 "(send it again to exit at once).", name)
