@@ -9,6 +9,7 @@ are per database; a queue naming an unknown alias is a system check error.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -159,6 +160,30 @@ def test_one_worker_process_serves_queues_on_both_servers(start_worker, env_b) -
     assert f"Summary: [{B}] processed=21" in worker.output()
     assert count(B, "mysqlq_worker", "stopped_at IS NULL") == 0
     assert count("default", "mysqlq_worker", "stopped_at IS NULL") == 0
+
+
+def test_a_child_serving_both_databases_takes_a_group_stop_as_one_stop(
+        start_worker, env_b) -> None:
+    """A stop sent to the whole process group, as it goes when the child's handler runs
+    first: its own SIGTERM, then the supervisor's request to drain. One stop, not two
+    (tests/test_supervisor_signals.py has the one-database cases)."""
+    supervisor = start_worker("--processes", "1", "--queues", f"default,{QUEUE_B}",
+                              env=env_b)
+    wait_for(lambda: supervisor.output().count("started: queues=") == 2, timeout=30,
+             message="a worker per database in the child")
+    [(child,)] = mdb.query(B, "SELECT pid FROM mysqlq_worker WHERE stopped_at IS NULL")
+    tasks.slow.using(queue=QUEUE_B).enqueue("both", 5)
+    wait_for(lambda: Ledger.objects.filter(label="both:start").exists(), timeout=30,
+             message="the task on the second database to start")
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: "SIGTERM received" in supervisor.output(), timeout=30,
+             message="the child to start draining")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=40) == 0, supervisor.output()
+    assert "exiting now" not in supervisor.output()
+    assert Ledger.objects.filter(label="both:end").exists()
+    assert count(B, "mysqlq_attempt", "outcome = 'succeeded'") == 1
+    assert count(B, "mysqlq_worker", "stopped_at IS NULL") == 0
 
 
 def test_broadcast_runs_once_a_process_from_the_latest_whatever_databases_it_serves(

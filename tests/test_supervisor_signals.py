@@ -15,10 +15,10 @@ import signal
 
 import pytest
 
-from django_mysqlq.models import Attempt
+from django_mysqlq.models import Attempt, Worker
 from tests.conftest import wait_for
-from tests.test_supervisor import live_children
-from tests.test_worker_signals import started, wait_exit
+from tests.test_supervisor import _alive, live_children
+from tests.test_worker_signals import rows, started, wait_exit
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -27,6 +27,68 @@ PATIENCE = 20.0
 #: How long the task of a stop test runs: well past the moment the signal is sent, well
 #: within the tests' GRACE_SECONDS (10).
 TASK_SECONDS = 5
+
+
+def two_children(supervisor) -> set[int]:
+    return wait_for(lambda: (c := live_children(supervisor)) and len(c) == 2 and c,
+                    PATIENCE, message="two children to register")
+
+
+def test_a_stop_sent_to_the_whole_process_group_drains_the_children(start_worker):
+    """The group's SIGTERM reaches every child, and then the supervisor's drain request:
+    that must not count as a second signal."""
+    supervisor = start_worker("--processes", "2")
+    children = two_children(supervisor)
+    handle = tasks.slow.enqueue("group", TASK_SECONDS)
+    wait_for(lambda: started(["group"]), PATIENCE, message="the task to start")
+    os.killpg(supervisor.pid, signal.SIGTERM)  # (start_worker gives it a session of its own)
+    assert wait_exit(supervisor, PATIENCE + TASK_SECONDS) == 0, supervisor.output()
+    output = supervisor.output()
+    assert "exiting now" not in output
+    assert output.count("stopped (exited with status 0)") == 2, output
+    assert rows("group:end")  # the task ran to its end
+    assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]
+    assert not any(_alive(pid) for pid in children)
+    assert Worker.objects.filter(pid__in=children, stopped_at__isnull=False).count() == 2
+
+
+def test_a_child_that_heard_the_stop_itself_is_not_forced_by_the_supervisors(start_worker):
+    """The group's stop as it happens when the child's handler runs first: the
+    supervisor's request to drain then is the same stop, not a second one."""
+    supervisor = start_worker("--processes", "1")
+    child = wait_for(lambda: (c := live_children(supervisor)) and len(c) == 1 and c,
+                     PATIENCE, message="a child to register").pop()
+    handle = tasks.slow.enqueue("heard", TASK_SECONDS)
+    wait_for(lambda: started(["heard"]), PATIENCE, message="the task to start")
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: "SIGTERM received: no new claims" in supervisor.output(), PATIENCE,
+             message="the child to start draining")
+    supervisor.signal(signal.SIGTERM)
+    assert wait_exit(supervisor, PATIENCE + TASK_SECONDS) == 0, supervisor.output()
+    assert "exiting now" not in supervisor.output()
+    assert f"Worker process {child} stopped (exited with status 0)" in supervisor.output()
+    assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]
+
+
+def test_a_direct_sigterm_drains_one_child_and_a_second_exits_it_at_once(start_worker):
+    supervisor = start_worker("--processes", "1", "--concurrency", "2")
+    child = wait_for(lambda: (c := live_children(supervisor)) and len(c) == 1 and c,
+                     PATIENCE, message="a child to register").pop()
+    tasks.slow.enqueue_many([["drained", TASK_SECONDS], ["cut", 30]])
+    wait_for(lambda: started(["drained", "cut"]) == {"drained", "cut"}, PATIENCE,
+             message="both tasks to start")
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: "SIGTERM received: no new claims" in supervisor.output(), PATIENCE,
+             message="the child to start draining")
+    wait_for(lambda: rows("drained:end"), PATIENCE, message="the drained task to finish")
+    assert _alive(child)  # still waiting for the other task
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: f"Worker process {child} exited with status 1; replacing it"
+             in supervisor.output(), PATIENCE, message="the child to exit at once")
+    assert "Second SIGTERM: exiting now" in supervisor.output()
+    assert not rows("cut:end")
+    supervisor.signal(signal.SIGTERM)
+    assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
 
 
 def test_a_child_killed_by_a_real_time_signal_is_replaced(start_worker):

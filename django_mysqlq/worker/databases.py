@@ -4,8 +4,8 @@ The asked-for queues are grouped by their database alias (``routing``); each ali
 :class:`~.loop.Worker` of its own (control loop, task threads, acker), whose threads send
 every statement to that alias. With one alias this is the plain worker on the main thread.
 With several, each worker's control loop runs on a thread of its own and the main thread
-only waits and forwards signals: a first SIGTERM/SIGINT drains every worker, a second
-exits at once. Each worker registers, heartbeats, parks, recovers and sweeps on its own
+only waits and takes the signals (``stopping``): a first stop drains every worker, a
+second exits at once. Each worker registers, heartbeats, parks, recovers and sweeps on its own
 database, so recovery, wake-ups, pauses and the recovery leader are per database.
 """
 
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import threading
-from types import FrameType
 
 from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
@@ -24,6 +22,7 @@ from . import draining
 from .budget import TaskBudget
 from .loop import Worker
 from .options import WorkerOptions
+from .stopping import StopRequest
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -53,14 +52,17 @@ class Workers:
         self.workers = [Worker(each, budget) for each in split(options)]
         self._statuses: dict[int, int] = {}
         self._cannot_run: list[WorkerCannotRun] = []
-        self._signals = 0
+        self._supervised = options.supervised
+        #: The process's signals, heard on the main thread: each stop goes to every worker.
+        self.signals = StopRequest(threading.Event(),
+                                   on_force=lambda: draining.exit_now(*self.workers),
+                                   on_stop=self.stop)
 
     def run(self) -> int:
         """Work until stopped; the exit status (the first non-zero of the workers')."""
         if len(self.workers) == 1:
             return self.workers[0].run()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
+        self.signals.install(self._supervised)
         logger.info("Worker process serves %d databases: %s.", len(self.workers),
                     "; ".join(f"{w.options.database}: {','.join(w.options.queues)}"
                               for w in self.workers))
@@ -92,17 +94,6 @@ class Workers:
     def stop(self, reason: str) -> None:
         for worker in self.workers:
             worker.stop_request.set(reason)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        name = signal.Signals(signum).name
-        if self._signals > 1:
-            logger.warning("Second %s: exiting now; claimed messages that had not started go "
-                           "back to their queues, peers will recover the running ones.", name)
-            draining.exit_now(*self.workers)
-        logger.info("%s received: no new claims on any database; finishing in-flight tasks "
-                    "(send it again to exit at once).", name)
-        self.stop(name)
 
     @property
     def stats_lines(self) -> list[str]:

@@ -146,7 +146,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
-        self.stop_request.install()
+        self.stop_request.install(self.options.supervised)
         broker.bind_alias(self.options.database)  # this thread's statements go there
         broker.own_connection(self.options.database)  # claims, renews, recovers: READ COMMITTED
         import_task_modules()

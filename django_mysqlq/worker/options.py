@@ -33,6 +33,9 @@ class WorkerOptions:
     max_memory_mb: int | None = None
     #: Process mode: a task past its timeout fails and this process exits to be replaced.
     kill_on_timeout: bool = False
+    #: A supervisor's child: it takes the supervisor's drain and exit signals too
+    #: (``stopping.DRAIN_SIGNAL``, ``EXIT_SIGNAL``).
+    supervised: bool = False
     #: With ``burst``: exit 0 even if messages went dead during the run.
     exit_zero: bool = False
     #: Warn at start of queues no task uses and of ready work no worker serves (a

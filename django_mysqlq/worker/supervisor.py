@@ -3,8 +3,10 @@
 The supervisor runs no task and holds no database connection while its children run
 (it reads the queue's state once, before forking them). It restarts a child that
 died (crash, ``kill -9``, OOM), replaces one that exited after ``--max-tasks`` or
-``--max-memory`` or a task timeout, and forwards SIGTERM/SIGINT so every child drains
-gracefully; a second signal is forwarded too, and the children then exit at once.
+``--max-memory`` or a task timeout, and passes a stop on (SIGTERM, SIGINT) so every
+child drains gracefully; after a second signal the children exit at once. It tells
+its children on signals of their own (``stopping.DRAIN_SIGNAL``, ``EXIT_SIGNAL``): a stop
+sent to the whole process group reaches each child too, and is one stop, not two.
 
 With ``--burst``, a child that drained its queues is not replaced, and the supervisor's
 exit status says whether any child saw messages go dead (``EXIT_DEAD``). A child the
@@ -30,6 +32,7 @@ from .databases import Workers
 from .draining import EXIT_DEAD, EXIT_TIMEOUT
 from .fatal import EXIT_CANNOT_RUN
 from .options import WorkerOptions
+from .stopping import DRAIN_SIGNAL, EXIT_SIGNAL, STOP_SIGNALS, install_handlers
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -48,23 +51,24 @@ class Child:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Ask Linux for SIGTERM when the supervisor dies, so no child runs unsupervised."""
+    """Ask Linux for a drain when the supervisor dies, so no child runs unsupervised."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_PDEATHSIG, DRAIN_SIGNAL)
     except (OSError, AttributeError):  # not Linux: children notice at their next claim
         return
     if os.getppid() != parent:  # the supervisor died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), DRAIN_SIGNAL)
 
 
 def _run_child(options: WorkerOptions, parent: int) -> int:
     """Body of a forked child: a fresh worker with its own signal handlers."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     _die_with_parent(parent)
     # The supervisor reported on the queues once for all its children.
-    workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False))
+    workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False,
+                                          supervised=True))
     try:
         return workers.run()
     except WorkerCannotRun as exc:
@@ -148,7 +152,7 @@ class Supervisor:
                          "the others.", child.pid)
             self._cannot_run = True
             self._not_before.clear()
-            self._forward(signal.SIGTERM)
+            self._forward(DRAIN_SIGNAL)
             return
         if self.options.burst and (clean or code == EXIT_DEAD):
             self._dead_seen = self._dead_seen or code == EXIT_DEAD
@@ -184,9 +188,10 @@ class Supervisor:
         if self._signals_received == 1:
             logger.info("%s received: draining %d worker process(es).", name,
                         len(self.children))
+            self._forward(DRAIN_SIGNAL)
         else:
             logger.warning("Second %s: worker processes exit at once.", name)
-        self._forward(signal.SIGTERM)
+            self._forward(EXIT_SIGNAL)
 
     def _forward(self, signum: int) -> None:
         for pid in list(self.children):
@@ -198,8 +203,7 @@ class Supervisor:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
+        install_handlers(self._on_signal)
         logger.info("Supervisor %d starting %d worker process(es).", os.getpid(),
                     self.processes)
         if self.options.report_queues:
