@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from django_mysqlq.models import Attempt, Worker
-from tests.conftest import wait_for
+from tests.conftest import raw_connection, wait_for
 from tests.test_supervisor import _alive, live_children
 from tests.test_worker_signals import rows, started, wait_exit
 from tests.testapp import tasks
@@ -89,6 +89,30 @@ def test_a_direct_sigterm_drains_one_child_and_a_second_exits_it_at_once(start_w
     assert not rows("cut:end")
     supervisor.signal(signal.SIGTERM)
     assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
+
+
+def waiting_for_the_lock(cursor) -> bool:
+    cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                   " AND STATE = 'Waiting for table metadata lock'")
+    return cursor.fetchone()[0] > 0
+
+
+def test_a_stop_during_start_up_spawns_no_child_and_ends(start_worker):
+    """A SIGTERM while the supervisor reads the queue's state, before any fork: no child
+    starts (one would never hear of the stop), and the supervisor exits 0."""
+    stranger = raw_connection()
+    try:
+        cursor = stranger.cursor()
+        cursor.execute("LOCK TABLES mysqlq_message WRITE")  # the start-up report waits
+        supervisor = start_worker("--processes", "2")
+        wait_for(lambda: waiting_for_the_lock(cursor), PATIENCE,
+                 message="the supervisor's start-up report to wait for the lock")
+        supervisor.signal(signal.SIGTERM)  # (its handler runs once the statement returns)
+        cursor.execute("UNLOCK TABLES")
+    finally:
+        stranger.close()
+    assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
+    assert "Supervisor started worker process" not in supervisor.output()
 
 
 def test_a_child_killed_by_a_real_time_signal_is_replaced(start_worker):

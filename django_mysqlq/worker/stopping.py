@@ -46,18 +46,25 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DRAIN_SIGNAL = signal.SIGUSR1
 #: The supervisor heard a second signal: its children exit at once.
 EXIT_SIGNAL = signal.SIGUSR2
+#: What a supervisor blocks while it forks, so a child takes none before its handlers.
+CHILD_SIGNALS = (*STOP_SIGNALS, DRAIN_SIGNAL, EXIT_SIGNAL)
 #: ``StopRequest.signal_name`` of a stop the supervisor asked for.
 SUPERVISOR_STOP = "supervisor"
 
 
 def install_handlers(handler: Callable[[int, FrameType | None], Any],
                      supervised: bool = False) -> None:
-    """``handler`` for the stop signals (and, in a supervisor's child, for its requests)."""
+    """``handler`` for the stop signals (and, in a supervisor's child, for its requests).
+
+    A child was forked with them blocked (``CHILD_SIGNALS``): they are let through once
+    its handlers are in place, so one sent during its start drains it instead of
+    killing it (the default action of each)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)
     if supervised:
         signal.signal(DRAIN_SIGNAL, handler)
         signal.signal(EXIT_SIGNAL, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
 
 
 class StopRequest:

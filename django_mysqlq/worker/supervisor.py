@@ -32,7 +32,7 @@ from .databases import Workers
 from .draining import EXIT_DEAD, EXIT_TIMEOUT
 from .fatal import EXIT_CANNOT_RUN
 from .options import WorkerOptions
-from .stopping import DRAIN_SIGNAL, EXIT_SIGNAL, STOP_SIGNALS, install_handlers
+from .stopping import CHILD_SIGNALS, DRAIN_SIGNAL, EXIT_SIGNAL, STOP_SIGNALS, install_handlers
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -62,9 +62,13 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _run_child(options: WorkerOptions, parent: int) -> int:
-    """Body of a forked child: a fresh worker with its own signal handlers."""
+    """Body of a forked child: a fresh worker with its own signal handlers.
+
+    The child signals stay blocked (as the supervisor forked it) until the worker's
+    handlers are in place (``stopping.install_handlers``)."""
     for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
+        if callable(signal.getsignal(signum)):  # the supervisor's: not the child's
+            signal.signal(signum, signal.SIG_DFL)
     _die_with_parent(parent)
     # The supervisor reported on the queues once for all its children.
     workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False,
@@ -114,19 +118,32 @@ class Supervisor:
     # ------------------------------------------------------------------ children
 
     def _spawn(self, slot: int) -> None:
+        """Fork a child, unless stopping: it would never hear of a stop already passed on.
+
+        Signals are blocked meanwhile: the child inherits the mask and lets them through
+        once its handlers are in place; a stop whose handler ran here after the fork but
+        before the child was listed is passed on to it at once."""
         connections.close_all()  # never share a connection across fork
         parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the child
-            status = 1
-            try:
-                status = _run_child(self.options, parent)
-            except BaseException:  # a child must never return into the parent's code
-                logger.exception("Worker process crashed")
-            finally:
-                logging.shutdown()
-                os._exit(status)
-        self.children[pid] = Child(slot=slot, pid=pid, started=time.monotonic())
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_SIGNALS)
+        try:
+            if self._stopping:
+                return
+            pid = os.fork()
+            if pid == 0:  # the child
+                status = 1
+                try:
+                    status = _run_child(self.options, parent)
+                except BaseException:  # a child must never return into the parent's code
+                    logger.exception("Worker process crashed")
+                finally:
+                    logging.shutdown()
+                    os._exit(status)
+            self.children[pid] = Child(slot=slot, pid=pid, started=time.monotonic())
+            if self._stopping:
+                os.kill(pid, EXIT_SIGNAL if self._signals_received > 1 else DRAIN_SIGNAL)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         logger.info("Supervisor started worker process %d (slot %d).", pid, slot)
 
     def _reap(self) -> list[tuple[Child, int]]:
