@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -126,6 +127,59 @@ def test_a_child_killed_by_a_real_time_signal_is_replaced(start_worker):
         in supervisor.output()
     supervisor.signal(signal.SIGTERM)
     assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
+
+
+@pytest.fixture
+def hangup_heard():
+    """SIGHUP at its default in the workers started (an ignored one, as under nohup, is
+    inherited and stays ignored)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_sighup_to_the_group_drains_the_supervisor_and_its_children(start_worker,
+                                                                     hangup_heard):
+    supervisor = start_worker("--processes", "2")
+    children = two_children(supervisor)
+    handle = tasks.slow.enqueue("hangup", TASK_SECONDS)
+    wait_for(lambda: started(["hangup"]), PATIENCE, message="the task to start")
+    os.killpg(supervisor.pid, signal.SIGHUP)  # the terminal went away
+    assert wait_exit(supervisor, PATIENCE + TASK_SECONDS) == 0, supervisor.output()
+    output = supervisor.output()
+    assert "SIGHUP received: draining" in output
+    assert output.count("stopped (exited with status 0)") == 2, output
+    assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]
+    assert Worker.objects.filter(pid__in=children, stopped_at__isnull=False).count() == 2
+
+
+def test_sighup_drains_a_single_worker(start_worker, hangup_heard):
+    worker = start_worker("--concurrency", "1")
+    handle = tasks.slow.enqueue("alone", TASK_SECONDS)
+    wait_for(lambda: started(["alone"]), PATIENCE, message="the task to start")
+    worker.signal(signal.SIGHUP)
+    assert wait_exit(worker, PATIENCE + TASK_SECONDS) == 0, worker.output()
+    assert "SIGHUP received: no new claims" in worker.output()
+    assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]
+    assert Worker.objects.get(pid=worker.pid).stopped_at is not None
+
+
+def test_a_worker_started_under_nohup_keeps_ignoring_sighup(start_worker):
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
+    try:
+        worker = start_worker("--concurrency", "1")
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    wait_for(lambda: " started: " in worker.output(), PATIENCE, message="the worker to start")
+    worker.signal(signal.SIGHUP)
+    handle = tasks.record.enqueue("after-hangup")
+    wait_for(lambda: Attempt.objects.succeeded().filter(message_id=handle.id).exists(),
+             PATIENCE, message="the worker to go on working")
+    time.sleep(2.0)  # a parked worker would have taken a handled signal by now
+    assert worker.popen.poll() is None
+    assert "SIGHUP" not in worker.output()
+    worker.signal(signal.SIGTERM)
+    assert wait_exit(worker, PATIENCE) == 0, worker.output()
 
 
 def test_a_stop_after_a_max_memory_drain_is_the_first_signal_heard(start_worker):

@@ -1,6 +1,6 @@
 """Stop signals: the first heard asks for a graceful stop, the second exits at once.
 
-SIGTERM and SIGINT are heard from an operator, a terminal or a process manager.
+SIGTERM, SIGINT and SIGHUP are heard from an operator, a terminal or a process manager.
 A supervisor's children also take the supervisor's own requests, on signals of their
 own (``DRAIN_SIGNAL``, ``EXIT_SIGNAL``): a stop sent to the whole process group (Ctrl-C,
 ``kill -TERM -<pgid>``, systemd's control group, supervisord's ``stopasgroup``) reaches
@@ -39,8 +39,9 @@ FORCED_EXIT_STATUS = 1
 #: last acks, releases, deregistration): each statement is bounded so the stop ends
 #: by then even when the database hangs on a lock or is gone.
 STOP_STATEMENT_SECONDS = 5.0
-#: Heard from outside: the first drains, the second exits at once.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Heard from outside: the first drains, the second exits at once. (SIGHUP: the terminal
+#: or session went away; one ignored from the start, as under ``nohup``, stays ignored.)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The supervisor asks its children to drain (never counted as a second signal); Linux
 #: sends it too when the supervisor dies.
 DRAIN_SIGNAL = signal.SIGUSR1
@@ -60,6 +61,8 @@ def install_handlers(handler: Callable[[int, FrameType | None], Any],
     its handlers are in place, so one sent during its start drains it instead of
     killing it (the default action of each)."""
     for signum in STOP_SIGNALS:
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # started under nohup: meant to outlive its terminal
         signal.signal(signum, handler)
     if supervised:
         signal.signal(DRAIN_SIGNAL, handler)

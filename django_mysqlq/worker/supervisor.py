@@ -3,8 +3,8 @@
 The supervisor runs no task and holds no database connection while its children run
 (it reads the queue's state once, before forking them). It restarts a child that
 died (crash, ``kill -9``, OOM), replaces one that exited after ``--max-tasks`` or
-``--max-memory`` or a task timeout, and passes a stop on (SIGTERM, SIGINT) so every
-child drains gracefully; after a second signal the children exit at once. It tells
+``--max-memory`` or a task timeout, and passes a stop on (SIGTERM, SIGINT, SIGHUP) so
+every child drains gracefully; after a second signal the children exit at once. It tells
 its children on signals of their own (``stopping.DRAIN_SIGNAL``, ``EXIT_SIGNAL``): a stop
 sent to the whole process group reaches each child too, and is one stop, not two.
 
