@@ -389,3 +389,15 @@ def test_queuepause_pauses_a_queue_on_its_own_database_and_lists_it() -> None:
     finally:
         call_command("queuepause", "--resume", QUEUE_B, "default", stdout=out)
     assert out.getvalue().splitlines()[-1] == "Paused now: none."
+
+
+def test_max_memory_past_on_one_database_recycles_the_whole_process(start_worker,
+                                                                   env_b) -> None:
+    """The worker of the database with work goes past --max-memory and drains; the one
+    of the idle database never runs anything, so never judged its memory: the process
+    lived on (and no longer served the first database) instead of being replaced."""
+    tasks.record.enqueue_many([tasks.record.call(f"a{i}") for i in range(3)])
+    worker = start_worker("--queues", f"default,{QUEUE_B}", "--max-memory", "1",
+                          "--batch", "1", env=env_b)
+    assert worker.wait(timeout=60) == 0, worker.output()
+    assert "over --max-memory 1" in worker.output()

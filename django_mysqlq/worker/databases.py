@@ -22,7 +22,7 @@ from . import draining
 from .budget import TaskBudget
 from .loop import Worker
 from .options import WorkerOptions
-from .stopping import StopRequest
+from .stopping import RECYCLE_REASON, StopRequest
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -81,6 +81,10 @@ class Workers:
     def _run_one(self, index: int, worker: Worker) -> None:
         try:
             self._statuses[index] = worker.run()
+            if worker.stop_request.signal_name == RECYCLE_REASON:
+                # Memory is the process's: one worker past --max-memory recycles it all
+                # (the others, serving databases with nothing to run, never would).
+                self.stop(RECYCLE_REASON)
         except WorkerCannotRun as exc:
             # One database can't be served: the others stop too (as a worker would).
             self._cannot_run.append(exc)

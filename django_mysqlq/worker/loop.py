@@ -32,7 +32,7 @@ from .holdings import Holdings
 from .options import WorkerOptions
 from .pumpclaim import PumpClaimer
 from .stats import WorkerStats
-from .stopping import StopRequest
+from .stopping import RECYCLE_REASON, StopRequest
 from .threads import run_task_thread
 from .topics import TopicDuty
 from .upkeep import Housekeeping, RateWatch
@@ -493,5 +493,5 @@ class Worker:
         if not self.stop_request.is_set():
             logger.info("Worker %s uses %.0f MiB, over --max-memory %d: stopping gracefully "
                         "to be replaced.", self.id, used, limit)
-            self.stop_request.set("max-memory")
+            self.stop_request.set(RECYCLE_REASON)
         return True

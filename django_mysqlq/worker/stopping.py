@@ -70,6 +70,11 @@ def install_handlers(handler: Callable[[int, FrameType | None], Any],
         signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
 
 
+#: The reason a worker gives itself for stopping past ``--max-memory``: its process is to
+#: be replaced (a supervisor starts a new child).
+RECYCLE_REASON = "max-memory"
+
+
 class StopRequest:
     """Set by the first signal; the worker loop polls ``is_set`` and wakes on ``wakeup``."""
 
