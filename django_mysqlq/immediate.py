@@ -246,7 +246,7 @@ def run_one(task: QueueTask[Any, Any], message: NewMessage, record: ImmediateRec
     try:
         if task.atomic:
             with transaction.atomic(using=get_settings().DATABASE):
-                value = task.func(*args, **kwargs)
+                value = awaiting.refuse_awaitable(task.func(*args, **kwargs), task.name)
         elif scope is not None:
             value = scope.run(args, kwargs)
         else:

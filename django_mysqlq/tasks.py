@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from . import calls, gating, limits, payload, rating, retries
+from . import awaiting, calls, gating, limits, payload, rating, retries
 from .conf import get_settings
 from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
@@ -441,7 +441,7 @@ def queue_task(
         assert isinstance(backoff, int | float)
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
-        if atomic and inspect.iscoroutinefunction(function):
+        if atomic and awaiting.is_async(function):
             raise InvalidTaskOptions(
                 f"{qualified_name(function)} is async: atomic=True needs a plain function, whose "
                 "queries run on the worker thread's connection inside the ack's transaction."

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import gc
 import threading
+import warnings
 
 import pytest
 from django.utils import timezone
@@ -64,3 +67,46 @@ def test_async_functions_cannot_be_atomic():
 
     with pytest.raises(InvalidTaskOptions, match="atomic=True needs a plain function"):
         queue_task(atomic=True)(coroutine_task)
+
+
+def _plain(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+class _AsyncCallable:
+    def __init__(self) -> None:
+        self.__qualname__ = "AsyncCallable"
+
+    async def __call__(self) -> None:
+        return None
+
+
+def test_async_functions_under_a_plain_decorator_or_async_call_cannot_be_atomic():
+    async def coroutine_task():
+        return None
+
+    with pytest.raises(InvalidTaskOptions, match="atomic=True needs a plain function"):
+        queue_task(atomic=True, name="tests.wrapped_async_atomic")(_plain(coroutine_task))
+    with pytest.raises(InvalidTaskOptions, match="atomic=True needs a plain function"):
+        queue_task(atomic=True, name="tests.async_callable_atomic")(_AsyncCallable())
+
+
+def test_an_atomic_task_returning_a_coroutine_fails_and_rolls_back_rather_than_succeeding():
+    handle = tasks.atomic_returns_coroutine.enqueue("co")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert execute(claim_one(), RUNNER, threading.Event()) == "retried"
+        gc.collect()
+    # Closed, not left unawaited; the sync write before it rolled back with the attempt.
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert not Ledger.objects.exists()
+    [attempt] = Attempt.objects.for_message(handle.id)
+    assert attempt.error_class == "django_mysqlq.exceptions.InvalidTaskOptions"
+    assert "awaitable" in attempt.error_message
+    assert execute(claim_one(), RUNNER, threading.Event()) == "failed"
+    assert Message.objects.get(pk=handle.id).status == "dead"
+    assert not Ledger.objects.exists()

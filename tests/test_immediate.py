@@ -161,6 +161,16 @@ def test_an_atomic_tasks_writes_roll_back_with_its_failure(quiet):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_atomic_task_returning_a_coroutine_is_dead_and_rolled_back(quiet):
+    from tests.testapp import tasks
+
+    handle = tasks.atomic_returns_coroutine.enqueue("co")
+    assert handle.status == "dead"
+    assert "awaitable" in handle.record.last_error
+    assert not Ledger.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_async_tasks_and_async_enqueue(on):
     assert tt.async_echo.enqueue("hi").state().result == "HI"
     handle = async_to_sync(tt.async_echo.aenqueue)("ho")

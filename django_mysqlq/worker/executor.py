@@ -114,7 +114,9 @@ def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str,
     """Run the body and the ack in one transaction: both commit, or neither does."""
     # (The worker's database: an atomic task's own writes there commit with its ack.)
     with transaction.atomic(using=broker.default_alias()):
-        value = func(*args, **kwargs)
+        # (Async bodies are refused at declaration; one that slips past, a plain function
+        # returning a coroutine, fails here rather than being acked without running.)
+        value = awaiting.refuse_awaitable(func(*args, **kwargs), message.task_name)
         if not broker.ack_within(message, runner, AttemptResult(started_at, result=value)):
             raise ClaimLost
     return value

@@ -102,6 +102,20 @@ def atomic_fails_after_write(label: str) -> None:
     raise RuntimeError("after the write")
 
 
+async def _async_record(label: str) -> str:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Ledger.objects.create)(label=label, pid=os.getpid())
+    return label
+
+
+@queue_task(atomic=True, max_attempts=2, retry_backoff=0)
+def atomic_returns_coroutine(label: str):
+    # Plain to look at, async in what it returns: no declaration check can see it.
+    Ledger.objects.create(label=f"{label}:sync", pid=os.getpid())
+    return _async_record(label)
+
+
 @queue_task(timeout=0.3, max_attempts=2, retry_backoff=0)
 def hangs(label: str) -> None:
     Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
