@@ -78,14 +78,17 @@ def result_json(message: ClaimedMessage, value: Any) -> str | None:
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates: the server's JSON_VALID would refuse them
-    except (TypeError, ValueError, RecursionError) as exc:
-        logger.warning("Result of %s #%s is not storable JSON (%s); history keeps no result.",
-                       message.task_name, message.id, str(exc)[:200])
+        # Fewer brackets than the limit can't nest past it: most results skip the walk.
+        too_deep = (text.count("[") + text.count("{") > MAX_JSON_DEPTH
+                    and json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH)
+        depth = json_depth(value, DEPTH_REPORTED) if too_deep else 0
+    except Exception as exc:  # noqa: BLE001 - any failure (a dict another thread changes,
+        # a custom type's own error, MemoryError) loses the result, never the ack
+        logger.warning("Result of %s #%s is not storable JSON (%s: %s); history keeps no "
+                       "result.", message.task_name, message.id, type(exc).__name__,
+                       str(exc)[:200])
         return None
-    # Fewer brackets than the limit can't nest past it: most results skip the walk.
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and \
-            json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH:
-        depth = json_depth(value, DEPTH_REPORTED)
+    if too_deep:
         logger.warning("Result of %s #%s is nested %s levels deep, over the %d the "
                        "database's JSON check accepts; history keeps no result.",
                        message.task_name, message.id,

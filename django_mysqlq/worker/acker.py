@@ -218,8 +218,8 @@ class Acker:
 
     def _ack(self, batch: list[Finished]) -> set[int] | None:
         """Ack a batch; return the ids whose ack was written, None if the database could not
-        be reached (``settle`` gave up). Those whose gate was busy go to ``_busy`` to be
-        tried again; the rest will run again.
+        be reached (``settle`` gave up) or the ack failed unexpectedly. Those whose gate
+        was busy go to ``_busy`` to be tried again; the rest will run again.
 
         If the server refuses the batch, ack one by one so one bad row stays alone.
         """
@@ -239,8 +239,6 @@ class Acker:
                 retry_at = time.monotonic() + BUSY_RETRY_SECONDS
                 with self._cond:
                     self._busy.extend((finished, retry_at) for finished in busy)
-            if owned and self._idle() and any(m.gate_key is not None for m, _, _ in batch):
-                self._nudge()  # a gate's next message may be ready: claim it now
         except DatabaseError as exc:
             if len(batch) == 1:
                 message = batch[0][0]
@@ -251,7 +249,26 @@ class Acker:
             logger.warning("A batch of %d acks was refused (%s); acking them one by one.",
                            len(batch), one_line(str(exc)))
             return {id_ for finished in batch for id_ in self._ack([finished]) or ()}
+        except Exception:  # one batch's bug must not end the acker thread
+            # Left uncaught it killed the thread: the batch stayed "being written" for
+            # good, task threads blocked in add() and its claims were renewed forever.
+            logger.exception("Acking a batch of %d finished task(s) failed unexpectedly "
+                             "(a bug: please report it); their claims are given up, so a "
+                             "peer recovers them and they run again. The acker goes on "
+                             "with the next batch.", len(batch))
+            return None
+        if owned and any(m.gate_key is not None for m, _, _ in batch):
+            self._nudge_if_idle()
         return owned
+
+    def _nudge_if_idle(self) -> None:
+        """A gate's next message may be ready: have an idle worker claim it now."""
+        try:
+            if self._idle():
+                self._nudge()
+        except Exception:  # the acks are written; the worker claims it at its next poll
+            logger.exception("Waking the worker after an ack failed; it claims the next "
+                             "message at its next poll. The acker goes on.")
 
     def _ends(self, batch: list[Finished], acked: set[int] | None, lost: str
               ) -> list[tuple[AttemptLine, str, str]]:
