@@ -156,9 +156,10 @@ def ack_many(finished: Sequence[Finished], busy: list[Finished] | None = None) -
     refuses (4025) is dropped: the ack itself is never lost to them.
 
     Messages of a gate lock it first, stepping over gates another transaction holds (a
-    producer's long transaction must not stall the batch): with ``busy`` given, those
-    messages are appended to it, not acked, for the caller to try again later; without,
-    they are acked after the batch, waiting for their gates.
+    producer's long transaction must not stall the batch), and so do messages with
+    ``unique_for`` for their key's row (a producer enqueuing that key holds it): with
+    ``busy`` given, those messages are appended to it, not acked, for the caller to try
+    again later; without, they are acked after the batch, waiting for those rows.
     """
     if not finished:
         return set()
@@ -218,14 +219,24 @@ class _AckAttempt:
         # Keys kept taken after success (``unique_for``): their rows before the gates and
         # the DELETEs (the lock order in ``unique``), and the careful DELETE, which never
         # rolls back rows made here while producers of their keys may wait on them.
-        keyed = unique.take_rows(cursor, self.messages)
+        # Without ``wait_for_gates``, a key row another transaction holds (a producer of
+        # that key) leaves its message out, like a busy gate.
+        busy_keys: set[str | None] = set()
+        if self.wait_for_gates:
+            keyed = unique.take_rows(cursor, self.messages)
+        else:
+            keyed, busy_keys = unique.take_free_rows(cursor, self.messages)
         careful = self.careful or keyed > 0
+        key_busy = [index for index, message in enumerate(self.messages)
+                    if busy_keys and message.unique_for > 0
+                    and message.dedup_key in busy_keys]
         gated = {index: ref for index, message in enumerate(self.messages)
-                 if message.gate_key is not None
+                 if message.gate_key is not None and index not in key_busy
                  and (ref := subjects.GateRef.of(message.queue, message.gate_mode,
                                                  message.gate_key)) is not None}
         locked = self._lock_gates(cursor, set(gated.values())) if gated else {}
-        self.busy = [index for index, ref in gated.items() if ref not in locked]
+        self.busy = sorted([*key_busy, *(index for index, ref in gated.items()
+                                         if ref not in locked)])
         if self.busy:
             left_out = set(self.busy)
             now = [index for index in range(len(self.messages)) if index not in left_out]

@@ -16,9 +16,11 @@ the key it meets (an acked message's entry stays, delete-marked, until purge) an
 entry after them, and producers waiting on an insert that is rolled back inherit such
 locks on the gap it leaves; two producers holding them each wait for the other's insert,
 a deadlock. The ack locks its messages' key rows (making missing ones, already expired)
-before its gates and its DELETE, and writes the periods after the DELETE, on the rows
-it holds. It learns which claims it still owns before it deletes (a locking read), so a
-lost claim never rolls back key rows it made while producers may be waiting on them.
+before its gates and its DELETE, stepping over rows another transaction holds (their
+messages are acked a moment later, as for a busy gate), and writes the periods after the
+DELETE, on the rows it holds. It learns which claims it still owns before it deletes (a
+locking read), so a lost claim never rolls back key rows it made while producers may be
+waiting on them.
 
 One case is left to InnoDB, as for any new row: a transaction that made the key's row
 (the first enqueue of a key, or the first since retention deleted its row) and then
@@ -54,6 +56,11 @@ INSERT INTO {UNIQUE_TABLE} (id, dedup_key, message_id, task_name, queue, succeed
 VALUES {{rows}}
 ON DUPLICATE KEY UPDATE id = id
 """
+#: The ack's lock on its key rows, stepping over those another transaction holds: a
+#: producer's open transaction that enqueued the key of a message being acked.
+LOCK_FREE_ROWS_SQL = f"SELECT id FROM {UNIQUE_TABLE} WHERE id IN ({{ids}}) FOR UPDATE SKIP LOCKED"
+#: Which key rows exist (no lock): tells a row another transaction holds from a missing one.
+PRESENT_ROWS_SQL = f"SELECT id FROM {UNIQUE_TABLE} WHERE id IN ({{ids}})"
 #: The message that keeps the key taken, if its period still runs (latest committed row).
 PERIOD_HOLDER_SQL = f"""
 SELECT message_id FROM {UNIQUE_TABLE}
@@ -98,13 +105,42 @@ def take_rows(cursor: Any, messages: Sequence[NewMessage | ClaimedMessage]) -> i
     ones already expired; return how many. The first statement of an enqueue with
     ``unique_for`` and of an ack of such messages (see the lock order above)."""
     keyed = _keyed(messages)
-    if not keyed:
-        return 0
+    if keyed:
+        _upsert_rows(cursor, keyed)
+    return len(keyed)
+
+
+def _upsert_rows(cursor: Any, keyed: Sequence[tuple[str, Any]]) -> None:
     params: list[Any] = []
     for key_id, message in keyed:
         params += [key_id, message.dedup_key, message.task_name[-255:], message.queue]
     cursor.execute(TAKE_ROWS_SQL.format(rows=", ".join([_TAKE_ROW] * len(keyed))), params)
-    return len(keyed)
+
+
+def take_free_rows(cursor: Any, messages: Sequence[ClaimedMessage]
+                   ) -> tuple[int, set[str | None]]:
+    """:func:`take_rows` for an ack that must not wait: lock the key rows no other
+    transaction holds (making missing ones), and return how many were locked and the
+    dedup keys whose row another transaction holds. Their messages are left out of the
+    ack for a moment, as for a busy gate: a producer's open transaction on one key must
+    not stall the acks of every other message of the batch."""
+    keyed = _keyed(messages)
+    if not keyed:
+        return 0, set()
+    ids = [key_id for key_id, _ in keyed]
+    cursor.execute(LOCK_FREE_ROWS_SQL.format(ids=placeholders(len(ids))), ids)
+    locked = {str(row[0]) for row in cursor.fetchall()}
+    absent = [key_id for key_id in ids if key_id not in locked]
+    if absent:
+        cursor.execute(PRESENT_ROWS_SQL.format(ids=placeholders(len(absent))), absent)
+        present = {str(row[0]) for row in cursor.fetchall()}
+        gone = [(key_id, message) for key_id, message in keyed
+                if key_id in absent and key_id not in present]
+        if gone:  # deleted by retention meanwhile: made again, locked by the upsert
+            _upsert_rows(cursor, gone)
+            locked.update(key_id for key_id, _ in gone)
+    busy = {message.dedup_key for key_id, message in keyed if key_id not in locked}
+    return len(locked), busy
 
 
 def take_key(cursor: Any, message: NewMessage) -> int | None:

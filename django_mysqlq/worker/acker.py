@@ -10,8 +10,8 @@ A success of an ordered subject or a concurrency key is acked without the batchi
 while the worker has nothing else claimed to run (its ack makes the next message of its
 gate ready, which may be all there is to do), and the worker's control loop is nudged
 after it to claim that one; a worker with claimed messages waiting batches them as usual.
-One whose gate another transaction holds (a producer's long transaction) is left out of
-its batch and tried again shortly, so the rest flow.
+One whose gate, or unique key's row, another transaction holds (a producer's long
+transaction) is left out of its batch and tried again shortly, so the rest flow.
 """
 
 from __future__ import annotations
