@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ from django_mysqlq import broker
 from django_mysqlq.broker import history, packets
 from django_mysqlq.messages import AttemptResult, ClaimedMessage, Runner
 from django_mysqlq.models import Attempt, Message
+from django_mysqlq.worker.executor import execute
 from tests.burst import expected_status
 from tests.packet_support import server_packet
 from tests.testapp import tasks
@@ -242,6 +245,50 @@ def test_a_result_the_json_check_refuses_at_the_ack_is_dropped_and_the_ack_lands
     assert owned == {deep.id, fine.id}
     assert Attempt.objects.get(message_id=deep.id).result is None
     assert "JSON check" in caplog.text
+
+
+def test_an_int_past_a_doubles_range_is_dropped_from_the_result_and_the_ack_lands(caplog):
+    """MySQL 8's JSON column refuses a number a double can't hold (error 3140); MariaDB
+    keeps JSON as text and would store it. Dropped on both, before the statement."""
+    handle = tasks.returns_factorial.enqueue(200)
+    kept = tasks.returns_factorial.enqueue(170)  # 7.3e306: a double holds it
+    with caplog.at_level(logging.WARNING, "django_mysqlq"):
+        for message in claim_all():
+            assert execute(message, RUNNER, threading.Event()) == "succeeded"
+    assert not Message.objects.exists()
+    assert Attempt.objects.get(message_id=handle.id).result is None
+    assert Attempt.objects.get(message_id=kept.id).result == math.factorial(170)
+    assert f"#{handle.id} holds an integer" in caplog.text
+    assert f"#{kept.id} " not in caplog.text
+
+
+def test_a_result_the_server_refuses_as_invalid_json_is_dropped_and_the_ack_lands(
+        monkeypatch, caplog):
+    """Backstop for MySQL's 3140 (the JSON column's own parser), as for 4025: had the
+    client's check let a result through, the ack still lands, without it."""
+    from django.db import OperationalError
+
+    monkeypatch.setattr(history, "beyond_double", lambda value: False)
+    tasks.returns_quotes.enqueue_many([[1]] * 2)
+    big, fine = claim_all()
+    refused: list[str] = []
+
+    def mysql_json(execute, sql, params, many, context):
+        if "788657867364790503" in str(sql) + str(params):  # factorial(200)'s JSON
+            refused.append(sql)
+            raise OperationalError(3140, "Invalid JSON text: \"Number too big to be stored "
+                                         "in double.\" at position 0 in value for column "
+                                         "'mysqlq_attempt.result'.")
+        return execute(sql, params, many, context)
+
+    with caplog.at_level(logging.WARNING, "django_mysqlq"), \
+            connection.execute_wrapper(mysql_json):
+        owned = broker.ack_many([(big, RUNNER, ok(math.factorial(200))),
+                                 (fine, RUNNER, ok([1]))])
+    assert refused and owned == {big.id, fine.id}
+    assert Attempt.objects.get(message_id=big.id).result is None
+    assert Attempt.objects.get(message_id=fine.id).result is None  # the batch's, all dropped
+    assert "refused by the database" in caplog.text
 
 
 # --------------------------------------------------------------------------- real workers

@@ -49,9 +49,11 @@ LOCK_RETRY_LIMIT = 8
 PACKET_TOO_LARGE = 1153
 #: A CHECK constraint failed: on the history's ``result`` column, ``JSON_VALID``.
 CHECK_FAILED = 4025
+#: MySQL's JSON column refused a value as invalid JSON (a number past a double's range).
+INVALID_JSON = 3140
 #: Errors that refuse the statement itself, which waiting can't fix (unlike an outage):
 #: packet too large, a failed CHECK, data too long, an invalid string, MySQL's bad JSON.
-REFUSALS = frozenset({PACKET_TOO_LARGE, CHECK_FAILED, 1406, 1366, 3140})
+REFUSALS = frozenset({PACKET_TOO_LARGE, CHECK_FAILED, 1406, 1366, INVALID_JSON})
 #: The connection was lost: an outage, or a statement far past the packet limit.
 CONNECTION_LOST = frozenset({2006, 2013})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..conf import get_settings
@@ -71,6 +72,28 @@ def json_depth(value: Any, cap: int) -> int:
     return deepest
 
 
+#: The digits of an int at least 1e308, in JSON text: the results worth a closer look.
+_LONG_DIGITS = re.compile(r"\d{309}")
+
+
+def beyond_double(value: Any) -> bool:
+    """Whether ``value`` holds an int a double can't hold (past about 1.8e308): MySQL's
+    JSON column refuses such a number (error 3140), MariaDB's keeps it as text."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            try:
+                float(item)
+            except OverflowError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 def result_json(message: ClaimedMessage, value: Any) -> str | None:
     """The result as JSON the server accepts, or None (with a warning) if it can't be kept."""
     if value is None:
@@ -82,11 +105,18 @@ def result_json(message: ClaimedMessage, value: Any) -> str | None:
         too_deep = (text.count("[") + text.count("{") > MAX_JSON_DEPTH
                     and json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH)
         depth = json_depth(value, DEPTH_REPORTED) if too_deep else 0
+        # (A float past a double's range can't be in it: json.dumps refused it above.)
+        too_big = _LONG_DIGITS.search(text) is not None and beyond_double(value)
     except Exception as exc:  # noqa: BLE001 - any failure (a dict another thread changes,
         # a custom type's own error, MemoryError) loses the result, never the ack
         logger.warning("Result of %s #%s is not storable JSON (%s: %s); history keeps no "
                        "result.", message.task_name, message.id, type(exc).__name__,
                        str(exc)[:200])
+        return None
+    if too_big:
+        logger.warning("Result of %s #%s holds an integer too large for a double, which "
+                       "the database's JSON column refuses; history keeps no result. "
+                       "Return it as a string to keep it.", message.task_name, message.id)
         return None
     if too_deep:
         logger.warning("Result of %s #%s is nested %s levels deep, over the %d the "

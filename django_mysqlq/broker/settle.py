@@ -26,6 +26,7 @@ from .base import (
     CHECK_FAILED,
     CLEAR_CLAIM,
     CONNECTION_LOST,
+    INVALID_JSON,
     MESSAGE_TABLE,
     PACKET_TOO_LARGE,
     RUNNABLE_STATUS,
@@ -153,7 +154,7 @@ def ack_many(finished: Sequence[Finished], busy: list[Finished] | None = None) -
     server's ``max_allowed_packet``; a row too big for it alone loses its result, then its
     payload copy. A statement the server still refuses as too large (1153, or a dropped
     connection after a big one) is split further and retried, and a result its JSON check
-    refuses (4025) is dropped: the ack itself is never lost to them.
+    refuses (4025, or MySQL's 3140) is dropped: the ack itself is never lost to them.
 
     Messages of a gate lock it first, stepping over gates another transaction holds (a
     producer's long transaction must not stall the batch), and so do messages with
@@ -278,11 +279,12 @@ class _AckAttempt:
     def recoverable(self, exc: DatabaseError) -> bool:
         """Whether a change to the rows can get past ``exc``; if so, make it."""
         code = error_code(exc)
-        if code == CHECK_FAILED and not self.results_dropped:
+        if code in (CHECK_FAILED, INVALID_JSON) and not self.results_dropped:
             self.results_dropped = True
             had_results = any(params[RESULT_PARAM] is not None for params in self.rows)
+            why = "its JSON check failed" if code == CHECK_FAILED else "not valid JSON to it"
             for message, params in zip(self.messages, self.rows, strict=True):
-                drop_result(message, params, "its JSON check failed")
+                drop_result(message, params, why)
             return had_results
         too_large = code == PACKET_TOO_LARGE or (
             code in CONNECTION_LOST and self.in_flight > SIZE_SUSPECT_BYTES)

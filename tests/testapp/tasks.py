@@ -382,6 +382,14 @@ def enqueues_child(label: str) -> None:
     record.enqueue(f"{label}:child")
 
 
+@queue_task()
+def returns_factorial(n: int) -> int:
+    """An int past a double's range for n >= 171: MySQL's JSON column refuses it (3140)."""
+    import math
+
+    return math.factorial(n)
+
+
 @queue_task(max_attempts=2, retry_backoff=0)
 def returns_quotes(count: int, label: str = "") -> str:
     """A result whose JSON and SQL escaping each double it: ``count`` quotes, 4x in SQL."""
