@@ -102,3 +102,48 @@ def test_a_result_that_fails_to_encode_in_any_way_is_dropped_not_raised(caplog):
     with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
         assert result_json(message, _ChangingDict(a=1)) is None
     assert "not storable" in caplog.text
+
+
+def test_an_ack_whose_commit_reply_was_lost_is_retried_without_a_second_history_row(
+        monkeypatch, caplog):
+    """The COMMIT lands on the server but its reply is lost (2013): the acker retries the
+    batch, finds its rows gone, and must neither write their history again nor report
+    work done as "recovered by a peer; it runs again"."""
+    from django.db import OperationalError
+
+    from django_mysqlq.broker import settle as settle_module
+    from django_mysqlq.worker.attempt_log import AttemptLine
+
+    ids = [tasks.record.enqueue(f"c{i}").id for i in range(2)]
+    claimed = broker.claim(["default"], 2, WORKER, lease_seconds=60)
+    real = settle_module.in_transaction
+    lost: list[int] = []
+
+    def reply_lost_once(alias: str, body: Any) -> Any:
+        value = real(alias, body)  # committed
+        if not lost:
+            lost.append(1)
+            raise OperationalError(2013, "Lost connection to server during query")
+        return value
+
+    monkeypatch.setattr(settle_module, "in_transaction", reply_lost_once)
+    counts: collections.Counter[str] = collections.Counter()
+    acker = Acker(2, delay=60.0, give_up=threading.Event(),
+                  report=lambda **c: counts.update(c))
+    acker.start()
+    with caplog.at_level(logging.INFO):
+        try:
+            for message in claimed:
+                acker.add(message, RUNNER, ok(), AttemptLine(message))
+            wait_for(lambda: sum(counts.values()) == 2, timeout=60,
+                     message="the batch to be settled")
+        finally:
+            acker.stop()
+    assert lost == [1]
+    assert not Message.objects.filter(pk__in=ids).exists()
+    assert sorted(Attempt.objects.filter(message_id__in=ids)
+                  .values_list("message_id", "outcome")) == [
+        (ids[0], "succeeded"), (ids[1], "succeeded")]
+    assert (counts["succeeded"], counts["unacked"]) == (2, 0)
+    assert "recovered by a peer" not in caplog.text
+    assert acker.unacked_tokens() == []

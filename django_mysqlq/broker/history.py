@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ..conf import get_settings
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
-from .base import ATTEMPT_TABLE, MESSAGE_TABLE, logger, naive_utc
+from .base import ATTEMPT_TABLE, MESSAGE_TABLE, logger, naive_utc, placeholders
 from .packets import MEASURE_FROM, SCALAR_BYTES, escaped_size
 
 # Copies a message row into history; the caller adds the worker's columns.
@@ -39,6 +40,15 @@ INSERT_ATTEMPT_SQL = ATTEMPT_INSERT_HEAD + ATTEMPT_ROW
 #: Where attempt_params() puts the two values a history row can do without.
 RESULT_PARAM = 16
 PAYLOAD_PARAM = 17
+#: ... and what tells one attempt's row from another's of the same message.
+ATTEMPT_PARAM, STARTED_PARAM, WORKER_PARAM = 3, 7, 8
+
+#: Succeeded rows of these messages, and whether each message's row is gone (a plain read).
+SUCCEEDED_BEFORE_SQL = f"""
+SELECT a.message_id, a.attempt, a.started_at, a.worker_id, m.id IS NULL
+  FROM {ATTEMPT_TABLE} AS a LEFT JOIN {MESSAGE_TABLE} AS m ON m.id = a.message_id
+ WHERE a.message_id IN ({{ids}}) AND a.outcome = 'succeeded'
+"""
 
 #: attempt_params() gives ROW_VALUES values; these are text, the others numbers or times.
 ROW_VALUES = 18
@@ -143,6 +153,29 @@ def attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,
         result_json(message, result.result) if outcome == Outcome.SUCCEEDED else None,
         message.payload if keep_payload else "",
     ]
+
+
+def succeeded_before(cursor: Any, rows: Sequence[list[Any]]) -> tuple[set[int], set[int]]:
+    """Of these success rows (for messages whose claim an ack found gone), the message ids
+    whose row is in history already, and of those the ones whose message is gone too.
+
+    An ack retried after a COMMIT whose reply was lost (the connection dropped) finds its
+    own work done: the first set must not be written again, the second was acked by it
+    (not recovered by a peer: it won't run again)."""
+    if not rows:
+        return set(), set()
+    wanted = {(params[0], params[ATTEMPT_PARAM], params[STARTED_PARAM], params[WORKER_PARAM])
+              for params in rows}
+    ids = sorted({params[0] for params in rows})
+    cursor.execute(SUCCEEDED_BEFORE_SQL.format(ids=placeholders(len(ids))), ids)
+    written: set[int] = set()
+    acked: set[int] = set()
+    for message_id, attempt, started_at, worker_id, message_gone in cursor.fetchall():
+        if (int(message_id), int(attempt), started_at, worker_id) in wanted:
+            written.add(int(message_id))
+            if message_gone:
+                acked.add(int(message_id))
+    return written, acked
 
 
 def row_size(params: list[Any]) -> int:

@@ -50,6 +50,7 @@ from .history import (
     attempt_params,
     drop_result,
     fit_row,
+    succeeded_before,
 )
 from .literals import execute_escaped
 from .packets import row_room, split_by_size, statement_room
@@ -247,6 +248,12 @@ class _AckAttempt:
         owned = _delete_acked(cursor, acking, careful)
         if keyed:
             unique.remember(cursor, [message for message in acking if message.id in owned])
+        written: set[int] = set()
+        done: set[int] = set()
+        if careful and len(owned) < len(acking):  # a retry after a lost COMMIT reply?
+            written, done = succeeded_before(cursor, [
+                self.rows[index] for index in now if self.messages[index].id not in owned])
+            now = [index for index in now if self.messages[index].id not in written]
         room = row_room(self.alias) // self.divisor
         sizes = [fit_row(message, params, room)
                  for message, params in zip(self.messages, self.rows, strict=True)]
@@ -261,7 +268,8 @@ class _AckAttempt:
         self.promoted = subjects.release(
             cursor, dict(freed), locked,
             snapshot_may_lag=connection_for(self.alias).in_atomic_block) if freed else []
-        return owned
+        # (Messages ``done`` by an earlier try of this ack freed their gates then.)
+        return owned | done
 
     def _lock_gates(self, cursor: Any, refs: set[subjects.GateRef]
                     ) -> dict[subjects.GateRef, subjects.GateRow]:
