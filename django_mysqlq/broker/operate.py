@@ -35,7 +35,7 @@ from .base import (
 )
 from .enqueue import enqueue
 from .park import wake
-from .recover import LOCK_LOST_SQL, NOT_STARTED, RECOVER_SQL, live_connections, loss_reason
+from .recover import LOCKED_FATE_SQL, NOT_STARTED, RECOVER_SQL, live_connections, loss_reason
 from .session import connection_session
 
 #: Ids per operator transaction: bounds lock time and statement size.
@@ -322,7 +322,7 @@ def release_stuck(ids: Sequence[int], operator: Operator) -> dict[int, str]:
                                   server_start)
             if reason is None:
                 return None
-            cursor.execute(LOCK_LOST_SQL, [message_id, token])
+            cursor.execute(LOCKED_FATE_SQL, [message_id, token])
             started, last_attempt = (bool(value) for value in cursor.fetchone())
             out_of_attempts = started and last_attempt
             outcome = Outcome.FAILED if out_of_attempts else Outcome.RELEASED

@@ -97,6 +97,13 @@ SELECT started_at IS NOT NULL, attempts >= max_attempts
    AND owner_connection <=> %s AND lease_expires_at <=> %s
    FOR UPDATE
 """
+#: The same for a claim already locked and judged under that lock (an operator's release).
+LOCKED_FATE_SQL = f"""
+SELECT started_at IS NOT NULL, attempts >= max_attempts
+  FROM {MESSAGE_TABLE}
+ WHERE id = %s AND claim_token = %s
+   FOR UPDATE
+"""
 #: Note added to the trace of a lost message that had not started.
 NOT_STARTED = "it had not started, so the attempt is not counted"
 LIVE_CONNECTIONS_SQL = "SELECT ID FROM information_schema.PROCESSLIST"
