@@ -401,3 +401,15 @@ def test_max_memory_past_on_one_database_recycles_the_whole_process(start_worker
                           "--batch", "1", env=env_b)
     assert worker.wait(timeout=60) == 0, worker.output()
     assert "over --max-memory 1" in worker.output()
+
+
+def test_a_publish_from_a_thread_serving_the_second_database_goes_to_the_topics_database(
+        ) -> None:
+    """A task of a queue on B runs on a thread bound to B: its publish went into B's
+    topic tables, which no pump or broadcast reader reads (topics live on the default)."""
+    from django_mysqlq import Topic
+
+    with routing.on_alias(B):
+        Topic("mdb_orders").publish({"from": "a task on b"})
+    assert count("default", "mysqlq_topic_message", "topic = 'mdb_orders'") == 1
+    assert count(B, "mysqlq_topic_message", "topic = 'mdb_orders'") == 0

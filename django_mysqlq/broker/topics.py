@@ -145,7 +145,10 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
     groups this process knows subscribe to the topic) and send ``topic_published``."""
     if not rows:
         return 0
-    alias = default_alias()
+    # Topics live on MYSQLQ["DATABASE"] only (their pumps and broadcast readers read
+    # there), whatever this thread is bound to: a task running for a queue of another
+    # database published into that database's tables, where nothing delivers them.
+    alias = get_settings().DATABASE
     sizes = [escaped_size(payload) + 4 * len(key or "") + PUBLISH_ROW_BYTES
              for key, payload in rows]
     _check_packet(topic, [escaped_size(payload) for _, payload in rows], alias)
