@@ -116,36 +116,50 @@ def _read_aliases(read: object, default: str) -> dict[str, str]:
 def check_binlog_format(app_configs: Sequence[AppConfig] | None = None,
                         databases: Sequence[str] | None = None,
                         **kwargs: Any) -> list[CheckMessage]:
-    """``UPDATE … LIMIT`` is unsafe for statement-based replication."""
+    """``UPDATE … LIMIT`` is unsafe for statement-based replication (on every database
+    that holds queues)."""
+    found: list[CheckMessage] = []
+    for alias in _queue_databases():
+        if not databases or alias not in databases or alias not in settings.DATABASES:
+            continue
+        if queue_vendor(alias) != "mysql":
+            continue  # a statement error could abort a PostgreSQL transaction
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT @@GLOBAL.binlog_format")
+                row = cursor.fetchone()
+        except DatabaseError:
+            continue
+        if row and str(row[0]).upper() == "STATEMENT":
+            found.append(Warning(
+                f"binlog_format is STATEMENT on the server of queue database {alias!r}: the "
+                "queue's UPDATE … LIMIT claims replicate unsafely.",
+                hint="Set binlog_format to ROW or MIXED on the server.",
+                id="django_mysqlq.W001"))
+    return found
+
+
+def _queue_databases() -> list[str]:
+    """The aliases that hold queues (``MYSQLQ['DATABASE']`` first); none when the
+    settings are wrong (their own checks say so)."""
+    from . import routing
+
     try:
-        alias = load_settings().DATABASE
-    except SettingsError:
+        load_settings()
+        return list(routing.queue_aliases())
+    except (SettingsError, ImproperlyConfigured):
         return []
-    if not databases or alias not in databases or alias not in settings.DATABASES:
-        return []
-    if queue_vendor(alias) != "mysql":
-        return []  # a statement error could abort a PostgreSQL transaction
-    try:
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT @@GLOBAL.binlog_format")
-            row = cursor.fetchone()
-    except DatabaseError:
-        return []
-    if row and str(row[0]).upper() == "STATEMENT":
-        return [Warning(
-            "binlog_format is STATEMENT: the queue's UPDATE … LIMIT claims replicate unsafely.",
-            hint="Set binlog_format to ROW or MIXED on the server.", id="django_mysqlq.W001")]
-    return []
 
 
 @register()
 def check_isolation_level(app_configs: Sequence[AppConfig] | None = None,
                           **kwargs: Any) -> list[CheckMessage]:
-    """The queue database should run at READ COMMITTED, Django's MySQL default."""
-    try:
-        alias = load_settings().DATABASE
-    except SettingsError:
-        return []
+    """Every queue database should run at READ COMMITTED, Django's MySQL default."""
+    return [warning for alias in _queue_databases()
+            for warning in _isolation_warning(alias)]
+
+
+def _isolation_warning(alias: str) -> list[CheckMessage]:
     database: dict[str, Any] = settings.DATABASES.get(alias, {})
     if not database or queue_vendor(alias) != "mysql":
         return []  # another vendor's isolation_level means something else

@@ -196,3 +196,15 @@ def test_a_worker_claims_at_read_committed_and_its_tasks_keep_the_site_s_level(
     assert label == "task:REPEATABLE-READ"
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_second_queue_database_not_at_read_committed_is_W002_too(settings):
+    """The check looked at MYSQLQ['DATABASE'] only: a queue placed on another alias at
+    REPEATABLE READ went unwarned."""
+    queue_db = {**settings.DATABASES["default"],
+                "OPTIONS": {"isolation_level": "repeatable read"}}
+    settings.DATABASES = {**settings.DATABASES, "queue_b": queue_db}
+    settings.MYSQLQ = {"QUEUES": {"elsewhere": {"DATABASE": "queue_b"}}}
+    [warning] = check_isolation_level()
+    assert warning.id == "django_mysqlq.W002" and "'queue_b'" in warning.msg
