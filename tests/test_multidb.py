@@ -413,3 +413,22 @@ def test_a_publish_from_a_thread_serving_the_second_database_goes_to_the_topics_
         Topic("mdb_orders").publish({"from": "a task on b"})
     assert count("default", "mysqlq_topic_message", "topic = 'mdb_orders'") == 1
     assert count(B, "mysqlq_topic_message", "topic = 'mdb_orders'") == 0
+
+
+def test_a_router_that_moves_a_group_queue_elsewhere_stops_the_worker_saying_so() -> None:
+    """E012 sees MYSQLQ['QUEUES'] only: a router sending group:<name> to another database
+    made a worker pump that database's empty topic tables while publishers wrote to the
+    default one; the group got nothing, silently."""
+    from django_mysqlq.exceptions import WorkerCannotRun
+    from django_mysqlq.worker import databases
+    from django_mysqlq.worker.options import WorkerOptions
+
+    class Router:
+        def db_for_queue(self, queue: str) -> str | None:
+            return B
+
+    with override_settings(DATABASE_ROUTERS=[Router()]):
+        with pytest.raises(WorkerCannotRun, match=r"group:billing are placed on") as caught:
+            databases.split(WorkerOptions.build(["default", "group:billing"]))
+        assert caught.value.exit_status == 78
+        assert [o.database for o in databases.split(WorkerOptions.build(["default"]))] == [B]

@@ -18,8 +18,10 @@ import threading
 from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
 from ..routing import group_by_alias
+from ..topicnames import GROUP_QUEUE_PREFIX
 from . import draining
 from .budget import TaskBudget
+from .fatal import EXIT_CANNOT_RUN
 from .loop import Worker
 from .options import WorkerOptions
 from .stopping import RECYCLE_REASON, StopRequest
@@ -38,6 +40,16 @@ def split(options: WorkerOptions) -> list[WorkerOptions]:
     each worker would run every broadcast message once per database."""
     grouped = group_by_alias(options.queues)
     main = get_settings().DATABASE
+    for alias, queues in grouped.items():
+        strays = [queue for queue in queues if queue.startswith(GROUP_QUEUE_PREFIX)]
+        if alias != main and strays:
+            # (E012 catches MYSQLQ['QUEUES']; a router's answer is known only here.)
+            raise WorkerCannotRun(
+                f"The consumer group queue(s) {', '.join(strays)} are placed on {alias!r} "
+                f"(by a router's db_for_queue): topics and their groups' queues live on "
+                f"MYSQLQ['DATABASE'] ({main!r}) only, and there nothing would pump them. "
+                f"Make db_for_queue return None for queues starting with "
+                f"{GROUP_QUEUE_PREFIX!r} (see docs/scaling.md).", EXIT_CANNOT_RUN)
     reader = main if main in grouped else next(iter(grouped), None)
     return [dataclasses.replace(options, queues=tuple(queues), database=alias,
                                 broadcast=options.broadcast and alias == reader)
