@@ -181,3 +181,30 @@ def test_a_repeatable_read_snapshot_older_than_a_new_holder_gets_the_new_one(end
             "pk", flat=True)) == [new[0]]
     finally:
         connection.close()  # (a new connection starts at the site's level again)
+
+
+def test_a_deadlock_of_producers_of_one_key_is_retried_in_autocommit_only(monkeypatch) -> None:
+    """Behind a proxy no named lock serializes the producers of a key, and InnoDB may pick
+    one of two racing inserts as a deadlock victim. In autocommit that transaction was
+    the broker's own, yet the 1213 reached the caller; inside the caller's transaction it
+    must (everything there was rolled back)."""
+    import importlib
+
+    broker_enqueue = importlib.import_module("django_mysqlq.broker.enqueue")
+    real = broker_enqueue._insert_keyed
+    calls: list[int] = []
+
+    def victim_once(alias: str, message: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError(1213, "Deadlock found when trying to get lock; try "
+                                         "restarting transaction")
+        return real(alias, message)
+
+    monkeypatch.setattr(broker_enqueue, "_insert_keyed", victim_once)
+    handle = tasks.record.using(dedup_key="deadlocked").enqueue("x")
+    assert Message.objects.filter(id=handle.id, dedup_key="deadlocked").exists()
+    calls.clear()
+    with pytest.raises(OperationalError), transaction.atomic():
+        tasks.record.using(dedup_key="deadlocked-in-atomic").enqueue("y")
+    assert not Message.objects.filter(dedup_key="deadlocked-in-atomic").exists()

@@ -11,15 +11,17 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, transaction
 
 from ..messages import NewMessage
 from ..models import MessageStatus
 from ..routing import alias_for_queue
 from ..signals import message_enqueued
 from .base import (
+    DEADLOCK,
     MESSAGE_TABLE,
     connection_for,
+    error_code,
     in_transaction,
     logger,
     micros,
@@ -324,6 +326,9 @@ def _insert_or_find(alias: str, message: NewMessage, serialized: bool = False
     of the key insert one at a time (``dedup_lock``) unless already ``serialized`` (the
     key's row of ``unique_for`` is held)."""
     assert message.dedup_key is not None
+    # Our own transaction (autocommit before): a deadlock between producers of the key
+    # (behind a proxy, where no named lock serializes them) rolled back only it: again.
+    own = not connection_for(alias).in_atomic_block
     for attempt in range(3):
         try:
             # (A duplicate undoes its gate's count: the savepoint.)
@@ -331,6 +336,10 @@ def _insert_or_find(alias: str, message: NewMessage, serialized: bool = False
                 if not serialized:
                     stack.enter_context(one_inserter(alias, message.dedup_key))
                 return _insert_keyed(alias, message), True
+        except OperationalError as exc:
+            if not own or error_code(exc) != DEADLOCK or attempt == 2:
+                raise
+            continue
         except IntegrityError:
             holder = _dedup_holder(alias, message.dedup_key)
             if holder is not None:
