@@ -651,3 +651,23 @@ def test_a_task_bound_to_another_name_than_its_function_is_refused_at_enqueue():
                                           r"that path"):
         djtasks.renamed.enqueue("renamed")
     assert not Message.objects.exists()
+
+
+def test_enqueue_has_an_enqueued_at_even_when_a_worker_acked_the_message_first(monkeypatch):
+    """In autocommit the enqueue commits and wakes the workers before the backend reads
+    the row back: a fast task could be run and acked (its row deleted) first, and the
+    TaskResult came back with enqueued_at None."""
+    from django_mysqlq import testing
+
+    real = broker.enqueue
+
+    def enqueue_then_run(messages, *args, **kwargs):
+        ids = real(messages, *args, **kwargs)
+        testing.drain()  # a worker woken by the commit, faster than the read-back
+        return ids
+
+    monkeypatch.setattr(broker, "enqueue", enqueue_then_run)
+    result = djtasks.add.enqueue(2, 3)
+    assert not Message.objects.filter(pk=int(result.id)).exists()
+    assert result.enqueued_at is not None
+    assert result.enqueued_at == Attempt.objects.get(message_id=int(result.id)).enqueued_at

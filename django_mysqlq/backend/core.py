@@ -9,6 +9,7 @@ history back as a ``TaskResult``.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
@@ -22,7 +23,7 @@ from .. import broker, calls
 from ..conf import get_settings
 from ..exceptions import ArgumentEncodingError
 from ..messages import NewMessage
-from ..models import Message
+from ..models import Attempt, Message
 from ..routing import alias_for_queue
 from . import checks, immediate, reach, results, wire
 from .compat import (
@@ -152,8 +153,7 @@ class MySQLQueueBackend(RunsOnThisQueue, BaseTaskBackend):
             return cast("TaskResult[P, R]", immediate.enqueue(
                 self.alias, type(self), task, call_args, call_kwargs, message))
         [message_id] = broker.enqueue([message])
-        enqueued_at = (Message.objects.using(conf.DATABASE).filter(pk=message_id)
-                       .values_list("enqueued_at", flat=True).first())
+        enqueued_at = _enqueued_at(conf.DATABASE, message_id)
         result = TaskResult(
             task=task, id=str(message_id), status=TaskResultStatus.READY,
             enqueued_at=enqueued_at, started_at=None, finished_at=None,
@@ -220,3 +220,15 @@ def _normalized(task_path: str, args: Sequence[Any],
             f"{exc} (the arguments of task {task_path!r}).") from exc
     assert isinstance(normal_args, list) and isinstance(normal_kwargs, dict)
     return normal_args, normal_kwargs
+
+
+def _enqueued_at(alias: str, message_id: int) -> dt.datetime:
+    """When the message was enqueued: from its row, or (a worker woken by the commit ran
+    and acked it before this read) from its history; never None, which Django's
+    ``TaskResult.enqueued_at`` is not."""
+    found = (Message.objects.using(alias).filter(pk=message_id)
+             .values_list("enqueued_at", flat=True).first())
+    if found is None:
+        found = (Attempt.objects.using(alias).filter(message_id=message_id)
+                 .order_by("id").values_list("enqueued_at", flat=True).first())
+    return found if found is not None else broker.database_now()
