@@ -38,6 +38,9 @@ from .reading import micros_to_timestamp, plan, read
 #: Spark jobs (write, read back, ids) stay a small part of it.
 DEFAULT_BATCH_ROWS = 200_000
 DEFAULT_DELETE_BATCH = 2_000
+#: Seconds between the driver's checks that the deleter still takes work, while it waits
+#: to hand a batch over.
+HANDOVER_POLL = 0.5
 #: Times a batch is staged again when the source changed under it.
 BATCH_TRIES = 3
 #: What ``sources`` may name.
@@ -143,13 +146,32 @@ class Deleter(threading.Thread):
 
     def submit(self, record: dict[str, Any], ids: list[int], try_drop: bool = True) -> None:
         self._check()
-        self.work.put((record, ids, try_drop))
+        if not self._hand_over((record, ids, try_drop)):
+            self._check()
+            raise PipelineError("The archive's deleter thread stopped; the batches are "
+                                "committed: run archive again to finish them.")
 
     def finish(self) -> dict[str, int]:
-        self.work.put(None)
-        self.join()
+        self.stop()
         self._check()
         return self.deleted
+
+    def stop(self) -> None:
+        """End the thread: after its queued work, or at once if it already stopped."""
+        self._hand_over(None)
+        self.join()
+
+    def _hand_over(self, item: tuple[dict[str, Any], list[int], bool] | None) -> bool:
+        """Queue ``item`` unless the thread stopped (a failed delete ends it with the next
+        batch still queued: a plain ``put`` would wait forever, holding the archive's
+        lock). The batch it would not take stays committed, for the next run."""
+        while self.is_alive():
+            try:
+                self.work.put(item, timeout=HANDOVER_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def _check(self) -> None:
         if self.error is not None:
@@ -386,8 +408,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
                               if outcome != "dropped"}
     finally:
         if deleter.is_alive():
-            deleter.work.put(None)
-            deleter.join()
+            deleter.stop()
         statements.release_archive_lock(db.alias)
     result.seconds = time.monotonic() - started
     result.timings["delete (beside the next batch)"] = deleter.seconds
