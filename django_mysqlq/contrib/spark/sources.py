@@ -50,8 +50,11 @@ def archived_history(spark: SparkSession, root: str, since: dt.datetime,
     if not fs.exists(hadoop_path):
         return None
     frame = spark.read.schema(HISTORY_SCHEMA).option("basePath", path).parquet(path)
-    frame = frame.where((F.col("day") >= F.lit(since.date() - dt.timedelta(days=1)))
-                        & (F.col("day") <= F.lit(until.date())))
+    # ``day`` is the UTC date of ``finished_at``: a bound in another zone (``--until
+    # 23:00-05:00``) has another date there, and would drop the UTC day it reaches into.
+    first, last = since.astimezone(dt.UTC).date(), until.astimezone(dt.UTC).date()
+    frame = frame.where((F.col("day") >= F.lit(first - dt.timedelta(days=1)))
+                        & (F.col("day") <= F.lit(last)))
     for micros, name in TIME_COLUMNS.items():
         frame = frame.withColumn(micros, F.unix_micros(F.col(name)))
     frame = frame.where((F.col("finished_us") >= _micros(since))
