@@ -44,3 +44,20 @@ def test_a_window_bound_in_another_time_zone_reads_the_archived_days_it_covers(
     assert frame is not None
     assert sorted(row["id"] for row in frame.collect()) == ids
 
+
+def test_report_and_replay_refuse_an_archive_of_another_database(spark, tmp_path: Path):
+    """Ids of two databases overlap: history archived from another database would be
+    counted as this one's, and replay would copy its messages here."""
+    from django_mysqlq.contrib.spark import PipelineError, replay, report
+
+    seed_history(8, start=NOW - dt.timedelta(hours=2), span=dt.timedelta(hours=1))
+    owner = tmp_path / "_mysqlq" / "database"
+    owner.parent.mkdir(parents=True)
+    owner.write_text("db.elsewhere.example:3306/shop_eu\n")
+    with pytest.raises(PipelineError, match=r"holds the database db\.elsewhere"):
+        report(spark, str(tmp_path / "out"), since=NOW - dt.timedelta(hours=3), until=NOW,
+               archive=str(tmp_path))
+    with pytest.raises(PipelineError, match=r"holds the database db\.elsewhere"):
+        replay(spark, since=NOW - dt.timedelta(hours=3), archive=str(tmp_path),
+               dry_run=True)
+    assert not (tmp_path / "out").exists()

@@ -165,3 +165,21 @@ def test_report_reads_the_replica_of_read_database(spark, settings, tmp_path: Pa
     result = report(spark, str(tmp_path / "r"), since=NOW - dt.timedelta(hours=4), until=NOW)
     assert result.summary["totals"]["attempts"] == 5
     assert [row["task_name"] for row in result.summary["by_task"]] == ["shop.render"]
+
+
+def test_report_on_a_replica_reads_the_archive_of_its_queue_database(spark, settings,
+                                                                      tmp_path: Path):
+    """An archive root names the queue database its archive ran on; a report reading
+    that database's replica (``READ_DATABASE``) reads the root too, another's is refused."""
+    from django_mysqlq.contrib.spark import PipelineError, archive, report
+
+    seed_history(6, start=NOW - dt.timedelta(days=3), span=dt.timedelta(hours=1))
+    archive(spark, str(tmp_path / "a"), dt.timedelta(days=1))
+    archive(spark, str(tmp_path / "b"), dt.timedelta(days=1), database_alias=B)
+    settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {"default": B}}
+    result = report(spark, str(tmp_path / "r"), since=NOW - dt.timedelta(days=4), until=NOW,
+                    archive=str(tmp_path / "a"))
+    assert result.summary["totals"]["attempts"] == 6
+    with pytest.raises(PipelineError, match="holds the database"):
+        report(spark, str(tmp_path / "x"), since=NOW - dt.timedelta(days=4), until=NOW,
+               archive=str(tmp_path / "b"))

@@ -32,7 +32,7 @@ from ...routing import queue_aliases, read_alias
 from .database import database, queues_alias
 from .errors import PipelineError
 from .output import write_outputs
-from .sources import history, live_history
+from .sources import check_owner, history, live_history
 
 ACCURACY = 10_000
 RELATIVE_ERROR = 1 / ACCURACY
@@ -208,6 +208,9 @@ def report(spark: SparkSession, output: str, *, since: dt.datetime | None = None
     # Only reads: from the queue database's replica when MYSQLQ['READ_DATABASE'] names one.
     alias = queues_alias(queues, database_alias) or queue_aliases()[0]
     db = database(read_alias(alias))
+    if archive:
+        # The root names the queue database its archive runs on, never its replica.
+        check_owner(spark, archive, database(alias))
     since, until = _window(since, until, db.alias)
     if all_databases:
         frame, aliases = _all_live(spark, since, until, partition_rows, max_connections)

@@ -373,9 +373,7 @@ def archive(spark: SparkSession, to: str, older_than: dt.timedelta, *,
     deleter = Deleter(control, db.alias, delete_batch, progress)
     try:
         timer = Timer(result.timings)
-        args = db.connect_args
-        control.claim_database(f"{args.get('unix_socket') or args.get('host')}:"
-                               f"{args.get('port', '')}/{args['database']}")
+        control.claim_database(db.identity)
         result.recovered = batches.recover(control, db.alias, delete_batch)
         timer.step("recover")
         if progress is not None and (result.recovered.finished or result.recovered.dropped):

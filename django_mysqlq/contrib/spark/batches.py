@@ -40,7 +40,7 @@ from ...broker import archive as statements
 from ...broker import partitions, topic_retention
 from .errors import PipelineError
 from .hooks import checkpoint
-from .layout import CONTROL, HISTORY, PARTITIONS, SCHEMAS, TOPICS, join
+from .layout import CONTROL, HISTORY, OWNER, PARTITIONS, SCHEMAS, TOPICS, join
 from .store import Store
 
 STAGING = "staging"
@@ -103,7 +103,7 @@ class Control:
     def claim_database(self, identity: str) -> None:
         """Tie this archive root to one database (ids of two databases overlap: a run on
         one must never finish, and delete, a batch of the other's); refuse another."""
-        path = join(self.root, CONTROL, "database")
+        path = join(self.root, CONTROL, OWNER)
         if self.store.exists(path):
             owner = self.store.read_text(path).strip()
             if owner != identity:

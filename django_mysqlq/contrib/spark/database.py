@@ -37,6 +37,13 @@ class Database:
     #: ``MySQLdb.connect()`` arguments for executors (a plain dict: it is pickled).
     connect_args: dict[str, Any] = dataclasses.field(repr=False)
 
+    @property
+    def identity(self) -> str:
+        """``host:port/name``: the database an archive root belongs to."""
+        args = self.connect_args
+        return (f"{args.get('unix_socket') or args.get('host')}:{args.get('port', '')}/"
+                f"{args['database']}")
+
     def jdbc_properties(self) -> dict[str, str]:
         """Properties of every JDBC read (Spark redacts the password in plans and logs)."""
         return {"user": self.user, "password": self.password, "driver": self.driver,

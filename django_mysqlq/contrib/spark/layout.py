@@ -25,6 +25,8 @@ HISTORY = "history"
 DEAD = "dead"
 TOPICS = "topics"
 CONTROL = "_mysqlq"
+#: ``<root>/_mysqlq/database``: the database a root archives (``host:port/name``).
+OWNER = "database"
 PARTITION_COLUMNS = ("day", "queue")
 #: Per kind: the partition columns (the second one is the group a batch's stats name).
 PARTITIONS = {HISTORY: PARTITION_COLUMNS, DEAD: PARTITION_COLUMNS, TOPICS: ("day", "topic")}

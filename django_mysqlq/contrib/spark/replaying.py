@@ -31,7 +31,7 @@ from .errors import PipelineError
 from .executor import connect, setup_django
 from .fanout import Waker, _spread
 from .reading import plan, read
-from .sources import history
+from .sources import check_owner, history
 
 #: Final outcomes: the rows that keep a message's arguments.
 FINAL = (Outcome.SUCCEEDED.value, Outcome.FAILED.value, Outcome.CANCELLED.value)
@@ -173,6 +173,8 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
     since = since or EPOCH
     if since >= until:
         raise PipelineError("--since must be before --until.")
+    if archive:
+        check_owner(spark, archive, db)
     frame, _, _ = history(spark, db, since, until, statements.REPLAY_COLUMNS, archive,
                           partition_rows, max_connections)
     if frame is None:

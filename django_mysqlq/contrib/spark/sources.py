@@ -15,8 +15,10 @@ from pyspark.sql import functions as F
 
 from ...broker import pipeline as statements
 from .database import Database
-from .layout import HISTORY, HISTORY_SCHEMA, join
+from .errors import PipelineError
+from .layout import CONTROL, HISTORY, HISTORY_SCHEMA, OWNER, join
 from .reading import plan, read
+from .store import Store
 
 TIME_COLUMNS = {"enqueued_us": "enqueued_at", "started_us": "started_at",
                 "finished_us": "finished_at"}
@@ -36,6 +38,22 @@ def live_history(spark: SparkSession, db: Database, since: dt.datetime, until: d
     table = statements.HISTORY_SELECT.format(columns=columns,
                                              where=statements.window_where(since, until))
     return read(spark, db, table, plan(*bounds, partition_rows, max_connections))
+
+
+def check_owner(spark: SparkSession, root: str, db: Database) -> None:
+    """Refuse an archive root another database's ``archive`` wrote (ids of two databases
+    overlap: its rows would be counted, or replayed, as this one's). A root no archive
+    has written to yet is anyone's."""
+    path = join(root, CONTROL, OWNER)
+    store = Store(spark, root)
+    if not store.exists(path):
+        return
+    owner = store.read_text(path).strip()
+    if owner != db.identity:
+        raise PipelineError(f"The archive at {root} holds the database {owner}, not "
+                            f"{db.identity} (--database {db.alias}): give --archive the "
+                            "root this database's archive writes to (its --to), or "
+                            "--database the alias of that archive's database.")
 
 
 def archived_history(spark: SparkSession, root: str, since: dt.datetime,
