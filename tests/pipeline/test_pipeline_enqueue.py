@@ -133,6 +133,11 @@ def test_values_that_cant_be_arguments_are_counted_with_a_sample(spark, tmp_path
     (["--task", TASK, "--args", "label", "--queue", "a,b"], "--queue must be"),
     (["--task", TASK, "--args", "label", "--priority", "500"], "--priority must be"),
     (["--task", TASK], "Give the task's arguments"),
+    # The mapping is checked against the task's signature: a typo would otherwise write
+    # a message per row that fails on the worker with TypeError.
+    (["--task", TASK, "--args", "label", "--kwargs", "vaule=label"],
+     r"can't be called with these arguments: .*'vaule'.*nothing was enqueued"),
+    (["--task", TASK, "--args", "label,label,label"], "can't be called with these"),
 ])
 def test_bad_input_fails_before_writing_anything(spark, tmp_path: Path, options, error):
     import datetime as dt

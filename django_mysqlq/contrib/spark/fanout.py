@@ -18,16 +18,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from ... import limits
+from ... import calls, limits
 from ...broker import wake
 from ...conf import get_settings
-from ...exceptions import UnknownTask
+from ...exceptions import TaskArgumentError, UnknownTask
 from ...registry import import_task_modules, registry
 from ...routing import alias_for_queue
 from .arguments import Mapping as ArgumentMapping
@@ -35,6 +35,9 @@ from .arguments import check_schema, converter, dedup_key, identity_text
 from .database import database
 from .errors import PipelineError
 from .executor import connect, setup_django
+
+if TYPE_CHECKING:
+    from ...tasks import QueueTask
 
 #: Messages an executor encodes before it hands them to the broker's insert.
 FLUSH_ROWS = 5_000
@@ -204,6 +207,19 @@ def _queue_database(queue: str, database_alias: str | None) -> str:
     return own
 
 
+def _check_signature(task: QueueTask[Any, Any], mapping: ArgumentMapping) -> None:
+    """Bind the mapping to the task's signature (a column name standing in for each
+    value): a misspelt keyword or one column too many would otherwise write a message
+    per row, each failing on its worker with TypeError."""
+    placeholders = list(mapping.args)
+    named = {key: column for key, column in mapping.kwargs}
+    try:
+        calls.check_call(task.name, task.func, placeholders, named,
+                         skip_first=task.takes_context, where="--args/--kwargs: ")
+    except TaskArgumentError as exc:
+        raise PipelineError(str(exc)) from None
+
+
 def enqueue(frame: DataFrame, task: str, *, args: Sequence[str] = (),
             kwargs: Mapping[str, str] | None = None, queue: str | None = None,
             priority: int | None = None, delay: float | dt.timedelta = 0.0,
@@ -230,6 +246,7 @@ def enqueue(frame: DataFrame, task: str, *, args: Sequence[str] = (),
             raise PipelineError(problem)
     mapping = ArgumentMapping(tuple(args), tuple((kwargs or {}).items()), dedup_column)
     check_schema(frame.schema, mapping)
+    _check_signature(registered, mapping)
     db = database(_queue_database(queue, database_alias))
     spec = _spec(task, queue, priority, seconds, mapping, frame, db.connect_args)
     parts = max_connections or get_settings().SPARK_MAX_CONNECTIONS
