@@ -138,12 +138,26 @@ def test_values_that_cant_be_arguments_are_counted_with_a_sample(spark, tmp_path
     (["--task", TASK, "--args", "label", "--kwargs", "vaule=label"],
      r"can't be called with these arguments: .*'vaule'.*nothing was enqueued"),
     (["--task", TASK, "--args", "label,label,label"], "can't be called with these"),
+    # The bulk insert writes plain rows: a task whose messages pass a gate, wait for a
+    # rate limit or keep a unique key is refused, not enqueued without them.
+    (["--task", "tests.testapp.rated_tasks.per_minute", "--args", "label,label"],
+     "rate_limit='100/m'"),
+    (["--task", "tests.testapp.gated.ordered_step", "--args", "label,label,label"],
+     "ordered_by"),
+    (["--task", "tests.testapp.gated.limited_step", "--args", "label,label,label"],
+     "concurrency_limit"),
+    (["--task", "tests.testapp.unique_tasks.unique_while_queued", "--args", "label"],
+     "unique_for"),
 ])
 def test_bad_input_fails_before_writing_anything(spark, tmp_path: Path, options, error):
     import datetime as dt
 
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    import tests.testapp.gated
+    import tests.testapp.rated_tasks
+    import tests.testapp.unique_tasks  # noqa: F401  (registers the tasks named above)
 
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"label": ["x"], "blob": [b"\x00"],

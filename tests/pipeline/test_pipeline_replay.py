@@ -163,3 +163,26 @@ def test_a_message_an_operator_replayed_by_hand_is_skipped(spark, failed, capsys
     assert f"Replayed {len(failed) - 1} message(s) ({len(failed)} matched, 1 replayed " \
         "before)" in out, out
     assert not Message.objects.filter(dedup_key=f"replay:{by_hand.message_id}").exists()
+
+
+def test_copies_of_a_rate_limited_or_gated_task_are_refused(spark, capsys):
+    """The bulk insert writes plain rows: copies of a task with a rate limit, a gate or a
+    unique period would run unthrottled, unordered or twice; the replay is refused and
+    writes nothing, and the other tasks' messages replay with --task."""
+    import tests.testapp.gated
+    import tests.testapp.rated_tasks  # noqa: F401  (registers the tasks below)
+    from django_mysqlq.contrib.spark import PipelineError, replay
+
+    rows = [_final(1, "failed", "builtins.ValueError", 50),
+            _final(2, "failed", "builtins.ValueError", 50),
+            _final(3, "failed", "builtins.ValueError", 50)]
+    rows[1].task_name = "tests.testapp.rated_tasks.per_minute"
+    rows[2].task_name = "tests.testapp.gated.ordered_step"
+    Attempt.objects.bulk_create(rows)
+    since = NOW - dt.timedelta(days=1)
+    with pytest.raises(PipelineError, match=r"rate_limit='100/m'.*ordered_by|ordered_by.*"
+                       r"rate_limit='100/m'"):
+        replay(spark, since=since)
+    assert Message.objects.count() == 0
+    assert replay(spark, since=since, tasks=["tests.testapp.tasks.record"]).enqueued == 1
+    assert [m.task_name for m in Message.objects.all()] == ["tests.testapp.tasks.record"]

@@ -207,6 +207,27 @@ def _queue_database(queue: str, database_alias: str | None) -> str:
     return own
 
 
+def bulk_problem(task: QueueTask[Any, Any]) -> str | None:
+    """What the bulk insert would drop from this task's messages, or None.
+
+    It writes plain rows (:mod:`django_mysqlq.broker.fanout`): no gate key, no rate-limit
+    key, no unique period. A task that declares one of them would get messages that run
+    out of order, over its concurrency or rate limit, or twice."""
+    declared = []
+    if task.gate.ordered:
+        declared.append("ordered_by (one message per key at a time, in order)")
+    elif task.gate.limit is not None:
+        declared.append(f"concurrency_limit={task.gate.limit}")
+    if task.rate is not None:
+        declared.append(f"rate_limit={task.rate.spec!r}")
+    if task.unique_for is not None:
+        declared.append(f"unique_for={task.unique_for}")
+    if not declared:
+        return None
+    return (f"Task {task.name!r} declares {' and '.join(declared)}, which the pipeline's "
+            "bulk insert does not apply: its messages would be written without it.")
+
+
 def _check_signature(task: QueueTask[Any, Any], mapping: ArgumentMapping) -> None:
     """Bind the mapping to the task's signature (a column name standing in for each
     value): a misspelt keyword or one column too many would otherwise write a message
@@ -246,6 +267,10 @@ def enqueue(frame: DataFrame, task: str, *, args: Sequence[str] = (),
             raise PipelineError(problem)
     mapping = ArgumentMapping(tuple(args), tuple((kwargs or {}).items()), dedup_column)
     check_schema(frame.schema, mapping)
+    if problem := bulk_problem(registered):
+        raise PipelineError(f"{problem} Enqueue them through the task instead "
+                            "(task.enqueue_many() in a job of your own applies it); "
+                            "nothing was enqueued.")
     _check_signature(registered, mapping)
     db = database(_queue_database(queue, database_alias))
     spec = _spec(task, queue, priority, seconds, mapping, frame, db.connect_args)

@@ -29,7 +29,7 @@ from ...routing import alias_for_queue
 from .database import Database, database, queues_alias
 from .errors import PipelineError
 from .executor import connect, setup_django
-from .fanout import Waker, _spread
+from .fanout import Waker, _spread, bulk_problem
 from .reading import plan, read
 from .sources import check_owner, history
 
@@ -97,6 +97,15 @@ def select(frame: DataFrame, tasks: Sequence[str], queues: Sequence[str],
                             | F.substring_index(F.col("error_class"), ".", -1)
                             .isin(*error_classes))
     return frame
+
+
+def _bulk_problem(name: str) -> str | None:
+    """What the bulk insert would drop from copies of this task (see
+    :func:`.fanout.bulk_problem`); None for a task this process doesn't know."""
+    try:
+        return bulk_problem(registry.get(name))
+    except UnknownTask:
+        return None
 
 
 def _limits(names: list[str]) -> dict[str, tuple[int, float, float | None]]:
@@ -199,6 +208,12 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
                 f"Queue(s) {', '.join(moved)} of this history (database {db.alias!r}) now "
                 "live on another database: replay them with --queue and that queue's "
                 "history, or replay the rest with --queue. Nothing was enqueued.")
+        refused = [problem for name in names if (problem := _bulk_problem(name))]
+        if refused:
+            raise PipelineError(
+                f"{' '.join(refused)} Replay the other tasks' messages (--task), and these "
+                "through their task (task.enqueue() with the arguments history keeps); "
+                "nothing was enqueued.")
         who = operator or Operator(name="spark:replay")
         spec = {"connect": db.connect_args, "limits": _limits(names),
                 "operator": dataclasses.asdict(who)}
