@@ -37,6 +37,8 @@ HISTORY_COLUMNS = (
 )
 #: What replay needs of a history row (the arguments, and what a filter asks about).
 REPLAY_COLUMNS = "id, message_id, queue, task_name, priority, outcome, error_class, payload"
+#: What replay needs of the rows after its window: whether a message has a later one.
+LATER_COLUMNS = "id, message_id, outcome"
 #: Every column of a dead message, for ``archive --include-dead``.
 DEAD_COLUMNS = (
     "id, queue, task_name, payload, status, priority, "
@@ -75,6 +77,9 @@ SELECT MIN(id), MAX(id) FROM {ATTEMPT_TABLE} FORCE INDEX (mysqlq_att_replayed)
  WHERE replayed_from IS NOT NULL
 """
 
+#: The id range of the message table (its primary key's ends: no row is read).
+MESSAGE_BOUNDS_SQL = f"SELECT MIN(id), MAX(id) FROM {MESSAGE_TABLE}"
+
 #: The derived tables Spark's partitions read; each partition adds its id slice.
 HISTORY_SELECT = (f"(SELECT {{columns}} FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) "
                   "WHERE {where}) AS history")
@@ -83,6 +88,9 @@ DEAD_SELECT = (f"(SELECT {{columns}} FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY) 
 #: One topic's messages; each partition adds its slice of ``msg_offset``.
 TOPIC_SELECT = (f"(SELECT {TOPIC_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                 f"({OFFSET_INDEX}) WHERE topic = {{topic}}) AS topic_messages")
+#: Messages still waiting or running (a dead one stays in the table, and is not live).
+LIVE_SELECT = (f"(SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (PRIMARY) "
+               "WHERE status <> 'dead') AS live")
 REPLAYED_SELECT = (f"(SELECT id, replayed_from FROM {ATTEMPT_TABLE} FORCE INDEX (PRIMARY) "
                    "WHERE replayed_from IS NOT NULL) AS replayed")
 
@@ -144,4 +152,10 @@ def dead_bounds(before: dt.datetime,
 def replayed_bounds(alias: str | None = None) -> tuple[int, int] | None:
     """``(first id, last id)`` of the history rows that link a replay to its original."""
     low, high = _row(REPLAYED_BOUNDS_SQL, [], alias)
+    return None if low is None else (int(str(low)), int(str(high)))
+
+
+def message_bounds(alias: str | None = None) -> tuple[int, int] | None:
+    """``(first id, last id)`` of the message table, or None when it is empty."""
+    low, high = _row(MESSAGE_BOUNDS_SQL, [], alias)
     return None if low is None else (int(str(low)), int(str(high)))

@@ -3,7 +3,8 @@ to its original, and never two copies of one original.
 
 Like :mod:`.fanout` these functions take a plain DB-API connection (Spark executors
 have no Django one). In one short transaction per statement's worth of rows they skip
-originals that history already shows replayed (``replayed_from``), insert the copies
+originals that history already shows replayed (``replayed_from``) or that are waiting or
+running again (requeued since they were picked), insert the copies
 with the key ``replay:<original id>`` (``INSERT IGNORE``: a copy of the same original
 pending from a concurrent or retried run is skipped), and write one ``replayed`` history
 row per copy inserted, naming its original: the admin's trace of the copy shows
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..messages import NewMessage
 from ..models import Outcome
-from .base import ATTEMPT_TABLE, placeholders
+from .base import ATTEMPT_TABLE, MESSAGE_TABLE, placeholders
 from .enqueue import INSERT_ROW_BYTES, _row
 from .fanout import INSERT_IGNORE_HEAD, check_warnings
 from .operate import Operator
@@ -30,6 +31,10 @@ KEY_PREFIX = "replay:"
 
 ALREADY_REPLAYED_SQL = f"""
 SELECT DISTINCT replayed_from FROM {ATTEMPT_TABLE} WHERE replayed_from IN ({{ids}})
+"""
+#: Originals waiting or running again (requeued since the driver picked them).
+LIVE_ORIGINALS_SQL = f"""
+SELECT id FROM {MESSAGE_TABLE} WHERE id IN ({{ids}}) AND status <> 'dead'
 """
 #: MariaDB returns the rows it inserted (not the ones IGNORE skipped).
 INSERT_COPIES_RETURNING = " RETURNING id, dedup_key"
@@ -66,9 +71,13 @@ def replay_note(original: int, source_row: int) -> str:
 
 
 def _skip_replayed(cursor: Any, copies: Sequence[ReplayCopy]) -> list[ReplayCopy]:
+    """The copies whose original was neither replayed before nor is live again (an
+    operator requeued it: a copy would run it twice)."""
     originals = sorted({copy.original for copy in copies})
-    cursor.execute(ALREADY_REPLAYED_SQL.format(ids=placeholders(len(originals))), originals)
-    done = {int(row[0]) for row in cursor.fetchall()}
+    done = set()
+    for sql in (ALREADY_REPLAYED_SQL, LIVE_ORIGINALS_SQL):
+        cursor.execute(sql.format(ids=placeholders(len(originals))), originals)
+        done |= {int(row[0]) for row in cursor.fetchall()}
     return [copy for copy in copies if copy.original not in done]
 
 

@@ -18,7 +18,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def failed() -> list[Attempt]:
-    seed_history(64, start=NOW - dt.timedelta(hours=3), span=dt.timedelta(hours=2))
+    """Seeded history as workers leave it for replay: a message's final row is its last
+    (the seed gives each message two rows, the second one after a final first one too,
+    e.g. ``failed`` then ``lost``, and replay copies only messages whose latest row is
+    final)."""
+    rows = seed_history(64, start=NOW - dt.timedelta(hours=3), span=dt.timedelta(hours=2))
+    final = {}
+    for row in rows:
+        if row.outcome in ("succeeded", "failed", "cancelled"):
+            final.setdefault(row.message_id, row.id)
+    Attempt.objects.filter(pk__in=[row.id for row in rows if row.message_id in final
+                                   and row.id > final[row.message_id]]).delete()
     return [row for row in Attempt.objects.filter(outcome="failed").order_by("id")]
 
 
@@ -186,3 +196,77 @@ def test_copies_of_a_rate_limited_or_gated_task_are_refused(spark, capsys):
     assert Message.objects.count() == 0
     assert replay(spark, since=since, tasks=["tests.testapp.tasks.record"]).enqueued == 1
     assert [m.task_name for m in Message.objects.all()] == ["tests.testapp.tasks.record"]
+
+
+def _row_at(message_id: int, outcome: str, finished: dt.datetime) -> Attempt:
+    row = _final(message_id, outcome, "builtins.ValueError" if outcome == "failed" else "", 0)
+    row.finished_at = row.enqueued_at = finished
+    row.started_at = None if outcome in ("requeued", "skipped") else finished
+    if outcome == "skipped":
+        row.payload = ""
+    return row
+
+
+def test_a_message_whose_latest_row_is_later_or_not_final_or_live_is_not_copied(spark):
+    """The window bounds when a message's *latest* row finished, over all its history:
+    a message that went dead in the window but was requeued and succeeded after it, or
+    that was requeued and waits (or runs) again, is not a failed one to copy (the copy
+    would run it twice: a double charge)."""
+    from django_mysqlq.contrib.spark import replay
+    from tests.testapp.tasks import record
+
+    base = 900_000  # history-only originals, far from the live messages' ids
+    since, until = NOW - dt.timedelta(days=3), NOW - dt.timedelta(days=1)
+    in_window, after = NOW - dt.timedelta(days=2), NOW - dt.timedelta(hours=20)
+    waiting = record.enqueue("requeued, waiting again").id   # live in mysqlq_message
+    running = record.enqueue("back in the queue, no history row yet").id
+    Attempt.objects.bulk_create([
+        _row_at(base + 1, "failed", in_window),              # dead: copied
+        _row_at(base + 2, "failed", in_window),              # dead, requeued and succeeded
+        _row_at(base + 2, "requeued", after),                # after the window
+        _row_at(base + 2, "succeeded", after + dt.timedelta(minutes=5)),
+        _row_at(base + 3, "failed", in_window),              # dead, then its subject's
+        _row_at(base + 3, "skipped", after),                 # head skipped: still dead, copied
+        _row_at(waiting, "failed", in_window),        # requeued in the window: pending
+        _row_at(waiting, "requeued", in_window + dt.timedelta(hours=1)),
+        _row_at(running, "failed", in_window),        # live, whatever history says
+    ])
+    result = replay(spark, since=since, until=until, dry_run=True)
+    assert sorted(row["message_id"] for row in result.sample) == [base + 1, base + 3]
+    assert result.matched == 2
+    # --outcome succeeded over all history: message 2's latest row.
+    picked = replay(spark, outcomes=["succeeded"], dry_run=True)
+    assert [row["message_id"] for row in picked.sample] == [base + 2]
+    # A window that holds only its failure picks nothing either.
+    assert replay(spark, outcomes=["succeeded"], since=since, until=until,
+                  dry_run=True).matched == 0
+
+
+def test_the_executors_skip_an_original_that_is_live_again(transactional_db):
+    """Checked again inside the insert's transaction: an original requeued after the
+    driver picked it is not copied."""
+    from django_mysqlq.broker import Operator, fanout
+    from django_mysqlq.broker.replay import ReplayCopy, insert_replays, replay_key
+    from django_mysqlq.contrib.spark.database import database
+    from django_mysqlq.contrib.spark.executor import connect
+    from django_mysqlq.messages import NewMessage
+    from tests.testapp.tasks import record
+
+    live = record.enqueue("requeued meanwhile").id
+
+    def copy(original: int) -> ReplayCopy:
+        return ReplayCopy(message=NewMessage(
+            task_name="tests.testapp.tasks.record", queue="default", priority=0,
+            payload=json.dumps({"args": [f"copy of {original}"], "kwargs": {}}),
+            run_at=None, delay=0.0, max_attempts=1, retry_backoff=1.0, timeout=None,
+            dedup_key=replay_key(original)), original=original, source_row=1)
+
+    conn = connect(database().connect_args)
+    try:
+        room = fanout.prepare(conn)
+        assert insert_replays(conn, [copy(live), copy(live + 1000)], room,
+                              Operator(name="test")) == 1
+    finally:
+        conn.close()
+    assert list(Message.objects.exclude(pk=live).values_list("dedup_key", flat=True)) == [
+        replay_key(live + 1000)]

@@ -1,7 +1,8 @@
 """``replay``: enqueue again the messages a filter picks from history (live and archive).
 
-Each picked message is copied once: from its latest final history row (the one that
-keeps its arguments: succeeded, failed or cancelled), with its task, queue, priority and
+Each picked message is copied once: from its latest history row, which must be final
+(the one that keeps its arguments: succeeded, failed or cancelled) and the message not
+waiting or running again, with its task, queue, priority and
 arguments, and its task's current attempts, backoff and timeout. Originals that
 history already shows replayed are skipped, here for the count and again by each
 executor inside its insert's transaction (:mod:`django_mysqlq.broker.replay`), so a
@@ -35,6 +36,9 @@ from .sources import check_owner, history
 
 #: Final outcomes: the rows that keep a message's arguments.
 FINAL = (Outcome.SUCCEEDED.value, Outcome.FAILED.value, Outcome.CANCELLED.value)
+#: Rows that note something without changing what became of the message: a dead head's
+#: subject skipped (it stays dead), a copy's link to its original.
+NOTES = (Outcome.SKIPPED.value, Outcome.REPLAYED.value)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 SAMPLE = 5
 RESULT_SCHEMA = "rows long, inserted long"
@@ -77,21 +81,45 @@ def replayed_originals(spark: SparkSession, db: Database, archive: str | None) -
     return result.distinct()
 
 
-def select(frame: DataFrame, tasks: Sequence[str], queues: Sequence[str],
-           outcomes: Sequence[str], error_classes: Sequence[str]) -> DataFrame:
-    """The latest final row of each message, where that row matches the filter (a message
-    that failed, was requeued and then succeeded is not a failed one).
+def live_messages(spark: SparkSession, db: Database, partition_rows: int | None = None,
+                  max_connections: int | None = None) -> DataFrame:
+    """Ids (``message_id``) of the messages waiting or running now: an operator requeued
+    them, so they are not finished, whatever their history's last row says."""
+    bounds = statements.message_bounds(db.alias)
+    if bounds is None:
+        return spark.createDataFrame([], "message_id long")
+    return read(spark, db, statements.LIVE_SELECT,
+                plan(*bounds, partition_rows, max_connections)).select(
+        F.col("id").alias("message_id"))
+
+
+def select(frame: DataFrame, later: DataFrame | None, live: DataFrame,
+           tasks: Sequence[str], queues: Sequence[str], outcomes: Sequence[str],
+           error_classes: Sequence[str]) -> DataFrame:
+    """The messages whose latest history row finished in the window (``frame``), is final
+    and matches the filter.
+
+    Latest over all their history: a message with a row after the window (``later``:
+    requeued and succeeded since), or whose latest row is not final (requeued, waiting),
+    or that is ``live`` again, is not picked; neither is a message that failed, was
+    requeued and then succeeded inside the window. Notes (a skipped dead head, a
+    copy's link) leave a message as it was and are never its latest row.
 
     An error class matches as stored (``builtins.TimeoutError``, ``shop.errors.Declined``)
     or by its last dotted part (``TimeoutError``, ``Declined``)."""
-    frame = frame.where(F.col("outcome").isin(*FINAL) & (F.col("payload") != ""))
+    notes = F.col("outcome").isin(*NOTES)
+    latest = Window.partitionBy("message_id").orderBy(F.col("id").desc())
+    frame = (frame.where(~notes).withColumn("_n", F.row_number().over(latest))
+             .where(F.col("_n") == 1).drop("_n")
+             .where(F.col("outcome").isin(*FINAL) & (F.col("payload") != "")))
+    if later is not None:
+        frame = frame.join(later.where(~notes).select("message_id"), "message_id",
+                           "left_anti")
+    frame = frame.join(live, "message_id", "left_anti").where(F.col("outcome").isin(*outcomes))
     if tasks:
         frame = frame.where(F.col("task_name").isin(*tasks))
     if queues:
         frame = frame.where(F.col("queue").isin(*queues))
-    latest = Window.partitionBy("message_id").orderBy(F.col("id").desc())
-    frame = (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
-             .drop("_n").where(F.col("outcome").isin(*outcomes)))
     if error_classes:
         frame = frame.where(F.col("error_class").isin(*error_classes)
                             | F.substring_index(F.col("error_class"), ".", -1)
@@ -167,7 +195,8 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
            dry_run: bool = False, operator: Operator | None = None,
            database_alias: str | None = None, partition_rows: int | None = None,
            max_connections: int | None = None) -> ReplayResult:
-    """Enqueue copies of the messages whose final history row matches the filter.
+    """Enqueue copies of the messages whose latest history row is final and matches the
+    filter (see :func:`select`).
 
     ``outcomes`` (default ``failed``: messages that went dead) must be final outcomes.
     ``since``/``until`` bound when that row finished (default: all history).
@@ -188,7 +217,12 @@ def replay(spark: SparkSession, *, tasks: Sequence[str] = (), queues: Sequence[s
                           partition_rows, max_connections)
     if frame is None:
         return ReplayResult(0, 0, 0, [], dry_run, time.monotonic() - started)
-    picked = select(frame, tasks, queues, outcomes, error_classes).select(
+    now = database_now() + dt.timedelta(seconds=1)
+    later = None if until >= now else history(
+        spark, db, until, now, statements.LATER_COLUMNS, archive, partition_rows,
+        max_connections)[0]
+    live = live_messages(spark, db, partition_rows, max_connections)
+    picked = select(frame, later, live, tasks, queues, outcomes, error_classes).select(
         "id", "message_id", "queue", "task_name", "priority", "outcome", "error_class",
         "payload").cache()
     try:
