@@ -234,3 +234,58 @@ def test_a_range_delete_never_takes_a_row_that_was_not_archived(history):
     assert not Attempt.objects.filter(pk__in=archived).exists()
     assert delete_history(old[50:100], before=cutoff) == 50  # the fast path, all archived
     assert Attempt.objects.filter(pk__in=old[:100]).count() == 1
+
+
+def test_files_and_records_reach_the_disk_before_rows_are_deleted(spark, history,
+                                                                 tmp_path: Path,
+                                                                 monkeypatch):
+    """A power cut after a DELETE must not lose the only copy: each staged file and its
+    directory are fsynced before the batch's record is written, and the record, its
+    directory and the moved files' directories before the first DELETE."""
+    import threading
+
+    from django_mysqlq.broker import archive as statements
+    from django_mysqlq.contrib.spark import archive
+    from django_mysqlq.contrib.spark.store import Store
+
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real_fsync, real_write, real_delete = os.fsync, Store.write_text, \
+        statements.delete_history
+
+    def fsync(fd: int) -> None:
+        with lock:
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def write_text(self: Store, path: str, text: str) -> None:
+        with lock:
+            events.append(("write", path))
+        real_write(self, path, text)
+
+    def delete_history(*args, **kwargs):
+        with lock:
+            events.append(("delete", ""))
+        return real_delete(*args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Store, "write_text", write_text)
+    monkeypatch.setattr(statements, "delete_history", delete_history)
+    result = archive(spark, str(tmp_path), dt.timedelta(days=1), batch_rows=400)
+    assert result.deleted == {"history": len(history["old"])}
+    first_delete = events.index(("delete", ""))
+    synced = [path for kind, path in events[:first_delete] if kind == "fsync"]
+    first = result.committed[0]
+    record_path = str(tmp_path / "_mysqlq" / "batches" / f"{first}.json")
+    record = json.loads(Path(record_path).read_text())
+    written = events.index(("write", record_path))
+    before_record = [path for kind, path in events[:written] if kind == "fsync"]
+    real = Path(os.path.realpath(tmp_path))  # what /proc names the synced files by
+    staging = real / "_mysqlq" / "staging" / first
+    for source, target in record["files"]:
+        assert str(staging / source) in before_record
+        assert str((staging / source).parent) in before_record
+        assert str((real / target).parent) in synced
+    assert str(staging) in before_record
+    assert str(real / "_mysqlq" / "batches" / f"{first}.json") in synced
+    assert str(real / "_mysqlq" / "batches") in synced

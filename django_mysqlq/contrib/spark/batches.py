@@ -278,7 +278,12 @@ def commit(control: Control, batch: Batch, stats: PartitionStats,
         directory = path.rsplit("/", 1)[0]
         moves.append((path, f"{batch.kind}/{directory}/part-{batch.name}-{index:05d}.parquet"))
     record = batch.record(moves, stats, drop)
-    control.store.write_text(control.record_path(batch.name), json.dumps(record, indent=1))
+    # On a local disk the files must be there before the record says they are, and the
+    # record before any row is deleted (a power cut must not leave only the record).
+    control.store.sync_tree(control.staging(batch.name), control.root)
+    path = control.record_path(batch.name)
+    control.store.write_text(path, json.dumps(record, indent=1))
+    control.store.sync_files([path], control.root)
     checkpoint("committed")
     return record
 
@@ -298,6 +303,8 @@ def move(control: Control, record: dict[str, Any]) -> list[str]:
                     f"{control.record_path(record['batch'])} to archive its rows again.")
             checkpoint("renamed")
         finals.append(final)
+    # The renames reach the disk before the delete (and the staging's removal after it).
+    control.store.sync_files(finals, control.root)
     return finals
 
 

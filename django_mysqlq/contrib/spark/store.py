@@ -118,6 +118,63 @@ class Store:
         return b"".join(chunks).decode()
 
 
+    def sync_tree(self, path: str, up_to: str) -> None:
+        """On a local disk: fsync every file and directory under ``path``, and the
+        directories above it up to ``up_to``, so the files and the entries naming them
+        survive a power cut (the archive deletes rows once they are there). Elsewhere
+        (HDFS, object stores) a closed file is the file system's to keep: nothing."""
+        local = self.os_path(path)
+        if local is None or not os.path.exists(local):
+            return
+        directories = []
+        for directory, _, names in os.walk(local):
+            for name in names:
+                _fsync(os.path.join(directory, name))
+            directories.append(directory)
+        for directory in reversed(directories):
+            _fsync(directory)
+        self._sync_above(local, up_to)
+
+    def sync_files(self, paths: list[str], up_to: str) -> None:
+        """On a local disk: fsync the files, then their directories and those above up
+        to ``up_to`` (see :meth:`sync_tree`)."""
+        directories: set[str] = set()
+        for path in paths:
+            local = self.os_path(path)
+            if local is None:
+                return
+            _fsync(local)
+            directories.update(self._above(local, up_to))
+        # Deepest first: a new directory's entry in its parent is synced after it.
+        for directory in sorted(directories, key=len, reverse=True):
+            _fsync(directory)
+
+    def _sync_above(self, local: str, up_to: str) -> None:
+        for directory in self._above(local, up_to):
+            _fsync(directory)
+
+    def _above(self, local: str, up_to: str) -> list[str]:
+        """The directories from ``local``'s own up to ``up_to`` (inclusive)."""
+        top = os.path.abspath(self.os_path(up_to) or up_to)
+        directory = os.path.dirname(os.path.abspath(local))
+        found = []
+        while True:
+            found.append(directory)
+            parent = os.path.dirname(directory)
+            if directory == top or parent == directory or not directory.startswith(top):
+                return found
+            directory = parent
+
+
+def _fsync(path: str) -> None:
+    """Flush a file's data, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _local_files(root: str) -> list[str]:
     """What Hadoop's local file system lists under ``root``: every file, recursively,
     relative to it, but its checksum files (``.name.crc``)."""
