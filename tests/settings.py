@@ -108,6 +108,10 @@ if os.environ.get("MYSQLQ_TEST_STALL_AT"):  # tests/test_topic_kill_steps.py's w
     from tests import stall_at
 
     stall_at.install()
+if os.environ.get("MYSQLQ_TEST_EXITING_RECEIVERS"):  # tests/test_signal_receivers.py's worker
+    from tests import exiting_receivers
+
+    exiting_receivers.install()
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,

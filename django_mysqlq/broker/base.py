@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
@@ -337,13 +338,33 @@ def placeholders(count: int) -> str:
 
 
 def send_robust(signal: Signal, sender: Any, **kwargs: Any) -> None:
-    """Send a signal; a failing receiver is logged and never breaks the queue's work."""
+    """Send a signal; a failing receiver is logged and never breaks the queue's work.
+
+    Each receiver is called here, not through ``Signal.send_robust()``: that catches only
+    ``Exception``, and a receiver calling ``sys.exit()`` (or raising another
+    ``BaseException``) would end the task thread and leave its message claimed for good.
+    Only ``KeyboardInterrupt`` goes through.
+    """
     if not signal.receivers:
         return  # (sent twice per task: most have no receiver)
-    for receiver, response in signal.send_robust(sender=sender, **kwargs):
-        if isinstance(response, Exception):
-            logger.error("Receiver %r of a django_mysqlq signal failed", receiver,
-                         exc_info=response)
+    sync_receivers, async_receivers = signal._live_receivers(sender)
+    calls = [(receiver, receiver) for receiver in sync_receivers]
+    calls += [(receiver, async_to_sync(receiver)) for receiver in async_receivers]
+    for receiver, call in calls:
+        try:
+            call(signal=signal, sender=sender, **kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a receiver must not end the thread
+            logger.error("Receiver %s of a django_mysqlq signal raised %s; ignored (the "
+                         "queue's work goes on). Fix the receiver: it should not raise.",
+                         _receiver_name(receiver), type(exc).__name__, exc_info=exc)
+
+
+def _receiver_name(receiver: Any) -> str:
+    module = getattr(receiver, "__module__", None) or "?"
+    name = getattr(receiver, "__qualname__", None) or repr(receiver)
+    return f"{module}.{name}"
 
 
 def ensure_usable(alias: str | None = None) -> None:

@@ -197,10 +197,12 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     marks = broker.activity_marks()
     # Hooks (Django's @task) wrap the call: context, their signals, a JSON return value.
     scope = task.hooks.begin(message, runner, started_at) if task.hooks is not None else None
-    broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
     value: Any = None
     acked = False
     try:
+        # Inside the task boundary: whatever escapes a receiver fails the attempt, never
+        # the thread (send_robust already logs and swallows all but KeyboardInterrupt).
+        broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
         if task.atomic:
             value = _run_atomically(task.func, args, kwargs, message, runner, started_at)
             acked = True
