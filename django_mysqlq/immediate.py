@@ -22,9 +22,11 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
@@ -88,8 +90,10 @@ class ImmediateRecord:
         """True once the enqueuing transaction rolled back: the task will never run."""
         if self.status != "ready" or self.waiting_on is None:
             return False
-        hooks = self.waiting_on.run_on_commit
-        return not any(entry[1] is self.callback for entry in hooks)
+        if any(entry[1] is self.callback for entry in self.waiting_on.run_on_commit):
+            return False  # still waiting for the commit
+        return not any(entry[1] is self.callback
+                       for entry in _hooks_being_run(self.waiting_on))
 
     def state(self) -> MessageState:
         if self.rolled_back():
@@ -100,6 +104,26 @@ class ImmediateRecord:
             id=self.id, task_name=self.task_name, queue=self.queue, status=self.status,
             attempts=self.attempts, enqueued_at=self.enqueued_at, run_at=self.run_at,
             finished_at=self.finished_at, last_error=self.last_error, result=self.result)
+
+
+def _hooks_being_run(connection: BaseDatabaseWrapper) -> list[Any]:
+    """The hooks of ``connection``'s commit still to run, when a hook of it is running.
+
+    Django empties ``run_on_commit`` both on a rollback and before it runs a commit's
+    hooks (it pops them from a list of its own), so a hook registered before an enqueue
+    would see that message as rolled back. That list lives in the frame of
+    ``run_and_clear_commit_hooks`` above this one; outside the hooks there is none.
+    """
+    if not connection.run_commit_hooks_on_set_autocommit_on:
+        return []  # set from the commit until its hooks have run
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "run_and_clear_commit_hooks" \
+                and frame.f_locals.get("self") is connection:
+            pending = frame.f_locals.get("current_run_on_commit")
+            return pending if isinstance(pending, list) else []
+        frame = frame.f_back
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +158,9 @@ class RunListener(Protocol):
 
     def enqueued(self) -> None:
         """At the commit, before anything runs."""
+
+    def started(self) -> None:
+        """When the message's attempt begins, before ``task_started``."""
 
     def finished(self, record: ImmediateRecord, scope: AttemptScope | None) -> None:
         """After one message ran and its ``task_finished`` was sent."""
@@ -198,6 +225,9 @@ def _run_all(task: QueueTask[Any, Any], runs: list[tuple[NewMessage, ImmediateHa
              listener: RunListener | None) -> None:
     from .broker import send_robust
 
+    # Committed now: each record not run yet (the later ones of this batch) is ready.
+    for _, handle in runs:
+        handle.record.waiting_on = None
     if listener is not None:
         listener.enqueued()
     send_robust(message_enqueued, task.name, message_ids=[handle.id for _, handle in runs])
@@ -239,6 +269,8 @@ def run_one(task: QueueTask[Any, Any], message: NewMessage, record: ImmediateRec
     runner = Runner(worker_id=worker_id(), host=socket.gethostname(), pid=os.getpid(),
                     thread=threading.current_thread().name)
     record.status, record.attempts = "claimed", 1
+    if listener is not None:
+        listener.started()
     if task.takes_context:
         args = [TaskContext.of(claimed), *args]
     scope = task.hooks.begin(claimed, runner, started_at) if task.hooks is not None else None

@@ -238,3 +238,37 @@ def test_inside_a_testcase_a_block_of_your_own_waits_for_the_commit_hooks(
         with transaction.atomic():
             captured = tt.echo.enqueue("captured")
     assert captured.status == "succeeded"  # ...unless you ask it to.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_hook_before_the_enqueue_sees_it_ready_not_rolled_back(on):
+    """Django empties the hook list before running any hook: that is no rollback."""
+    seen: list[str] = []
+    later: dict[str, ImmediateHandle] = {}
+    with transaction.atomic():
+        transaction.on_commit(lambda: seen.append(later["handle"].state().status))
+        later["handle"] = tt.echo.enqueue("hooked")
+    assert seen == ["ready"]
+    assert later["handle"].status == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_hook_still_sees_a_savepoint_rollback_as_rolled_back(on):
+    seen: list[str] = []
+    later: dict[str, ImmediateHandle] = {}
+
+    def check() -> None:
+        try:
+            later["dropped"].state()
+        except MessageDoesNotExist:
+            seen.append("rolled back")
+
+    with transaction.atomic():
+        transaction.on_commit(check)
+        with transaction.atomic():
+            later["dropped"] = tt.echo.enqueue("savepoint")
+            transaction.set_rollback(True)
+        kept = tt.echo.enqueue("kept")
+    assert seen == ["rolled back"]
+    assert kept.status == "succeeded"
+    assert not Ledger.objects.filter(label="savepoint").exists()

@@ -186,6 +186,33 @@ def test_immediate_raise_false_gives_a_failed_result_like_djangos_immediate_back
         assert bad.status == FAILED and bad.errors[0].exception_class is TypeError
 
 
+def test_immediate_results_read_while_the_commit_hooks_run_are_not_rolled_back():
+    """During the commit's hooks a result not run yet is READY (committed), as on a worker;
+    one running says RUNNING."""
+    seen: list[tuple[str, str]] = []
+
+    def on_enqueued(sender, task_result, **kwargs):
+        task_result.refresh()
+        seen.append(("enqueued", str(task_result.status)))
+
+    later: dict[str, str] = {}
+    compat.task_enqueued.connect(on_enqueued)
+    try:
+        with immediate(), transaction.atomic():
+            transaction.on_commit(lambda: seen.append(
+                ("hook", str(task_backends["default"].get_result(later["id"]).status))))
+            reader = djtasks.reads_results.enqueue("other-id")
+            added = djtasks.add.enqueue(1, 2)
+            later["id"] = reader.id
+            Ledger.objects.create(label="other-id", value=int(added.id), pid=0)
+    finally:
+        compat.task_enqueued.disconnect(on_enqueued)
+    assert seen == [("hook", READY), ("enqueued", READY), ("enqueued", READY)]
+    assert reader.status == SUCCESSFUL, reader.errors
+    assert reader.return_value == {"own": TaskResultStatus.RUNNING, "other": READY}
+    assert added.status == SUCCESSFUL
+
+
 def test_immediate_results_of_a_rolled_back_transaction_do_not_exist():
     with immediate():
         with transaction.atomic():

@@ -85,6 +85,15 @@ class _Follow:
 
         send_robust(task_enqueued, self.backend_class, task_result=self.result)
 
+    def started(self) -> None:
+        """The returned result says RUNNING while the task runs, as a worker's row would:
+        the task may read its own result (``get_result()``)."""
+        now = timezone.now()
+        object.__setattr__(self.result, "status", TaskResultStatus.RUNNING)
+        if self.result.started_at is None:
+            object.__setattr__(self.result, "started_at", now)
+        object.__setattr__(self.result, "last_attempted_at", now)
+
     def finished(self, record: immediate.ImmediateRecord, scope: AttemptScope | None) -> None:
         ran = scope.result if isinstance(scope, DjangoAttempt) else None
         if ran is None:

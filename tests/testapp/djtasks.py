@@ -138,6 +138,16 @@ def on_other_queue(label):
     return label
 
 
+@task(takes_context=True)
+def reads_results(context, label):
+    """Its own result's status and that of the task whose id the Ledger row ``label`` holds
+    (enqueued after it, in the same transaction): tests/test_tasks_backend_expectations.py."""
+    backend = context.task_result.task.get_backend()
+    other = Ledger.objects.get(label=label).value
+    return {"own": str(backend.get_result(context.task_result.id).status),
+            "other": str(backend.get_result(str(other)).status)}
+
+
 @task(backend="immediate")
 def immediate_only(label):
     """A task of another backend: the queue must never run it."""
