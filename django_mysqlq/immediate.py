@@ -29,8 +29,10 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from django.core.signals import setting_changed
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.dispatch import receiver
 from django.utils import timezone
 
 from . import awaiting, payload
@@ -51,12 +53,68 @@ _ids = itertools.count(1)
 _pending_keys = threading.local()
 
 
-def _periods() -> dict[str, tuple[ImmediateHandle, float]]:
-    """Keys kept taken after a success (``unique_for``): key -> (handle, until when, on
-    the monotonic clock), in this thread, like the pending keys."""
-    periods: dict[str, tuple[ImmediateHandle, float]] = _pending_keys.__dict__.setdefault(
-        "periods", {})
+#: Bumped when ``MYSQLQ`` changes (``immediate()`` entered or left, ``override_settings``,
+#: pytest-django's ``settings``): every ``unique_for`` period made before ends then.
+_generation = 0
+
+
+class _Committed:
+    """An ``on_commit`` marker: called once the transaction it was registered in commits."""
+
+    ran = False
+
+    def __call__(self) -> None:
+        self.ran = True
+
+
+@dataclasses.dataclass
+class _Period:
+    """A key kept taken after a success (``unique_for``), in this process only.
+
+    It ends at ``until`` (monotonic clock), when the settings change, or when the
+    transaction it was made in rolls back: a ``TestCase``'s, which never commits, so the
+    next test starts with no period of this one.
+    """
+
+    handle: ImmediateHandle
+    until: float
+    generation: int
+    connection: BaseDatabaseWrapper | None
+    marker: _Committed | None
+
+    def live(self) -> bool:
+        if self.generation != _generation or self.until <= time.monotonic():
+            return False
+        if self.connection is None or self.marker is None or self.marker.ran:
+            return True
+        marker = self.marker
+        return any(entry[1] is marker for entry in self.connection.run_on_commit) or any(
+            entry[1] is marker for entry in _hooks_being_run(self.connection))
+
+
+def _periods() -> dict[str, _Period]:
+    """The ``unique_for`` periods of this thread, like the pending keys."""
+    periods: dict[str, _Period] = _pending_keys.__dict__.setdefault("periods", {})
     return periods
+
+
+def _start_period(key: str, handle: ImmediateHandle, seconds: float) -> None:
+    connection = connections[get_settings().DATABASE]
+    marker: _Committed | None = None
+    if connection.in_atomic_block:  # a TestCase's transaction: it ran at once
+        marker = _Committed()
+        connection.on_commit(marker)
+    _periods()[key] = _Period(handle, time.monotonic() + seconds, _generation,
+                              connection if marker is not None else None, marker)
+
+
+@receiver(setting_changed)
+def _end_periods(*, setting: str, **kwargs: Any) -> None:
+    """A new ``MYSQLQ`` (often the next test's ``immediate()``) keeps no period."""
+    global _generation
+    if setting == "MYSQLQ":
+        _generation += 1
+        _periods().clear()
 
 
 def new_id() -> int:
@@ -182,10 +240,11 @@ def enqueue(task: QueueTask[Any, Any], messages: Sequence[NewMessage], *,
                 and pending[key].record.status in ("ready", "claimed"):
             handles.append(pending[key])  # as in the queue: one pending message per key
             continue
-        if key is not None and message.unique_for > 0 and key in periods \
-                and periods[key][1] > time.monotonic():
-            handles.append(periods[key][0])  # succeeded, and its period still runs
-            continue
+        if key is not None and message.unique_for > 0 and key in periods:
+            if periods[key].live():
+                handles.append(periods[key].handle)  # succeeded, and its period runs
+                continue
+            del periods[key]
         record = ImmediateRecord(id=ids[index] if ids is not None else new_id(),
                                  task_name=message.task_name, queue=message.queue,
                                  enqueued_at=now, run_at=message.run_at)
@@ -240,8 +299,7 @@ def _run_all(task: QueueTask[Any, Any], runs: list[tuple[NewMessage, ImmediateHa
             if message.dedup_key is not None and pending.get(message.dedup_key) is handle:
                 del pending[message.dedup_key]  # finished: the key is free again
                 if message.unique_for > 0 and handle.record.status == "succeeded":
-                    _periods()[message.dedup_key] = (
-                        handle, time.monotonic() + message.unique_for)
+                    _start_period(message.dedup_key, handle, message.unique_for)
         if first_error is None:
             first_error = error
     if first_error is not None and get_settings().IMMEDIATE_RAISE:

@@ -272,3 +272,44 @@ def test_a_commit_hook_still_sees_a_savepoint_rollback_as_rolled_back(on):
     assert seen == ["rolled back"]
     assert kept.status == "succeeded"
     assert not Ledger.objects.filter(label="savepoint").exists()
+
+
+def digest(label: str) -> ImmediateHandle:
+    """A ``unique_for`` enqueue: after a success its key stays taken for an hour."""
+    handle = tt.echo.using(dedup_key="digest", unique_for=3600).enqueue(label)
+    assert isinstance(handle, ImmediateHandle)
+    return handle
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_for_period_holds_within_one_immediate_block_only():
+    with immediate():
+        first = digest("p1")
+        assert first.status == "succeeded"
+        assert digest("p2") is first  # its period runs: nothing more runs
+    with immediate():  # another test, in the same thread
+        fresh = digest("p3")
+        assert fresh is not first and fresh.status == "succeeded"
+    assert list(Ledger.objects.order_by("pk").values_list("label", flat=True)) == ["p1", "p3"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_for_period_is_dropped_on_a_settings_change(on, settings):
+    first = digest("s1")
+    settings.MYSQLQ = {**settings.MYSQLQ, "IMMEDIATE_RAISE": True}
+    assert digest("s2") is not first
+    assert Ledger.objects.filter(label="s2").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_for_period_made_in_a_rolled_back_testcase_transaction_is_dropped(on):
+    test_case = transaction.atomic()
+    test_case._from_testcase = True  # what Django's TestCase marks its own blocks with
+    with test_case:
+        first = digest("t1")
+        assert first.status == "succeeded"  # ran at once, as in a TestCase
+        assert digest("t2") is first
+        transaction.set_rollback(True)  # the TestCase's end
+    again = digest("t3")
+    assert again is not first and again.status == "succeeded"
+    assert list(Ledger.objects.values_list("label", flat=True)) == ["t3"]
