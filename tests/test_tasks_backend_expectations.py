@@ -231,3 +231,36 @@ def test_immediate_keeps_a_bounded_number_of_results(monkeypatch):
         first, *_ = [djtasks.timed.enqueue(n) for n in range(3)]
         with pytest.raises(TaskResultDoesNotExist, match="in this process"):
             task_backends["default"].get_result(first.id)
+
+
+# --------------------------------------------------------------------------- return values
+
+#: Each kind of return value history can't keep as it is, and the error that fails it.
+UNSTORABLE_ERRORS = {"nan": (ValueError, "isn't JSON the queue can store"),
+                     "int_key": (TypeError, "dict key that isn't a string (1)"),
+                     "surrogate": (ValueError, "lone surrogate"),
+                     "huge_int": (ValueError, "too large for a double")}
+
+
+def assert_failed_as_unstorable(result, kind: str) -> None:
+    kind_class, text = UNSTORABLE_ERRORS[kind]
+    assert result.status == FAILED, (kind, result.status, result.return_value)
+    [error] = result.errors
+    assert issubclass(error.exception_class, kind_class) and text in error.traceback, \
+        (kind, error.traceback)
+
+
+@pytest.mark.worker
+def test_a_return_value_history_cannot_keep_fails_the_attempt_on_a_worker(start_worker):
+    results = {kind: djtasks.returns_unstorable.using(backend="single").enqueue(kind)
+               for kind in UNSTORABLE_ERRORS}
+    run_burst(start_worker)
+    for kind, result in results.items():
+        result.refresh()
+        assert_failed_as_unstorable(result, kind)
+
+
+def test_a_return_value_history_cannot_keep_fails_the_attempt_in_the_test_mode():
+    with immediate(raise_errors=False):
+        for kind in UNSTORABLE_ERRORS:
+            assert_failed_as_unstorable(djtasks.returns_unstorable.enqueue(kind), kind)

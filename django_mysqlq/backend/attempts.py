@@ -8,6 +8,7 @@ normalized to JSON (one that isn't JSON fails the attempt, as on Django's backen
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import traceback
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import broker
+from ..broker.history import ResultOverLimit, storable_result
 from ..exceptions import PayloadDecodeError
 from ..messages import ClaimedMessage, Runner
 from ..models import Attempt, Outcome
@@ -32,6 +34,49 @@ from .compat import (
 from .lookup import queue_alias
 
 logger = logging.getLogger("django_mysqlq")
+
+
+def stored_as_is(value: Any) -> Any:
+    """``value`` if history keeps it as it is, else raise ``TypeError`` / ``ValueError``
+    saying why: the attempt fails, on a worker as in the test mode, rather than a worker
+    dropping (or changing) it at the ack while the test mode returns it intact."""
+    if value is None:
+        return value
+    try:
+        text = storable_result(value)
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end]
+        raise ValueError(f"The task's return value holds a lone surrogate ({bad!r}), which "
+                         "isn't valid UTF-8: the queue can't store it.") from None
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"The task's return value can't be stored as JSON: it {exc}"
+                        if isinstance(exc, ResultOverLimit) else
+                        f"The task's return value isn't JSON the queue can store: {exc}") \
+            from None
+    if json.loads(text) != value:
+        keys = _non_string_keys(value)
+        back = next(iter(json.loads(json.dumps({keys[0]: None})))) if keys else None
+        raise TypeError(f"The task's return value has a dict key that isn't a string "
+                        f"({keys[0]!r}): JSON would give it back as {back!r}. "
+                        "Use string keys." if keys else
+                        "The task's return value doesn't come back the same from JSON.")
+    return value
+
+
+def _non_string_keys(value: Any) -> list[Any]:
+    """The first dict key in ``value`` that isn't a string, if any (in a list: it may be
+    None)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return [key]
+                stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return []
 
 
 class DjangoTaskHooks:
@@ -90,7 +135,7 @@ class DjangoAttempt:
             else args
         # Task.call runs a coroutine through async_to_sync: its sync_to_async ORM calls
         # come back to this worker thread and its connection, as in a sync task.
-        return normalize_json(result.task.call(*call_args, **kwargs))
+        return stored_as_is(normalize_json(result.task.call(*call_args, **kwargs)))
 
     def finished(self, outcome: str, value: Any, error: BaseException | None) -> None:
         """Send ``task_finished`` with the state the recorded outcome left the task in.

@@ -104,43 +104,47 @@ def beyond_double(value: Any) -> bool:
     return False
 
 
+class ResultOverLimit(ValueError):
+    """A JSON result the database would refuse or history can't hold (size, depth, range)."""
+
+
+def storable_result(value: Any) -> str:
+    """The JSON text history stores for ``value``; raises ``TypeError`` / ``ValueError``
+    (``ResultOverLimit`` for the database's limits) saying why it can't be stored."""
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")  # lone surrogates: the server's JSON_VALID would refuse them
+    # Fewer brackets than the limit can't nest past it: most results skip the walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH \
+            and json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH:
+        depth = json_depth(value, DEPTH_REPORTED)
+        raise ResultOverLimit(
+            f"is nested {depth if depth < DEPTH_REPORTED else f'{depth} or more'} levels "
+            f"deep, over the {MAX_JSON_DEPTH} the database's JSON check accepts")
+    # (A float past a double's range can't be in it: json.dumps refused it above.)
+    if _LONG_DIGITS.search(text) is not None and beyond_double(value):
+        raise ResultOverLimit("holds an integer too large for a double, which the database's "
+                              "JSON column refuses (return it as a string to keep it)")
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    if len(text) > limit:
+        raise ResultOverLimit(f"is {len(text)} characters, over MAX_PAYLOAD_BYTES ({limit})")
+    return text
+
+
 def result_json(message: ClaimedMessage, value: Any) -> str | None:
     """The result as JSON the server accepts, or None (with a warning) if it can't be kept."""
     if value is None:
         return None
     try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")  # lone surrogates: the server's JSON_VALID would refuse them
-        # Fewer brackets than the limit can't nest past it: most results skip the walk.
-        too_deep = (text.count("[") + text.count("{") > MAX_JSON_DEPTH
-                    and json_depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH)
-        depth = json_depth(value, DEPTH_REPORTED) if too_deep else 0
-        # (A float past a double's range can't be in it: json.dumps refused it above.)
-        too_big = _LONG_DIGITS.search(text) is not None and beyond_double(value)
+        return storable_result(value)
+    except ResultOverLimit as exc:
+        logger.warning("Result of %s #%s %s; history keeps no result.", message.task_name,
+                       message.id, exc)
     except Exception as exc:  # noqa: BLE001 - any failure (a dict another thread changes,
         # a custom type's own error, MemoryError) loses the result, never the ack
         logger.warning("Result of %s #%s is not storable JSON (%s: %s); history keeps no "
                        "result.", message.task_name, message.id, type(exc).__name__,
                        str(exc)[:200])
-        return None
-    if too_big:
-        logger.warning("Result of %s #%s holds an integer too large for a double, which "
-                       "the database's JSON column refuses; history keeps no result. "
-                       "Return it as a string to keep it.", message.task_name, message.id)
-        return None
-    if too_deep:
-        logger.warning("Result of %s #%s is nested %s levels deep, over the %d the "
-                       "database's JSON check accepts; history keeps no result.",
-                       message.task_name, message.id,
-                       depth if depth < DEPTH_REPORTED else f"{depth} or more", MAX_JSON_DEPTH)
-        return None
-    limit = get_settings().MAX_PAYLOAD_BYTES
-    if len(text) > limit:
-        logger.warning("Result of %s #%s is %d characters, over MAX_PAYLOAD_BYTES (%d); "
-                       "history keeps no result.", message.task_name, message.id, len(text),
-                       limit)
-        return None
-    return text
+    return None
 
 
 def attempt_params(message: ClaimedMessage, outcome: str, runner: Runner,

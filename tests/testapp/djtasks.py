@@ -186,3 +186,18 @@ def _finished(sender, task_result, **kwargs):
 
 task_started.connect(_started, sender=MySQLQueueBackend, dispatch_uid="tests.djtasks.started")
 task_finished.connect(_finished, sender=MySQLQueueBackend, dispatch_uid="tests.djtasks.finished")
+
+
+#: What ``returns_unstorable`` returns: each normalizes (Django accepts it) but history
+#: can't keep it as it is (tests/test_tasks_backend_expectations.py).
+UNSTORABLE = {
+    "nan": lambda: {"ratio": float("nan")},
+    "int_key": lambda: {1: "one"},
+    "surrogate": lambda: ["\ud800"],
+    "huge_int": lambda: [10**400],
+}
+
+
+@task
+def returns_unstorable(kind):
+    return UNSTORABLE[kind]()
