@@ -41,6 +41,7 @@ from .context import TaskContext
 from .exceptions import MessageDoesNotExist, WaitTimeout
 from .handles import MessageHandle, MessageResult, MessageState
 from .messages import ClaimedMessage, NewMessage, Runner
+from .routing import alias_for_queue
 from .signals import message_enqueued, task_finished, task_started
 
 if TYPE_CHECKING:
@@ -335,7 +336,9 @@ def run_one(task: QueueTask[Any, Any], message: NewMessage, record: ImmediateRec
     send_robust(task_started, task, message_id=record.id, attempt=1)
     try:
         if task.atomic:
-            with transaction.atomic(using=get_settings().DATABASE):
+            # (On the queue's own database, as a worker runs it: the task's writes
+            # there roll back with a failure.)
+            with transaction.atomic(using=alias_for_queue(message.queue)):
                 value = awaiting.refuse_awaitable(task.func(*args, **kwargs), task.name)
         elif scope is not None:
             value = scope.run(args, kwargs)

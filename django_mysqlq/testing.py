@@ -26,7 +26,7 @@ from django.test.utils import override_settings
 
 from .conf import get_settings
 from .exceptions import MessageDoesNotExist, QueueError, UnknownTask
-from .messages import Runner
+from .messages import ClaimedMessage, Runner
 from .signals import task_finished
 
 #: Pause between two looks at the queue while ``wait_seconds`` waits for a retry.
@@ -109,16 +109,21 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
     the test's transaction and rolled back with it. Not inside your own
     ``transaction.atomic()`` block: a claim is made in autocommit.
     """
-    from . import broker
+    from . import routing
     from .checks import queue_vendor
     from .worker.executor import execute
 
     conf = get_settings()
-    if queue_vendor(conf.DATABASE) != "mysql":
-        raise QueueError(
-            f"drain() runs the real queue, but the queue database {conf.DATABASE!r} is not "
-            "MySQL/MariaDB. On other databases use the test mode, MYSQLQ['IMMEDIATE'] "
-            "(django_mysqlq.testing.immediate()).")
+    # Each database that holds the queues asked for (every queue database by default),
+    # in turn: a queue placed on another alias is drained there, as its worker would.
+    aliases = (list(routing.queue_aliases()) if queues is None
+               else list(routing.group_by_alias(queues)))
+    for alias in aliases:
+        if queue_vendor(alias) != "mysql":
+            raise QueueError(
+                f"drain() runs the real queue, but the queue database {alias!r} is not "
+                "MySQL/MariaDB. On other databases use the test mode, MYSQLQ['IMMEDIATE'] "
+                "(django_mysqlq.testing.immediate()).")
     runner = Runner(worker_id=f"drain:{socket.gethostname()}:{os.getpid()}:"
                               f"{uuid.uuid4().hex[:8]}",
                     host=socket.gethostname(), pid=os.getpid(),
@@ -128,28 +133,24 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
     outcomes: list[AttemptOutcome] = []
     with _errors_of_this_thread() as errors:
         while max_messages is None or len(outcomes) < max_messages:
-            broker.promote_due(alias=conf.DATABASE)
-            paused = broker.paused_queues(conf.DATABASE)
-            names = [name for name in (queues if queues is not None else broker.queue_names())
-                     if name not in paused]
-            claimed = broker.claim(names, 1, runner.worker_id, conf.LEASE_SECONDS,
-                                   conf.DATABASE) if names else []
-            if not claimed and names:  # rate-limited messages, at their keys' pace
-                claimed = broker.claim_throttled(names, 1, runner.worker_id,
-                                                 conf.LEASE_SECONDS, conf.DATABASE)
-            if not claimed:
-                remaining = deadline - time.monotonic()
-                if remaining > 0 and names and broker.has_pending(names, remaining):
-                    time.sleep(min(WAIT_STEP_SECONDS, remaining))
-                    continue
+            waiting = False
+            for alias in aliases:
+                with routing.on_alias(alias):
+                    message, pending = _claim_one(alias, queues, runner, conf, deadline)
+                    if message is None:
+                        waiting = waiting or pending
+                        continue
+                    errors.clear()
+                    outcome = execute(message, runner, give_up)
+                    error = errors.get(message.id) or _why_not_run(
+                        message.id, message.task_name, outcome)
+                outcomes.append(AttemptOutcome(message.id, message.task_name,
+                                               message.attempt, outcome, error))
                 break
-            [message] = claimed
-            errors.clear()
-            outcome = execute(message, runner, give_up)
-            error = errors.get(message.id) or _why_not_run(message.id, message.task_name,
-                                                           outcome)
-            outcomes.append(AttemptOutcome(message.id, message.task_name, message.attempt,
-                                           outcome, error))
+            else:
+                if not waiting:
+                    break
+                time.sleep(min(WAIT_STEP_SECONDS, max(0.0, deadline - time.monotonic())))
     result = DrainResult(tuple(outcomes))
     first = next((item.error for item in outcomes if item.error is not None), None)
     if raise_errors and first is not None:
@@ -157,6 +158,28 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
                        "to get the result instead.")
         raise first
     return result
+
+
+def _claim_one(alias: str, queues: Sequence[str] | None, runner: Runner, conf: Any,
+               deadline: float) -> tuple[ClaimedMessage | None, bool]:
+    """One message of ``alias``'s queues (claimed for ``runner``), or None and whether a
+    scheduled one falls due before ``deadline`` (worth waiting for)."""
+    from . import broker, routing
+
+    broker.promote_due(alias=alias)
+    paused = broker.paused_queues(alias)
+    names = [name for name in (queues if queues is not None else broker.queue_names())
+             if name not in paused and routing.alias_for_queue(name) == alias]
+    if not names:
+        return None, False
+    claimed = broker.claim(names, 1, runner.worker_id, conf.LEASE_SECONDS, alias)
+    if not claimed:  # rate-limited messages, at their keys' pace
+        claimed = broker.claim_throttled(names, 1, runner.worker_id, conf.LEASE_SECONDS,
+                                         alias)
+    if claimed:
+        return claimed[0], False
+    remaining = deadline - time.monotonic()
+    return None, remaining > 0 and broker.has_pending(names, remaining)
 
 
 @contextmanager

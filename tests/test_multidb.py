@@ -432,3 +432,36 @@ def test_a_router_that_moves_a_group_queue_elsewhere_stops_the_worker_saying_so(
             databases.split(WorkerOptions.build(["default", "group:billing"]))
         assert caught.value.exit_status == 78
         assert [o.database for o in databases.split(WorkerOptions.build(["default"]))] == [B]
+
+
+def test_testing_drain_runs_the_messages_of_a_queue_on_the_second_database() -> None:
+    """drain() claimed on MYSQLQ['DATABASE'] only: drain([queue on B]) ran nothing and
+    said nothing while the message sat on B."""
+    from django_mysqlq import testing
+
+    tasks.record.using(queue=QUEUE_B).enqueue("on-b")
+    tasks.record.enqueue("on-default")
+    assert testing.drain([QUEUE_B]).succeeded == 1
+    assert count(B, "mysqlq_message") == 0 and count("default", "mysqlq_message") == 1
+    assert testing.drain().succeeded == 1  # every queue database by default
+    assert count("default", "mysqlq_message") == 0
+
+
+def test_the_test_mode_runs_an_atomic_task_in_a_transaction_on_its_queues_database(
+        monkeypatch) -> None:
+    """Immediate mode opened an atomic=True task's transaction on MYSQLQ['DATABASE']
+    whatever its queue: a task of a queue on B kept its writes there after failing."""
+    from django_mysqlq import immediate as immediate_mode
+    from django_mysqlq import testing
+
+    used: list[str | None] = []
+    real_atomic = transaction.atomic
+
+    def recording_atomic(using=None, savepoint=True, durable=False):
+        used.append(using)
+        return real_atomic(using=using, savepoint=savepoint, durable=durable)
+
+    monkeypatch.setattr(immediate_mode.transaction, "atomic", recording_atomic)
+    with testing.immediate():
+        tasks.atomic_record.using(queue=QUEUE_B).enqueue("immediate-on-b")
+    assert B in used, used
