@@ -48,7 +48,7 @@ def _throttled_claim_waiting(raw: MySQLdb.Connection, message_id: int) -> int | 
         return None
     with raw.cursor() as cursor:
         cursor.execute("SELECT id FROM information_schema.PROCESSLIST WHERE id = %s"
-                       " AND INFO LIKE %s", [owner, "%SELECT id, queue, rate_key FROM%"])
+                       " AND INFO LIKE %s", [owner, f"%rate_key FROM {RATE_TABLE} %"])
         row = cursor.fetchone()
     return int(row[0]) if row else None
 
