@@ -137,38 +137,38 @@ def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
             queues.extend(ready)
             if too_big:
                 big = too_big[0]
-                raise _Stopped(
+                _wake(spec, queues, alias)
+                raise _incomplete(
+                    spec, first, last, operator, done, big.offset, big.offset + 1,
                     f"the delivery of offset {big.offset} takes {big.size} bytes in one "
                     f"statement and the server's max_allowed_packet leaves {big.room} for "
-                    "one row (raise it, or leave that offset out)", big.offset)
+                    "one row (raise it, or leave that offset out)")
             if count < REPLAY_CHUNK:
                 break
             start = reached + 1
-    except (DatabaseError, _Stopped) as exc:
-        at = exc.offset if isinstance(exc, _Stopped) else start
+    except DatabaseError as exc:
         _wake(spec, queues, alias)
-        if not done and not isinstance(exc, _Stopped):
+        if not done:
             raise  # nothing committed: the error as it is
-        text = (f"Replay of offsets {first}..{last} of topic {spec.topic!r} into group "
-                f"{spec.group!r} stopped at offset {at}: {one_line(str(exc))}. The offsets "
-                f"before it were replayed ({done} deliveries, committed; they will run). "
-                f"To finish, replay from offset {at + 1 if isinstance(exc, _Stopped) else at}"
-                f" to {last} once the cause is dealt with; replaying the whole range again "
-                "would deliver those a second time.")
-        logger.error("%s (by %s)", text, operator.name)
-        raise ReplayIncomplete(text) from exc
+        raise _incomplete(spec, first, last, operator, done, start, start,
+                          one_line(str(exc))) from exc
     _wake(spec, queues, alias)
     logger.warning("Replayed offsets %d..%d of topic %r into group %r for %s: %d "
                    "deliveries.", first, last, spec.topic, spec.group, operator.name, done)
     return ReplayResult(spec.topic, spec.group, first, last, done)
 
 
-class _Stopped(Exception):
-    """The replay reached a message it can't deliver (``offset``)."""
-
-    def __init__(self, text: str, offset: int) -> None:
-        super().__init__(text)
-        self.offset = offset
+def _incomplete(spec: GroupSpec, first: int, last: int, operator: Operator, done: int,
+                at: int, resume: int, why: str) -> ReplayIncomplete:
+    """The error (logged) of a replay that stopped at offset ``at`` after committing
+    ``done`` deliveries: it names the offset to resume from."""
+    text = (f"Replay of offsets {first}..{last} of topic {spec.topic!r} into group "
+            f"{spec.group!r} stopped at offset {at}: {why}. The offsets before it were "
+            f"replayed ({done} deliveries, committed; they will run). To finish, replay "
+            f"from offset {resume} to {last} once the cause is dealt with; replaying the "
+            "whole range again would deliver those a second time.")
+    logger.error("%s (by %s)", text, operator.name)
+    return ReplayIncomplete(text)
 
 
 def _wake(spec: GroupSpec, queues: list[str], alias: str) -> None:
