@@ -8,8 +8,10 @@ producer gets its id."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -112,6 +114,32 @@ def test_a_transaction_enqueuing_its_key_again_waits_for_no_one_long() -> None:
     assert Message.objects.filter(dedup_key="twice").count() == 1
 
 
+@contextlib.contextmanager
+def _at_repeatable_read() -> Iterator[None]:
+    """This test's connection at REPEATABLE READ within the block; closed after it (a new
+    connection starts at the site's level again)."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+    finally:
+        connection.close()
+
+
+def _in_another_session(work: Callable[[], None]) -> None:
+    """Run ``work`` on a thread of its own (so on connections of its own), to its end."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+
+
 def test_a_repeatable_read_snapshot_older_than_the_holder_still_gets_its_handle() -> None:
     """The holder committed after this transaction's snapshot: the INSERT meets it (the
     unique key), the plain read of the holder does not see it, and three tries ended in
@@ -119,24 +147,15 @@ def test_a_repeatable_read_snapshot_older_than_the_holder_still_gets_its_handle(
     holder: list[int] = []
 
     def other_producer() -> None:
-        try:
-            holder.append(tasks.record.using(dedup_key="rr-key").enqueue("first").id)
-        finally:
-            connections.close_all()
+        holder.append(tasks.record.using(dedup_key="rr-key").enqueue("first").id)
 
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    with _at_repeatable_read():
         with transaction.atomic():
             assert Message.objects.count() == 0  # the snapshot is taken here
-            thread = threading.Thread(target=other_producer)
-            thread.start()
-            thread.join(30)
+            _in_another_session(other_producer)
             again = tasks.record.using(dedup_key="rr-key").enqueue("second")
         assert holder and again.id == holder[0]
         assert Message.objects.filter(dedup_key="rr-key").count() == 1
-    finally:
-        connection.close()  # (a new connection starts at the site's level again)
 
 
 @pytest.mark.parametrize("end", ["acked", "dead"])
@@ -154,33 +173,24 @@ def test_a_repeatable_read_snapshot_older_than_a_new_holder_gets_the_new_one(end
     new: list[int] = []
 
     def finish_then_enqueue() -> None:
-        try:
-            [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
-            result = AttemptResult(started_at=timezone.now(), error_class="E")
-            runner = Runner("rr-test", "h", 1, "t")
-            if end == "acked":
-                broker.ack_many([(claimed, runner, result)])
-            else:
-                broker.fail(claimed, runner, result, retry=False)
-            new.append(tasks.record.using(dedup_key="rr-moved").enqueue("B").id)
-        finally:
-            connections.close_all()
+        [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
+        result = AttemptResult(started_at=timezone.now(), error_class="E")
+        runner = Runner("rr-test", "h", 1, "t")
+        if end == "acked":
+            broker.ack_many([(claimed, runner, result)])
+        else:
+            broker.fail(claimed, runner, result, retry=False)
+        new.append(tasks.record.using(dedup_key="rr-moved").enqueue("B").id)
 
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    with _at_repeatable_read():
         with transaction.atomic():
             assert Message.objects.filter(dedup_key="rr-moved").get().pk == old  # snapshot
-            thread = threading.Thread(target=finish_then_enqueue)
-            thread.start()
-            thread.join(30)
+            _in_another_session(finish_then_enqueue)
             assert new and new[0] != old
             again = tasks.record.using(dedup_key="rr-moved").enqueue("C")
         assert again.id == new[0]
         assert list(Message.objects.filter(dedup_key="rr-moved").values_list(
             "pk", flat=True)) == [new[0]]
-    finally:
-        connection.close()  # (a new connection starts at the site's level again)
 
 
 def test_a_deadlock_of_producers_of_one_key_is_retried_in_autocommit_only(monkeypatch) -> None:

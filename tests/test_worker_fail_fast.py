@@ -103,22 +103,32 @@ def test_a_refused_login_ends_a_daemon_at_start(start_worker):
     assert "check USER, PASSWORD and HOST in DATABASES['default']" in output
 
 
+def _only_the_workers_table(scratch_db: str) -> None:
+    """A partial upgrade: the scratch database has the workers table and nothing else."""
+    source = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
+                       f"LIKE `{source}`.`mysqlq_worker`")
+
+
+def _worker_rows(scratch_db: str) -> tuple[int, int]:
+    """The scratch database's worker rows, and how many of them are marked stopped."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
+        return cursor.fetchone()
+
+
 def test_a_half_migrated_database_ends_the_worker_and_leaves_no_live_row(start_worker,
                                                                         scratch_db):
     """Only the workers table exists: the worker registers, then its first read of the
     other tables (its schedules, then the messages) fails. Its row must not go on saying
     that it serves its queues."""
-    source = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
-                       f"LIKE `{source}`.`mysqlq_worker`")
+    _only_the_workers_table(scratch_db)
     worker = start_worker(env={"MYSQLQ_TEST_DB": scratch_db})
     status, output = ended(worker)
     assert status == EXIT_CANNOT_RUN, output
     assert f"Table '{scratch_db}.mysqlq_schedule' doesn't exist" in output
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
-        assert cursor.fetchone() == (1, 1)
+    assert _worker_rows(scratch_db) == (1, 1)  # registered, then marked stopped
 
 
 def test_a_group_member_without_the_topic_tables_leaves_no_live_row(start_worker,
@@ -126,19 +136,14 @@ def test_a_group_member_without_the_topic_tables_leaves_no_live_row(start_worker
     """A partial upgrade: the workers table is there, the topic tables are not. A member
     of a consumer group registers, then creating its group fails: its row must not go on
     saying that it serves its queues (it did: the topics' start was outside the guard)."""
-    source = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE `{scratch_db}`.`mysqlq_worker` "
-                       f"LIKE `{source}`.`mysqlq_worker`")
+    _only_the_workers_table(scratch_db)
     worker = start_worker("--groups", "ops", env={
         "MYSQLQ_TEST_DB": scratch_db,
         "MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.topic_ops_handlers"})
     status, output = ended(worker)
     assert status == EXIT_CANNOT_RUN, output
     assert f"Table '{scratch_db}.mysqlq_topic" in output
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*), COUNT(stopped_at) FROM `{scratch_db}`.`mysqlq_worker`")
-        assert cursor.fetchone() == (1, 1)
+    assert _worker_rows(scratch_db) == (1, 1)  # registered, then marked stopped
 
 
 def test_tables_dropped_under_a_running_worker_end_it(start_worker, migrated_scratch_db):
