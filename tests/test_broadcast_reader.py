@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -188,3 +189,61 @@ def test_a_row_changed_by_hand_is_skipped_and_the_reader_goes_on(caplog) -> None
     assert len(skipped) == 3, skipped
     Topic("tampered").publish({"n": 5})
     assert reader.read_once() == 1 and payloads(got)[-1] == ("tampered", {"n": 5})
+
+
+def hold_topic_row(name: str) -> Any:
+    """Another session holding the topic's row, as a member stamping its backlog does."""
+    broker.ensure_topic(name)
+    stranger = raw_connection()
+    cursor = stranger.cursor()
+    cursor.execute("START TRANSACTION")
+    cursor.execute("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", [name])
+    assert cursor.fetchall()
+    return stranger
+
+
+def test_a_reader_starting_while_another_session_stamps_the_topic_starts_after_it() -> None:
+    """A process started beside one stamping the topic's backlog (its row held for that
+    round) read the last offset at once, from before the backlog, and heard messages
+    published before it began (a fresh-clone CI's two-database broadcast test heard
+    them). It now waits for the round, then starts after the backlog."""
+    backlog = Topic("start_race")
+    backlog.publish_many([{"seq": seq} for seq in range(3)])  # no worker: no offsets yet
+    stranger = hold_topic_row("start_race")
+    threading.Timer(0.5, stranger.rollback).start()
+    try:
+        reader, got = reader_of("start_race")
+    finally:
+        stranger.close()
+    assert reader.positions["start_race"] == broker.last_offset("start_race")
+    backlog.publish_many([{"seq": seq} for seq in range(3, 6)])
+    reader.read_once()
+    assert [event.payload["seq"] for event in got] == [3, 4, 5]
+
+
+def test_a_reader_starts_after_its_bounded_wait_for_a_row_a_stranger_keeps(
+        settings, caplog) -> None:
+    """A row kept longer than ``UPKEEP_LOCK_WAIT_SECONDS`` does not hold the start up: one
+    warning says what the subscribers may hear, and the session's lock waits are its own
+    again."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "UPKEEP_LOCK_WAIT_SECONDS": 1}
+    Topic("start_kept").publish({"seq": 0})
+    stranger = hold_topic_row("start_kept")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@session.innodb_lock_wait_timeout")
+            before = cursor.fetchone()
+        with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
+            reader, _ = reader_of("start_kept")
+    finally:
+        stranger.rollback()
+        stranger.close()
+    assert reader.positions["start_kept"] == 0
+    assert warnings(caplog) == [
+        "Topic 'start_kept': another session held its row for 1 s as this process started "
+        "(a transaction left open? see information_schema.INNODB_TRX): its broadcast "
+        "subscribers start at the last offset given out, so messages published before the "
+        "start that get theirs later reach them too."]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@session.innodb_lock_wait_timeout")
+        assert cursor.fetchone() == before

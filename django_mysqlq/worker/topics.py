@@ -49,12 +49,15 @@ BROADCAST_BATCH = 500
 BROADCAST_BYTES = 16 * 2**20
 
 
-def sequence_at_start(topic: str) -> None:
+def sequence_at_start(topic: str, wait: bool = False) -> None:
     """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
     its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
-    from starting: it is logged, and its groups' pumps and readers say it again."""
+    from starting: it is logged, and its groups' pumps and readers say it again. With
+    ``wait``, a row held by another session (its own stamping round) is waited for, up
+    to ``UPKEEP_LOCK_WAIT_SECONDS``: a broadcast reader's start needs the offsets."""
     try:
-        broker.try_sequence(topic)
+        if broker.try_sequence(topic) is None and wait:
+            _sequence_waiting(topic)
     except DatabaseError as exc:
         if loop_handles(exc):
             raise
@@ -62,6 +65,22 @@ def sequence_at_start(topic: str) -> None:
                      "worker started: %s. The worker starts; the topic's groups and readers "
                      "get no new messages until they can (see manage.py queuetopic groups).",
                      topic, one_line(str(exc)))
+
+
+def _sequence_waiting(topic: str) -> None:
+    """Stamp the topic's waiting messages, waiting a bounded time for its row."""
+    seconds = get_settings().UPKEEP_LOCK_WAIT_SECONDS
+    try:
+        with broker.bounded_lock_waits(seconds):
+            broker.sequence(topic)
+    except DatabaseError as exc:
+        if not broker.is_lock_wait(exc):
+            raise
+        logger.warning("Topic %r: another session held its row for %d s as this process "
+                       "started (a transaction left open? see information_schema.INNODB_TRX)"
+                       ": its broadcast subscribers start at the last offset given out, so "
+                       "messages published before the start that get theirs later reach "
+                       "them too.", topic, seconds)
 
 
 class Claimer(Protocol):
@@ -277,7 +296,10 @@ class BroadcastReader(threading.Thread):
         with on_alias(get_settings().DATABASE):
             for topic in self.listeners:
                 broker.ensure_topic(topic)
-                sequence_at_start(topic)  # (not waiting for a held row)
+                # Another process stamping the topic's backlog holds its row for that
+                # round: the last offset read before it ends would be older than the
+                # backlog, and this process would hear messages published before it began.
+                sequence_at_start(topic, wait=True)
                 self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:
