@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker import oversized
@@ -242,8 +242,26 @@ def test_a_reader_starts_after_its_bounded_wait_for_a_row_a_stranger_keeps(
     assert warnings(caplog) == [
         "Topic 'start_kept': another session held its row for 1 s as this process started "
         "(a transaction left open? see information_schema.INNODB_TRX): its broadcast "
-        "subscribers start at the last offset given out, so messages published before the "
-        "start that get theirs later reach them too."]
+        "subscribers and new groups start at the last offset given out, so messages "
+        "published before the start that get theirs later reach them too."]
     with connection.cursor() as cursor:
         cursor.execute("SELECT @@session.innodb_lock_wait_timeout")
         assert cursor.fetchone() == before
+
+
+def test_a_start_cut_off_by_a_lost_connection_leaves_none_to_fail_the_next() -> None:
+    """The reader begins on the topics' database, whichever database its worker serves;
+    that worker's error handling closes its own database's broken connection only, so a
+    dead one to the topics' failed every later try: the process never started. The
+    reader's start closes it."""
+    Topic("cut_off").publish({"seq": 0})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        [own] = cursor.fetchone()
+    killer = raw_connection()
+    killer.cursor().execute("KILL %s", [own])
+    killer.close()
+    with pytest.raises(OperationalError):
+        reader_of("cut_off")
+    reader, _ = reader_of("cut_off")
+    assert reader.positions["cut_off"] == broker.last_offset("cut_off") == 1

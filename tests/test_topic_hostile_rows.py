@@ -223,3 +223,53 @@ def test_a_zero_publish_time_fails_its_delivery_and_skips_its_broadcast_not_the_
     output = stopped(worker)  # (exit status 0: it ran to the stop)
     assert "was changed by hand (its published_at is a zero date): skipped" in output
     assert "Group 'billing' of topic 'ledger': its pump failed" not in output
+
+
+def waiting_for_topic_row(topic: str) -> bool:
+    """Whether a session waits for the topic's row (a waiting sequencing round; the
+    server shows it as a running statement, not in INNODB_LOCK_WAITS)."""
+    conn = raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = "
+                       "CONCAT('SELECT last_offset FROM mysqlq_topic WHERE name = ', "
+                       "QUOTE(%s), ' FOR UPDATE')", [topic])
+        return bool(cursor.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_group_made_as_its_worker_starts_begins_after_a_backlog_being_stamped(
+        start_worker):
+    """Messages published while no worker ran; a worker starts, making the ``latest``
+    group ``billing``, while another session holds the topic's row (as a process
+    stamping that backlog does). The group was made at the offset from before the
+    backlog and got it all; now the start waits for the round (bounded), and the group
+    and the broadcast reader begin after it."""
+    label = "made-late"
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1, 2)])
+    broker.ensure_topic("ledger")
+    stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
+    try:
+        worker = start_worker(*WORKER, env=ENV)
+        # Released as soon as the start waits for the row (before its bound, 2 s); a
+        # start that does not wait is let go once it has started.
+        wait_for(lambda: waiting_for_topic_row("ledger")
+                 or "started: queues=" in worker.output(),
+                 timeout=60, message="the worker's start to wait for the row")
+    finally:
+        stranger.release()
+    started(worker)
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (3, 4)])
+    wait_for(lambda: handled(label, "billing") >= {3, 4}, timeout=20,
+             message="billing to handle the messages published after the start")
+    def heard() -> set[int]:
+        return set(GateRun.objects.filter(label=f"{label}/broadcast").values_list(
+            "seq", flat=True))
+
+    wait_for(lambda: heard() >= {3, 4}, timeout=20,
+             message="the broadcast reader to hear the messages published after the start")
+    output = stopped(worker)
+    assert handled(label, "billing") == {3, 4}, output[-3000:]
+    assert heard() == {3, 4}
+    assert "another session held its row" not in output

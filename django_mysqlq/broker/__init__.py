@@ -198,6 +198,7 @@ from .topic_replay import ReplayIncomplete, ReplayResult, replay_range
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import (
     ensure_topic,
+    has_unsequenced,
     last_offset,
     publish,
     sequence,
@@ -301,6 +302,7 @@ __all__ = [
     "group_behind",
     "groups",
     "has_pending",
+    "has_unsequenced",
     "heartbeat_worker",
     "history_window",
     "holders",

@@ -225,16 +225,21 @@ def ensure_topic(topic: str, alias: str | None = None) -> None:
             cursor.execute(CREATE_TOPIC_SQL, [topic])
 
 
+def has_unsequenced(topic: str, alias: str | None = None) -> bool:
+    """Whether committed messages of ``topic`` lack an offset (a plain read, no lock)."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(ANY_UNSEQUENCED_SQL, [topic])
+        return cursor.fetchone() is not None
+
+
 def try_sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None
                  ) -> int | None:
     """:func:`sequence` for the worker's members: 0 at once when no committed row lacks an
     offset, and None when another caller holds the topic's row (its round stamps them; look
     again shortly) instead of waiting for it. Otherwise how many were stamped."""
     alias = alias or default_alias()
-    with connection_for(alias).cursor() as cursor:
-        cursor.execute(ANY_UNSEQUENCED_SQL, [topic])
-        if cursor.fetchone() is None:
-            return 0
+    if not has_unsequenced(topic, alias):
+        return 0
     total = 0
     while True:
         stamped = in_transaction(

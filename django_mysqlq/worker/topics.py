@@ -27,6 +27,7 @@ from ..exceptions import PayloadDecodeError
 from ..log import Failures, one_line
 from ..messages import ClaimedMessage
 from ..routing import bind_alias, on_alias
+from ..topicnames import LATEST
 from ..topics import Subscription, TopicEvent, subscriptions
 from .group_trouble import GroupTrouble, loop_handles
 from .queues import in_turn
@@ -53,11 +54,14 @@ def sequence_at_start(topic: str, wait: bool = False) -> None:
     """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
     its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
     from starting: it is logged, and its groups' pumps and readers say it again. With
-    ``wait``, a row held by another session (its own stamping round) is waited for, up
-    to ``UPKEEP_LOCK_WAIT_SECONDS``: a broadcast reader's start needs the offsets."""
+    ``wait``, a row held by another session (its stamping round: at any of the rounds of
+    a backlog) is waited for, up to ``UPKEEP_LOCK_WAIT_SECONDS``: a broadcast reader's
+    start and a new group at the latest offset need every waiting message stamped."""
     try:
-        if broker.try_sequence(topic) is None and wait:
+        if wait:
             _sequence_waiting(topic)
+        else:
+            broker.try_sequence(topic)
     except DatabaseError as exc:
         if loop_handles(exc):
             raise
@@ -69,6 +73,8 @@ def sequence_at_start(topic: str, wait: bool = False) -> None:
 
 def _sequence_waiting(topic: str) -> None:
     """Stamp the topic's waiting messages, waiting a bounded time for its row."""
+    if not broker.has_unsequenced(topic):
+        return  # (a stranger's lock on an idle topic holds up no start)
     seconds = get_settings().UPKEEP_LOCK_WAIT_SECONDS
     try:
         with broker.bounded_lock_waits(seconds):
@@ -78,9 +84,9 @@ def _sequence_waiting(topic: str) -> None:
             raise
         logger.warning("Topic %r: another session held its row for %d s as this process "
                        "started (a transaction left open? see information_schema.INNODB_TRX)"
-                       ": its broadcast subscribers start at the last offset given out, so "
-                       "messages published before the start that get theirs later reach "
-                       "them too.", topic, seconds)
+                       ": its broadcast subscribers and new groups start at the last offset "
+                       "given out, so messages published before the start that get theirs "
+                       "later reach them too.", topic, seconds)
 
 
 class Claimer(Protocol):
@@ -156,9 +162,14 @@ class TopicDuty:
         """Create this worker's groups (where they have no row) and start the broadcast
         reader at the latest offset of its topics."""
         for topic in self.topics:
-            # (Not waiting: a stranger holding the topic's row must not stop a start.)
             broker.ensure_topic(topic)
-            sequence_at_start(topic)
+            # A group made now at the latest offset begins after the messages committed
+            # before it: another process stamping them holds the topic's row, and the
+            # offset read before its round ends would hand the group that backlog. Else
+            # not waiting: a stranger holding the row must not stop a start.
+            sequence_at_start(topic, wait=any(
+                spec.topic == topic and spec.start == LATEST
+                and broker.position(topic, spec.group) is None for spec in self.specs))
         for spec in self.specs:
             broker.create_group(spec)
         if self.reader is not None and not self.reader.is_alive():
@@ -294,13 +305,22 @@ class BroadcastReader(threading.Thread):
         database, before the worker counts as started: a worker of another database
         must not take them from its own)."""
         with on_alias(get_settings().DATABASE):
-            for topic in self.listeners:
-                broker.ensure_topic(topic)
-                # Another process stamping the topic's backlog holds its row for that
-                # round: the last offset read before it ends would be older than the
-                # backlog, and this process would hear messages published before it began.
-                sequence_at_start(topic, wait=True)
-                self.positions[topic] = broker.last_offset(topic)
+            try:
+                self._begin()
+            except DatabaseError:
+                # (Here, not in the worker's handler: it closes its own database's
+                # connection, and a dead one to the topics' would fail every retry.)
+                broker.close_if_broken()
+                raise
+
+    def _begin(self) -> None:
+        for topic in self.listeners:
+            broker.ensure_topic(topic)
+            # Another process stamping the topic's backlog holds its row for that
+            # round: the last offset read before it ends would be older than the
+            # backlog, and this process would hear messages published before it began.
+            sequence_at_start(topic, wait=True)
+            self.positions[topic] = broker.last_offset(topic)
 
     def run(self) -> None:
         bind_alias(get_settings().DATABASE)  # where topics live, whoever started it
