@@ -17,13 +17,16 @@ from .topics import TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 WINDOWS = (1, 5, 60)
 
 #: Topics the dashboard and ``queuestats`` rank (three counts each): a bound on the page.
-#: The ones given offsets most recently: a busy topic is stamped every few milliseconds,
-#: so past 200 topics it is still among them, whatever its name (taken in name order, a
-#: busy topic named after the first 200 was never ranked). The sort is over the topics'
-#: rows, one a topic.
+#: The ones published to most recently (one dive into mysqlq_tmsg_published a topic):
+#: a busy topic is among them whatever its name (taken in name order, one named after
+#: the first 200 was never ranked), and whether or not its messages get offsets (by the
+#: last stamping, a topic nobody reads, stamped once per upkeep, or one whose row a
+#: stranger holds, fell behind the rest).
 MAX_TOPICS = 200
 TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at "
-              f"FROM {TOPIC_TABLE} ORDER BY sequenced_at DESC, name LIMIT %s")
+              f"FROM {TOPIC_TABLE} t ORDER BY (SELECT MAX(published_at) FROM "
+              f"{TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published) WHERE topic = "
+              "t.name) DESC, name LIMIT %s")
 #: Messages of a topic published since a time, along mysqlq_tmsg_published.
 PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                        "(mysqlq_tmsg_published) WHERE topic = %s "
