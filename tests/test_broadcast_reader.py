@@ -202,18 +202,22 @@ def hold_topic_row(name: str) -> Any:
     return stranger
 
 
-def test_a_reader_starting_while_another_session_stamps_the_topic_starts_after_it() -> None:
+def test_a_reader_starting_while_another_session_stamps_the_topic_starts_after_it(
+        settings) -> None:
     """A process started beside one stamping the topic's backlog (its row held for that
     round) read the last offset at once, from before the backlog, and heard messages
     published before it began (a fresh-clone CI's two-database broadcast test heard
     them). It now waits for the round, then starts after the backlog."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "UPKEEP_LOCK_WAIT_SECONDS": 10}  # (room: a late timer)
     backlog = Topic("start_race")
     backlog.publish_many([{"seq": seq} for seq in range(3)])  # no worker: no offsets yet
     stranger = hold_topic_row("start_race")
-    threading.Timer(0.5, stranger.rollback).start()
+    release = threading.Timer(0.5, stranger.rollback)
+    release.start()
     try:
         reader, got = reader_of("start_race")
     finally:
+        release.join()
         stranger.close()
     assert reader.positions["start_race"] == broker.last_offset("start_race")
     backlog.publish_many([{"seq": seq} for seq in range(3, 6)])
@@ -265,3 +269,17 @@ def test_a_start_cut_off_by_a_lost_connection_leaves_none_to_fail_the_next() -> 
         reader_of("cut_off")
     reader, _ = reader_of("cut_off")
     assert reader.positions["cut_off"] == broker.last_offset("cut_off") == 1
+
+
+def test_a_start_stamps_the_messages_before_it_and_not_the_later_ones() -> None:
+    """A start (a reader's, a new group's) waits until the messages inserted before it
+    have offsets, round after round of a backlog, then ends: a publisher outpacing the
+    rounds no longer keeps it from starting."""
+    topic = Topic("start_ceiling")
+    topic.publish_many([{"seq": seq} for seq in range(3)])
+    ceiling = broker.newest_message_id()
+    topic.publish_many([{"seq": seq} for seq in range(3, 6)])  # after the start's look
+    assert broker.sequence("start_ceiling", batch=2, up_to_id=ceiling) == 4
+    assert not broker.has_unsequenced("start_ceiling", up_to_id=ceiling)
+    assert broker.has_unsequenced("start_ceiling")
+    assert broker.sequence("start_ceiling", batch=2) == 2

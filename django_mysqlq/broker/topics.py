@@ -88,6 +88,10 @@ ANY_UNSEQUENCED_SQL = (
     f"SELECT 1 FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
     "WHERE topic = %s AND msg_offset IS NULL LIMIT 1"
 )
+#: The same, among the rows inserted up to an id (a start's: ``NEWEST_MESSAGE_SQL``).
+ANY_UNSEQUENCED_UP_TO_SQL = f"{ANY_UNSEQUENCED_SQL[:-8]} AND id <= %s LIMIT 1"
+#: The newest topic message's id, of any topic (the primary key's end: one dive).
+NEWEST_MESSAGE_SQL = f"SELECT COALESCE(MAX(id), 0) FROM {TOPIC_MESSAGE_TABLE}"
 #: Whether the topic has its row (a plain read: never waits for the sequencer's lock).
 TOPIC_EXISTS_SQL = f"SELECT 1 FROM {TOPIC_TABLE} WHERE name = %s"
 #: Committed rows without an offset, in insert order: a consistent read (one snapshot,
@@ -199,10 +203,13 @@ def group_queues(topic: str, alias: str, known: Sequence[str] = ()) -> list[str]
     return sorted({*known, *cached[1]})
 
 
-def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None) -> int:
+def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None,
+             up_to_id: int | None = None) -> int:
     """Give offsets to committed rows of ``topic`` that have none; return how many.
 
-    Runs in its own transactions (autocommit callers only), one per ``batch`` rows.
+    Runs in its own transactions (autocommit callers only), one per ``batch`` rows. With
+    ``up_to_id``, it ends once every row up to that id has one (rows come in id order):
+    a start waits for the messages before it, not for a publisher outpacing it.
     """
     alias = alias or default_alias()
     total = 0
@@ -210,8 +217,16 @@ def sequence(topic: str, batch: int = SEQUENCE_BATCH, alias: str | None = None) 
         stamped = in_transaction(alias, lambda cursor: sequence_round(cursor, topic, batch))
         assert stamped is not None  # (a waiting round always gets the row)
         total += stamped
-        if stamped < batch:
+        if stamped < batch or (up_to_id is not None
+                               and not has_unsequenced(topic, alias, up_to_id)):
             return total
+
+
+def newest_message_id(alias: str | None = None) -> int:
+    """The newest topic message's id (0: none): what a start waits to see stamped."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(NEWEST_MESSAGE_SQL)
+        return int(cursor.fetchone()[0])
 
 
 def ensure_topic(topic: str, alias: str | None = None) -> None:
@@ -225,10 +240,15 @@ def ensure_topic(topic: str, alias: str | None = None) -> None:
             cursor.execute(CREATE_TOPIC_SQL, [topic])
 
 
-def has_unsequenced(topic: str, alias: str | None = None) -> bool:
-    """Whether committed messages of ``topic`` lack an offset (a plain read, no lock)."""
+def has_unsequenced(topic: str, alias: str | None = None, up_to_id: int | None = None
+                    ) -> bool:
+    """Whether committed messages of ``topic`` (up to the id ``up_to_id``) lack an offset
+    (a plain read, no lock)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(ANY_UNSEQUENCED_SQL, [topic])
+        if up_to_id is None:
+            cursor.execute(ANY_UNSEQUENCED_SQL, [topic])
+        else:
+            cursor.execute(ANY_UNSEQUENCED_UP_TO_SQL, [topic, up_to_id])
         return cursor.fetchone() is not None
 
 

@@ -72,13 +72,16 @@ def sequence_at_start(topic: str, wait: bool = False) -> None:
 
 
 def _sequence_waiting(topic: str) -> None:
-    """Stamp the topic's waiting messages, waiting a bounded time for its row."""
-    if not broker.has_unsequenced(topic):
+    """Stamp the topic's messages inserted before now, waiting a bounded time for its row
+    at each round (not for later ones: a publisher outpacing the rounds must not keep
+    the start from ending)."""
+    newest = broker.newest_message_id()
+    if not broker.has_unsequenced(topic, up_to_id=newest):
         return  # (a stranger's lock on an idle topic holds up no start)
     seconds = get_settings().UPKEEP_LOCK_WAIT_SECONDS
     try:
         with broker.bounded_lock_waits(seconds):
-            broker.sequence(topic)
+            broker.sequence(topic, up_to_id=newest)
     except DatabaseError as exc:
         if not broker.is_lock_wait(exc):
             raise
@@ -165,13 +168,15 @@ class TopicDuty:
             broker.ensure_topic(topic)
             # A group made now at the latest offset begins after the messages committed
             # before it: another process stamping them holds the topic's row, and the
-            # offset read before its round ends would hand the group that backlog. Else
-            # not waiting: a stranger holding the row must not stop a start.
+            # offset read before its round ends would hand the group that backlog (so
+            # the groups are made right after their topic's wait, not after all of
+            # them). Else not waiting: a stranger holding the row must not stop a start.
+            specs = [spec for spec in self.specs if spec.topic == topic]
             sequence_at_start(topic, wait=any(
-                spec.topic == topic and spec.start == LATEST
-                and broker.position(topic, spec.group) is None for spec in self.specs))
-        for spec in self.specs:
-            broker.create_group(spec)
+                spec.start == LATEST and broker.position(topic, spec.group) is None
+                for spec in specs))
+            for spec in specs:
+                broker.create_group(spec)
         if self.reader is not None and not self.reader.is_alive():
             self.reader.begin()
             self.reader.start()
