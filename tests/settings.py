@@ -80,6 +80,7 @@ MYSQLQ: dict[str, Any] = {
     "LIVENESS": os.environ.get("MYSQLQ_TEST_LIVENESS", "connection"),
     "ACK_BATCH_SIZE": int(os.environ.get("MYSQLQ_TEST_ACK_BATCH", "20")),
     "ACK_DELAY_SECONDS": float(os.environ.get("MYSQLQ_TEST_ACK_DELAY", "0.02")),
+    "UPKEEP_LOCK_WAIT_SECONDS": int(os.environ.get("MYSQLQ_TEST_UPKEEP_LOCK_WAIT", "2")),
 }
 # More queue databases on other servers (tests/test_multidb.py): only a test that started
 # those servers (tests/multidb_support.py) names them, so they exist only when reachable.

@@ -251,9 +251,10 @@ def test_a_group_made_as_its_worker_starts_begins_after_a_backlog_being_stamped(
     broker.ensure_topic("ledger")
     stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
     try:
-        worker = start_worker(*WORKER, env=ENV)
-        # Released as soon as the start waits for the row (before its bound, 2 s); a
-        # start that does not wait is let go once it has started.
+        # (The start's bound raised to 10 s: room for a slow machine to see it wait.)
+        worker = start_worker(*WORKER, env={**ENV, "MYSQLQ_TEST_UPKEEP_LOCK_WAIT": "10"})
+        # Released as soon as the start waits for the row (before its bound); a start
+        # that does not wait is let go once it has started.
         wait_for(lambda: waiting_for_topic_row("ledger")
                  or "started: queues=" in worker.output(),
                  timeout=60, message="the worker's start to wait for the row")
