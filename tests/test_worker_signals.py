@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -30,6 +31,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 #: How long a test waits for a worker to exit, recover, or finish something it was given.
 PATIENCE = 15.0
+#: How long a worker may take to start (Python and Django on a loaded machine).
+START_PATIENCE = 60.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -58,6 +61,19 @@ def worker_row(process: WorkerProcess) -> Worker:
 def wait_for_output(process: WorkerProcess, text: str, timeout: float = PATIENCE) -> None:
     wait_for(lambda: text in process.output(), timeout=timeout,
              message=f"{text!r} in the output of worker {process.pid}")
+
+
+def wait_started(process: WorkerProcess) -> None:
+    """Until the worker has started: a bounded wait after it then times the worker, not
+    its Python and Django start-up (its first round sweeps for vanished peers)."""
+    wait_for_output(process, "started: queues=", timeout=START_PATIENCE)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """The file whose creation ends the ``slow_until_opened`` tasks given its path: they
+    run as long as a test needs, however loaded the machine, and then end at once."""
+    return tmp_path / "gate"
 
 
 def wait_exit(process: WorkerProcess, timeout: float = PATIENCE) -> int:
@@ -104,24 +120,27 @@ def assert_lost_then_succeeded(message_id: int, dead: WorkerProcess,
 # --------------------------------------------------------------------------- SIGKILL
 
 
-def test_kill_9_claims_are_recovered_and_run_by_a_new_peer(start_worker):
+def test_kill_9_claims_are_recovered_and_run_by_a_new_peer(start_worker, gate):
     """A worker killed holding running and unstarted claims loses nothing."""
     labels = [f"k{i}" for i in range(4)]
     worker_a = start_worker("--concurrency", "2", "--batch", "4")
-    handles = tasks.slow.enqueue_many([[label, 3] for label in labels])
+    # They run until the gate opens: A's two are killed mid-run however slow the machine.
+    handles = tasks.slow_until_opened.enqueue_many([[label, str(gate)] for label in labels])
     ids = [h.id for h in handles]
     # A holds all four: two running on its threads, two waiting in its inbox.
     wait_for(lambda: claimed_by(worker_a, ids) and len(started(labels)) == 2,
              timeout=PATIENCE, message="worker A to claim all four and start two")
     # A records which messages started about once a second: wait until it has.
     wait_for(lambda: Message.objects.filter(pk__in=ids, started_at__isnull=False).count() == 2,
-             timeout=5, message="worker A to record the two starts")
+             timeout=PATIENCE, message="worker A to record the two starts")
     worker_a.signal(signal.SIGKILL)
     assert worker_a.wait(timeout=10) == -signal.SIGKILL
     assert not Ledger.objects.filter(label__endswith=":end").exists()  # killed mid-run
     assert Message.objects.claimed().count() == 4  # nobody gave them back: A just died
 
+    gate.touch()  # B's runs end at once
     worker_b = start_worker("--concurrency", "4", "--batch", "4")
+    wait_started(worker_b)
     wait_for(lambda: Attempt.objects.lost().count() == 4, timeout=10,
              message="worker B to recover the four claims as lost")
     wait_for(lambda: acked(ids), timeout=PATIENCE,
@@ -141,18 +160,19 @@ def test_kill_9_claims_are_recovered_and_run_by_a_new_peer(start_worker):
     assert "Recovered 4 message(s) from vanished workers" in worker_b.output()
 
 
-def test_kill_9_claims_are_recovered_by_a_peer_already_running(start_worker):
+def test_kill_9_claims_are_recovered_by_a_peer_already_running(start_worker, gate):
     """An idle peer that was up before the crash notices it and takes the work over."""
     labels = [f"p{i}" for i in range(3)]
     worker_a = start_worker("--concurrency", "2", "--batch", "4")
-    handles = tasks.slow.enqueue_many([[label, 3] for label in labels])
+    # They run until the gate opens: A holds all three for as long as B takes to start.
+    handles = tasks.slow_until_opened.enqueue_many([[label, str(gate)] for label in labels])
     ids = [h.id for h in handles]
     wait_for(lambda: claimed_by(worker_a, ids) and started(labels), timeout=PATIENCE,
              message="worker A to claim all three and start one")
 
     worker_b = start_worker("--queues", "other,default", "--concurrency", "3")
+    wait_for_output(worker_b, "started: queues=other,default", timeout=START_PATIENCE)
     worker_row(worker_b)
-    wait_for_output(worker_b, "started: queues=other,default")
     # B is up and polling, and leaves a live peer's claims alone.
     time.sleep(1.0)
     assert claimed_by(worker_a, ids)
@@ -160,6 +180,7 @@ def test_kill_9_claims_are_recovered_by_a_peer_already_running(start_worker):
 
     worker_a.signal(signal.SIGKILL)
     assert worker_a.wait(timeout=10) == -signal.SIGKILL
+    gate.touch()  # B's runs end at once
     wait_for(lambda: Attempt.objects.lost().count() == 3, timeout=10,
              message="the running peer B to recover A's claims")
     wait_for(lambda: acked(ids), timeout=PATIENCE,
@@ -218,9 +239,11 @@ def test_sigint_stops_as_gracefully_as_sigterm(start_worker):
     graceful_stop(start_worker, signal.SIGINT, count=3, seconds=1.5)
 
 
-def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker):
-    # Both first, so that one claim takes them both: one runs, the other waits.
-    handle, waiting = tasks.slow.enqueue_many([["twice", 4], ["waiting", 0]])
+def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker, gate):
+    # Both first, so that one claim takes them both: one runs (until the gate opens,
+    # after A is gone), the other waits.
+    handle, waiting = tasks.slow_until_opened.enqueue_many(
+        [["twice", str(gate)], ["waiting", str(gate)]])
     worker_a = start_worker("--concurrency", "1")
     wait_for(lambda: rows("twice:start") and claimed_by(worker_a, [handle.id, waiting.id]),
              timeout=PATIENCE, message="the task to start, the other to wait")
@@ -242,7 +265,9 @@ def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker):
     assert (left.status, left.attempts, left.claim_token) == ("ready", 0, None)
     assert Worker.objects.get(pid=worker_a.pid).stopped_at is not None
 
+    gate.touch()  # B's run ends at once
     worker_b = start_worker()
+    wait_started(worker_b)
     wait_for(lambda: acked([handle.id]), timeout=PATIENCE,
              message="a new worker to recover the message and run it")
     assert rows("twice:end") == [worker_b.pid]
@@ -251,9 +276,9 @@ def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker):
     assert not Message.objects.filter(pk=handle.id).exists()
 
 
-def test_a_task_outliving_the_grace_period_is_abandoned_and_recovered(start_worker):
+def test_a_task_outliving_the_grace_period_is_abandoned_and_recovered(start_worker, gate):
     worker_a = start_worker("--concurrency", "1", env={"MYSQLQ_TEST_GRACE": "1"})
-    handle = tasks.slow.enqueue("outlives", 5)
+    handle = tasks.slow_until_opened.enqueue("outlives", str(gate))  # opened after A exits
     wait_for(lambda: rows("outlives:start"), timeout=PATIENCE, message="the task to start")
     worker_a.signal(signal.SIGTERM)
     status = wait_exit(worker_a, timeout=10)
@@ -265,7 +290,9 @@ def test_a_task_outliving_the_grace_period_is_abandoned_and_recovered(start_work
     assert message.status == "claimed"  # left for a peer, not released: it had started
     assert Worker.objects.get(pid=worker_a.pid).stopped_at is not None  # it deregistered
 
+    gate.touch()  # B's run ends at once
     worker_b = start_worker()
+    wait_started(worker_b)
     wait_for(lambda: Attempt.objects.lost().filter(message_id=handle.id).exists(),
              timeout=10, message="a peer to recover the abandoned claim")
     wait_for(lambda: rows("outlives:start") == [worker_a.pid, worker_b.pid], timeout=PATIENCE,

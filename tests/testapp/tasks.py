@@ -48,6 +48,23 @@ def slow_first_time(label: str, seconds: float) -> None:
     Ledger.objects.create(label=f"{label}:end", pid=os.getpid())
 
 
+def wait_for_gate(gate: str, seconds: float) -> None:
+    """Sleep until the file ``gate`` exists, ``seconds`` at most. A test holds a task
+    running for as long as it needs, however loaded the machine, then ends it at once by
+    creating the file (a file, not a row: it works with the database out of reach)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@queue_task()
+def slow_until_opened(label: str, gate: str, seconds: float = 60.0) -> None:
+    """``slow`` until the file ``gate`` exists (``wait_for_gate``)."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    wait_for_gate(gate, seconds)
+    Ledger.objects.create(label=f"{label}:end", pid=os.getpid())
+
+
 @queue_task(queue="other")
 def on_other_queue(label: str) -> None:
     Ledger.objects.create(label=label, pid=os.getpid())
