@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.db import connection, connections, transaction
@@ -34,15 +35,32 @@ SLACK = 4.0
 PATIENCE = 20.0
 
 
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """The file whose creation ends the ``naps_until_opened`` tasks: they run until the
+    worker has heard its SIGTERM, however loaded the machine (had they ended first, the
+    worker would have started the claims meant to be released)."""
+    return tmp_path / "gate"
+
+
 def started(labels: list[str]) -> list[str]:
     return [label for label in labels
             if Ledger.objects.filter(label=f"{label}:start").exists()]
 
 
-def stop_and_time(worker: WorkerProcess) -> float:
-    """SIGTERM, then the seconds until the process is gone."""
+def heard_sigterm(worker: WorkerProcess) -> None:
+    """Until the worker says it heard its SIGTERM (it stops claiming and starting first)."""
+    wait_for(lambda: "SIGTERM received" in worker.output(), timeout=PATIENCE,
+             message="the worker to hear its SIGTERM")
+
+
+def stop_and_time(worker: WorkerProcess, gate: Path) -> float:
+    """SIGTERM, the running tasks ended once it is heard, then the seconds until the
+    process is gone."""
     sent = time.monotonic()
     worker.signal(signal.SIGTERM)
+    heard_sigterm(worker)
+    gate.touch()
     try:
         worker.wait(timeout=GRACE + STOP_STATEMENT_SECONDS + PATIENCE)
     except subprocess.TimeoutExpired:
@@ -61,12 +79,13 @@ def stopped_line(worker: WorkerProcess) -> str:
     return next(line for line in worker.output().splitlines() if " stopped: " in line)
 
 
-def test_a_stop_whose_acks_wait_on_row_locks_ends_within_its_grace_period(start_worker):
+def test_a_stop_whose_acks_wait_on_row_locks_ends_within_its_grace_period(start_worker,
+                                                                          gate):
     worker = start_worker("--concurrency", "4", "--batch", "6", "--json-summary",
                           env={"MYSQLQ_TEST_GRACE": str(GRACE)})
     labels = [f"locked{i}" for i in range(6)]
-    ids = dict(zip(labels, (h.id for h in tasks.naps.enqueue_many(
-        [[label, 2] for label in labels])), strict=True))
+    ids = dict(zip(labels, (h.id for h in tasks.naps_until_opened.enqueue_many(
+        [[label, str(gate)] for label in labels])), strict=True))
     running = wait_for(lambda: len(started(labels)) == 4 and started(labels),
                        timeout=PATIENCE, message="four tasks to start")
     locked = [ids[label] for label in running]  # type: ignore[union-attr]
@@ -86,7 +105,7 @@ def test_a_stop_whose_acks_wait_on_row_locks_ends_within_its_grace_period(start_
     holder.start()
     try:
         assert holding.wait(10)
-        elapsed = stop_and_time(worker)
+        elapsed = stop_and_time(worker, gate)
     finally:
         done.set()
         holder.join()
@@ -102,7 +121,8 @@ def test_a_stop_whose_acks_wait_on_row_locks_ends_within_its_grace_period(start_
     assert not Attempt.objects.succeeded().exists()
 
 
-def test_a_stop_with_the_database_unreachable_ends_within_its_grace_period(start_worker):
+def test_a_stop_with_the_database_unreachable_ends_within_its_grace_period(start_worker,
+                                                                           gate):
     upstream = connection.settings_dict
     proxy = CountingProxy(upstream["HOST"] or "127.0.0.1", int(upstream["PORT"] or 3306))
     try:
@@ -110,11 +130,11 @@ def test_a_stop_with_the_database_unreachable_ends_within_its_grace_period(start
                               env={"MYSQLQ_TEST_GRACE": str(GRACE),
                                    "MYSQLQ_TEST_PORT": str(proxy.port)})
         labels = [f"cut{i}" for i in range(3)]
-        tasks.naps.enqueue_many([[label, 2] for label in labels])
+        tasks.naps_until_opened.enqueue_many([[label, str(gate)] for label in labels])
         wait_for(lambda: len(started(labels)) == 3, timeout=PATIENCE,
                  message="three tasks to start")
         proxy.close()  # every connection cut, new ones refused: the server is gone
-        elapsed = stop_and_time(worker)
+        elapsed = stop_and_time(worker, gate)
     finally:
         proxy.close()
     output = worker.output()
@@ -136,7 +156,8 @@ def kill_worker_connections() -> list[int]:
     return ids
 
 
-def test_a_sigterm_inside_the_control_loops_wakeup_lock_still_stops_the_worker(start_worker):
+def test_a_sigterm_inside_the_control_loops_wakeup_lock_still_stops_the_worker(start_worker,
+                                                                               gate):
     """CI's hang: a worker SIGTERMed just after an outage logged "SIGTERM received" and
     nothing more. The handler ran on the main thread while that thread held its wake-up
     event's lock (``wakeup.clear()`` at the top of a loop round), then waited for that
@@ -145,7 +166,8 @@ def test_a_sigterm_inside_the_control_loops_wakeup_lock_still_stops_the_worker(s
     worker = start_worker("--concurrency", "2", "--batch", "4", "--json-summary",
                           env={"MYSQLQ_TEST_GRACE": str(GRACE), "MYSQLQ_TEST_SIGNAL_RACE": "1"})
     labels = [f"race{i}" for i in range(4)]
-    ids = [h.id for h in tasks.naps.enqueue_many([[label, 2] for label in labels])]
+    ids = [h.id for h in tasks.naps_until_opened.enqueue_many(
+        [[label, str(gate)] for label in labels])]
     running = wait_for(lambda: len(started(labels)) == 2 and started(labels),
                        timeout=PATIENCE, message="two tasks to start (two more claimed)")
     assert kill_worker_connections()  # the outage the CI worker had just come through
@@ -153,6 +175,8 @@ def test_a_sigterm_inside_the_control_loops_wakeup_lock_still_stops_the_worker(s
              timeout=PATIENCE, message="the control loop to notice the outage")
     sent = time.monotonic()
     worker.signal(signal.SIGUSR1)  # arms the rig: SIGTERM inside the next wakeup.clear()
+    heard_sigterm(worker)
+    gate.touch()  # the two running end now, within the grace period
     try:
         status = worker.wait(timeout=GRACE + STOP_STATEMENT_SECONDS + SLACK)
     except subprocess.TimeoutExpired:

@@ -423,6 +423,14 @@ def naps(label: str, seconds: float) -> str:
     return label
 
 
+@queue_task()
+def naps_until_opened(label: str, gate: str, seconds: float = 60.0) -> str:
+    """``naps`` until the file ``gate`` exists (``wait_for_gate``): no database at its end."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    wait_for_gate(gate, seconds)
+    return label
+
+
 @queue_task(max_attempts=1)
 def fails_verbosely(size: int) -> None:
     """Fails at once with a message of two lines and ``size`` more characters: the log
