@@ -15,6 +15,7 @@ import logging
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import MySQLdb
 import pytest
@@ -216,7 +217,8 @@ def test_a_leader_keeps_claiming_while_the_rate_table_is_locked(start_worker, st
 
 @pytest.mark.worker
 def test_a_leader_recovers_a_killed_peer_while_the_rate_table_is_locked(start_worker,
-                                                                        stranger):
+                                                                        stranger,
+                                                                        tmp_path: Path):
     leader = start_worker("--queues", "default,other", "--concurrency", "1", "--batch", "1",
                           env={"MYSQLQ_TEST_LEASE": LEASE}, label="-leader")
     wait_for(lambda: _started(leader), timeout=30, message="the leader to start")
@@ -224,8 +226,10 @@ def test_a_leader_recovers_a_killed_peer_while_the_rate_table_is_locked(start_wo
     peer = start_worker("--queues", "other", "--concurrency", "1", "--batch", "1",
                         env={"MYSQLQ_TEST_LEASE": LEASE}, label="-peer")
     wait_for(lambda: _started(peer), timeout=30, message="the peer to start")
-    # The leader is busy (no room to claim), so the peer claims the victim.
-    tasks.slow.enqueue("busy", 3)
+    # The leader is busy (no room to claim), so the peer claims the victim. Busy until
+    # the gate opens: had it ended before the peer woke, the leader could take the victim.
+    gate = tmp_path / "gate"
+    tasks.slow_until_opened.enqueue("busy", str(gate))
     wait_for(lambda: Ledger.objects.filter(label="busy:start").exists(), timeout=10,
              message="the leader to run its slow task")
     victim = tasks.slow_first_time.using(queue="other").enqueue("victim", 60).id
@@ -233,13 +237,17 @@ def test_a_leader_recovers_a_killed_peer_while_the_rate_table_is_locked(start_wo
              timeout=10, message="the peer to start the victim")
     with stranger.cursor() as cursor:
         cursor.execute(f"LOCK TABLES {RATE_TABLE} WRITE")
+    gate.touch()  # the leader's slow task ends now
     # Past a housekeeping round of the leader and the end of its slow task: before the
     # fix its loop waited on the lock by now (retention, or its throttled claim).
     time.sleep(float(LEASE) + 1)
     peer.signal(signal.SIGKILL)
     assert peer.wait(timeout=10) == -signal.SIGKILL
+    # Far short of the day lock_wait_timeout made it wait, with room on a loaded machine
+    # for its rounds' 2 s waits on the locked table (retention every LEASE seconds, the
+    # throttled claim's retries).
     wait_for(lambda: Ledger.objects.filter(label="victim:end", pid=leader.pid).exists(),
-             timeout=8, message="the leader to recover and run the victim, table locked")
+             timeout=20, message="the leader to recover and run the victim, table locked")
     # (Acked in a batch a moment after its end.)
     wait_for(lambda: not Message.objects.filter(id=victim).exists(), timeout=5,
              message="the leader to ack the victim, table locked")
