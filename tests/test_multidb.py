@@ -294,6 +294,9 @@ def test_reads_go_to_the_replica_and_claims_and_actions_never(start_worker, sett
     from django.core.management import call_command
 
     settings.MYSQLQ = {**settings.MYSQLQ, "READ_DATABASE": {B: mdb.ALIAS_R}}
+    # The replica first applies what B has (the previous test's writes and the flush
+    # after it arrive asynchronously): it is stopped empty, as the checks below expect.
+    mdb.wait_replicated()
     replica = mdb.raw(mdb.ALIAS_R, database=False)
     try:
         replica.cursor().execute("STOP SLAVE SQL_THREAD")
