@@ -135,21 +135,27 @@ SLOW_UPKEEP = {"MYSQLQ_TEST_HEARTBEAT": "30", "MYSQLQ_TEST_LEASE": "90",
 
 
 def test_a_parked_worker_wakes_for_the_next_occurrence(start_worker):
-    """Every duty of the worker 30 s apart: only the schedule can end its park sooner."""
-    occurrence = (db_now() + dt.timedelta(seconds=8)).replace(microsecond=0)
-    schedules = {"once": {"task": cron_tasks.tick.name, "tz": "UTC", "args": ["once"],
-                          "cron": f"{occurrence:%M %H %d %m} * {occurrence:%S}"}}
+    """Every duty of the worker 30 s apart: only the schedule can end its park sooner.
+
+    The schedule fires every 5 s, and the occurrence checked is the first one due once the
+    worker parks with nothing else to wait for: a one-off occurrence set a few seconds
+    ahead would pass, on a loaded machine, before the worker had started to sync it."""
+    schedules = {"fives": {"task": cron_tasks.tick.name, "tz": "UTC", "args": ["fives"],
+                           "cron": "* * * * * */5"}}
     worker = start_worker("--queues", "default", env={
         **SLOW_UPKEEP, **CRON_MODULE, "MYSQLQ_TEST_SCHEDULES": json.dumps(schedules)})
-    wait_for(lambda: Worker.objects.filter(pid=worker.pid, listening=True).exists(), 15,
+    wait_for(lambda: Worker.objects.filter(pid=worker.pid, listening=True).exists(), 60,
              message="the worker to park")
-    Schedule.objects.exclude(name="once").update(paused=True)  # the every-second ones
-    wait_for(lambda: Schedule.objects.get(name="once").last_message_id, 40,
-             message="the occurrence to be enqueued")
-    row = Schedule.objects.get(name="once")
-    assert row.last_run_at == occurrence
+    Schedule.objects.exclude(name="fives").update(paused=True)  # the every-second ones
+    # The park under way ends at the next second; the one after waits for "fives" alone.
+    after = (db_now() + dt.timedelta(seconds=2)).replace(microsecond=0)
+    occurrence = after + dt.timedelta(seconds=5 - after.second % 5)
+    fired = Message.objects.filter(task_name=cron_tasks.tick.name, payload__contains='"fives"',
+                                   run_at=occurrence)
+    wait_for(fired.exists, 40, message=f"the occurrence of {occurrence} to be enqueued")
     # Enqueued as its time came, not at the end of a 30 s park.
-    assert row.last_enqueued_at - occurrence < dt.timedelta(seconds=5)
+    assert fired.get().enqueued_at - occurrence < dt.timedelta(seconds=5)
+    assert Schedule.objects.get(name="fives").last_run_at >= occurrence
     stop(worker)
 
 
@@ -161,8 +167,10 @@ def test_pause_and_resume_while_workers_run(start_worker):
     time.sleep(3)
     assert len(occurrences(EVERY_SECOND)) == count  # nothing while paused
     assert occurrences(cron_tasks.every_two_seconds.name)[-1] > paused_at  # others go on
-    call_command("queueschedule", "resume", EVERY_SECOND)
+    # Read before the resume: the first occurrence after it (the next whole second) may
+    # be earlier than a read taken after it.
     resumed_at = db_now()
+    call_command("queueschedule", "resume", EVERY_SECOND)
     wait_for(lambda: len(occurrences(EVERY_SECOND)) >= count + 2, 30,
              message="occurrences after the resume")
     stop(*workers)
