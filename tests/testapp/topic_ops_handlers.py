@@ -15,6 +15,7 @@ from django_mysqlq import Topic, TopicEvent
 from django_mysqlq.signals import topic_handler_overran
 
 from .models import GateRun
+from .tasks import wait_for_gate
 
 feed = Topic("opsfeed")
 
@@ -35,7 +36,12 @@ def handle(event: TopicEvent) -> None:
 
 @feed.subscribe(group="slowops", timeout=0.3, max_attempts=1)
 def slow(event: TopicEvent) -> None:
-    time.sleep(event.payload.get("slow_ms", 0) / 1000)
+    """Sleeps ``slow_ms``, or less if the file ``gate`` in the payload appears first."""
+    seconds = event.payload.get("slow_ms", 0) / 1000
+    if event.payload.get("gate"):
+        wait_for_gate(event.payload["gate"], seconds)
+    else:
+        time.sleep(seconds)
     _record("slowops", event, "end")
 
 
