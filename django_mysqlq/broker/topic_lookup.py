@@ -104,10 +104,13 @@ def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = Non
     (newest first), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX),
     each one index range read."""
     if not 1 <= limit <= LOOKUP_MAX:
-        raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages, not {limit}.")
+        raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages (--limit), not "
+                         f"{limit}.")
     ways = [offset is not None, key is not None, since is not None or until is not None]
     if sum(ways) != 1:
-        raise ValueError("Look messages up by an offset, a key, or a time range (one).")
+        raise ValueError("Look messages up by one of: an offset (--offset, with --to-offset "
+                         "for a range), a key (--key) or a time range (--since and/or "
+                         "--until).")
     with connection_for(alias or default_alias()).cursor() as cursor:
         if offset is not None:
             end = offset if to_offset is None else to_offset
@@ -189,7 +192,10 @@ class DeliveryTrace:
 
     @property
     def handled_at(self) -> dt.datetime | None:
-        return self.attempts[-1].finished_at if self.attempts else None
+        """When its last run ended (an operator's later requeue does not move it); with
+        no run (cancelled before any), its last history row's time."""
+        rows = self.runs or self.attempts
+        return rows[-1].finished_at if rows else None
 
 
 def trace(topic: str, offsets: Sequence[int],

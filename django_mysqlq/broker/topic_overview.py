@@ -23,10 +23,12 @@ WINDOWS = (1, 5, 60)
 #: last stamping, a topic nobody reads, stamped once per upkeep, or one whose row a
 #: stranger holds, fell behind the rest).
 MAX_TOPICS = 200
-TOPICS_SQL = (f"SELECT name, last_offset, first_offset, sequenced_at, created_at "
-              f"FROM {TOPIC_TABLE} t ORDER BY (SELECT MAX(published_at) FROM "
-              f"{TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published) WHERE topic = "
-              "t.name) DESC, name LIMIT %s")
+#: Its last publish is that of its newest message kept (the last stamping where
+#: retention deleted them all).
+TOPICS_SQL = (f"SELECT name, last_offset, first_offset, COALESCE((SELECT MAX(published_at) "
+              f"FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published) WHERE topic = "
+              "t.name), sequenced_at) AS last_publish, created_at "
+              f"FROM {TOPIC_TABLE} t ORDER BY last_publish DESC, name LIMIT %s")
 #: Messages of a topic published since a time, along mysqlq_tmsg_published.
 PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                        "(mysqlq_tmsg_published) WHERE topic = %s "
@@ -75,7 +77,7 @@ class TopicVolume:
                 "first_offset": self.first_offset, "kept": self.kept,
                 "last_publish": self.last_publish.isoformat() if self.last_publish else None,
                 "published": {f"{m}m": self.published.get(m, 0) for m in WINDOWS},
-                "rate_per_second": self.rate_per_second}
+                "rate_per_second": round(self.rate_per_second, 2)}
 
 
 def topic_volumes(alias: str | None = None) -> list[TopicVolume]:

@@ -59,15 +59,17 @@ class ReplayResult:
 def _check(cursor: Any, spec: GroupSpec, first: int, last: int) -> int:
     """Validate the range against the topic and group; return the group's row id."""
     if first > last:
-        raise TopicOffsetError(f"The range {first}..{last} is empty: give --from-offset at "
-                               "most --to-offset.")
+        raise TopicOffsetError(f"The range {first}..{last} is empty: its first offset must "
+                               "be at most its last (--from-offset, --to-offset).")
     if last - first + 1 > REPLAY_MAX:
         raise TopicOffsetError(f"A replay takes at most {REPLAY_MAX:,} offsets, not "
                                f"{last - first + 1:,}: split the range.")
     cursor.execute(GROUP_POSITION_SQL, [spec.topic, spec.group])
     row = cursor.fetchone()
     if row is None:
-        raise LookupError(f"Topic {spec.topic!r} has no consumer group {spec.group!r}.")
+        raise LookupError(f"Topic {spec.topic!r} has no consumer group {spec.group!r} (a "
+                          "group is created by the first worker that runs its handler; "
+                          "manage.py queuetopic groups lists them).")
     group_id, position = int(row[0]), int(row[1])
     kept, newest = kept_bounds(cursor, spec.topic) or (1, 0)
     if kept > newest:

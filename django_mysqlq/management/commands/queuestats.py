@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from argparse import ArgumentParser
@@ -49,13 +50,18 @@ def _table(data: ops.Dashboard) -> str:
     return "\n".join(lines)
 
 
+def _when(moment: dt.datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment is not None else "-"
+
+
 def _topic_lines(data: ops.Dashboard) -> list[str]:
     lines: list[str] = []
     if data.topics:
-        lines.extend(["", "topic  last-offset  kept  1m  5m  60m  msg/s (busiest first)"])
+        lines.extend(["", "topic  last-offset  kept  1m  5m  60m  msg/s  last-publish "
+                      "(busiest first)"])
         lines.extend(f"{t.name}  {t.last_offset}  {t.kept}  {t.published.get(1, 0)}  "
                      f"{t.published.get(5, 0)}  {t.published.get(60, 0)}  "
-                     f"{t.rate_per_second:.2f}" for t in data.topics)
+                     f"{t.rate_per_second:.2f}  {_when(t.last_publish)}" for t in data.topics)
     if data.groups:
         lines.extend(["", groups_table(data.groups)])
     for o in data.overran:

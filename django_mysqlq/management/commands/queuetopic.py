@@ -146,7 +146,8 @@ class Command(cli.SaysDatabaseErrors):
     def do_reset(self, options: dict[str, Any]) -> None:
         target = broker.ResetTarget(
             to_offset=options["to_offset"],
-            to_time=ops.parse_since(options["to_time"]) if options["to_time"] else None,
+            to_time=(ops.parse_since(options["to_time"]) if options["to_time"] is not None
+                     else None),
             edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
         done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator(),
                               names=broker.topic_ops.CLI_NAMES)
@@ -166,8 +167,8 @@ class Command(cli.SaysDatabaseErrors):
                           "deliveries.")
 
     def do_lookup(self, options: dict[str, Any]) -> None:
-        since = ops.parse_since(options["since"]) if options["since"] else None
-        until = ops.parse_since(options["until"]) if options["until"] else None
+        since = ops.parse_since(options["since"]) if options["since"] is not None else None
+        until = ops.parse_since(options["until"]) if options["until"] is not None else None
         if since is not None and until is not None and until < since:
             raise CommandError(
                 f"--until ({until.isoformat()}) is before --since ({since.isoformat()}): no "

@@ -1,0 +1,86 @@
+"""What ``queuetopic`` and ``queuestats`` say: the last run's time in a trace, the topics'
+last publish, and errors that name the options to fix (a review of docs/streams.md
+against the commands)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from django_mysqlq import broker
+from tests.operator_support import OPERATOR
+from tests.topic_ops_support import group, handle, publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(command: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_trace_gives_the_last_run_s_time_not_a_later_requeue_s() -> None:
+    """docs/streams.md: the time after the state is that of the last run. A dead delivery
+    requeued later showed the requeue's time."""
+    made = group("orders", "billing")
+    publish("orders", 1)
+    broker.pump(made, batch=100, window=100)
+    [dead] = handle(made, 1, fail=True)
+    with connection.cursor() as cursor:  # the run an hour before the requeue
+        cursor.execute("UPDATE mysqlq_attempt SET finished_at = finished_at - INTERVAL 1 HOUR"
+                       " WHERE message_id = %s", [dead])
+        cursor.execute("SELECT finished_at FROM mysqlq_attempt WHERE message_id = %s", [dead])
+        [(ran,)] = cursor.fetchall()
+    assert broker.requeue([dead], OPERATOR) == [dead]
+    [message] = json.loads(run("queuetopic", "lookup", "--topic", "orders", "--offset", "1",
+                               "--json"))["messages"]
+    [delivery] = message["deliveries"]
+    assert delivery["handled_at"].startswith(ran.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert f" at {ran:%Y-%m-%d %H:%M:%S}" in run("queuetopic", "lookup", "--topic", "orders",
+                                                  "--offset", "1")
+
+
+def test_queuestats_shows_each_topic_s_last_publish_and_a_rate_of_two_decimals() -> None:
+    publish("orders", 1)
+    broker.sequence("orders")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT MAX(published_at) FROM mysqlq_topic_message")
+        [(last,)] = cursor.fetchall()
+    text = run("queuestats")
+    assert "msg/s  last-publish" in text
+    assert f"orders  1  1  1  1  1  0.02  {last:%Y-%m-%d %H:%M:%S}" in text
+    [topic] = json.loads(run("queuestats", "--json"))["topics"]
+    assert topic["rate_per_second"] == 0.02
+    assert topic["last_publish"].startswith(f"{last:%Y-%m-%dT%H:%M:%S}")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("lookup", "--topic", "orders"), "(--offset, with --to-offset for a range), a key "
+     "(--key) or a time range (--since and/or --until)"),
+    (("lookup", "--topic", "orders", "--offset", "1", "--key", "k"), "Look messages up by "
+     "one of:"),
+    (("lookup", "--topic", "orders", "--offset", "1", "--limit", "5000"),
+     "1 to 1000 messages (--limit), not 5000"),
+    (("lookup", "--topic", "orders", "--since", ""), "expected a duration (2h, 3d) or an ISO "
+     "date/time"),
+    (("reset", "billing", "--topic", "orders", "--to-time", ""), "expected a duration (2h, "
+     "3d) or an ISO date/time"),
+    (("replay", "--group", "nosuch", "--topic", "orders", "--from-offset", "1", "--to-offset", "1"),
+     "has no consumer group 'nosuch' (a group is created by the first worker that runs its "
+     "handler; manage.py queuetopic groups lists them)"),
+    (("replay", "--group", "billing", "--topic", "orders", "--from-offset", "2",
+      "--to-offset", "1"),
+     "its first offset must be at most its last (--from-offset, --to-offset)"),
+])
+def test_errors_name_what_to_give(args: tuple[str, ...], says: str) -> None:
+    group("orders", "billing")
+    publish("orders", 2)
+    with pytest.raises(CommandError) as raised:
+        run("queuetopic", *args)
+    assert says in str(raised.value)
