@@ -8,16 +8,20 @@ holds back none of the reader's others."""
 from __future__ import annotations
 
 import signal
+import sys
 from collections import Counter
 
 import pytest
+from django.db.models import F
 
 from django_mysqlq import broker
 from django_mysqlq.broker import Operator
 from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup, TopicState, Worker
 from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests import topic_ops_support
 from tests.burst import run_burst
 from tests.conftest import wait_for
+from tests.operator_support import make_dead
 from tests.subject_support import order_violations
 from tests.testapp import broadcast_handlers, topic_handlers
 from tests.testapp.models import GateRun
@@ -150,6 +154,69 @@ def test_a_failing_group_goes_dead_without_delaying_the_others_and_can_be_requeu
              timeout=PATIENCE, message="the requeued deliveries to run once more")
     assert Attempt.objects.filter(message_id__in=dead, outcome="requeued").count() == 6
     stop(worker)
+
+
+def dead_letter_of(topic: str, group: str, count: int) -> list[int]:
+    """``count`` dead deliveries of the group, made by its pump (no worker: their
+    status is set as a worker's last failed attempt leaves it)."""
+    made = topic_ops_support.group(topic, group)
+    topic_ops_support.publish(topic, count)
+    while broker.pump(made, batch=1000, window=count):
+        pass
+    ids = list(Message.objects.filter(task_name=made.task_name).values_list("pk", flat=True))
+    assert len(ids) == count
+    Message.objects.filter(pk__in=ids).update(status="dead", attempts=F("max_attempts"))
+    return sorted(ids)
+
+
+def test_requeuing_a_whole_dead_letter_requeues_each_dead_delivery_once(monkeypatch):
+    """A group's member whose handler still fails at once sends requeued deliveries back
+    to the dead letter while the requeue goes on (no worker here: each batch requeued
+    goes dead again before the next is read). The requeue walks the dead letter by id:
+    each delivery dead at the call is requeued once, and the call ends. (It read "the
+    first 1,000 dead" on every pass: the deliveries of its first pass came first again,
+    requeued again and again, another attempt and history row each time, never ending
+    while they failed.)"""
+    dead = dead_letter_of("orders", "stuck", 2500)
+    module = sys.modules[broker.requeue_dead.__module__]
+    real = module.requeue
+    passes: list[int] = []
+
+    def requeue_then_fail_again(ids, *args, **kwargs):
+        passes.append(len(ids))
+        assert len(passes) <= 10, f"still requeuing after {sum(passes)} ids: {passes}"
+        done = real(ids, *args, **kwargs)
+        Message.objects.filter(pk__in=done).update(status="dead", attempts=F("max_attempts"))
+        return done
+
+    monkeypatch.setattr(module, "requeue", requeue_then_fail_again)
+    requeued = broker.requeue_dead(delivery_task_name("orders", "stuck"),
+                                   Operator("test:requeue"))
+    assert sorted(requeued) == dead  # each once
+    assert passes == [1000, 1000, 500]
+    history = Counter(Attempt.objects.filter(outcome="requeued").values_list(
+        "message_id", flat=True))
+    assert history == Counter(dead)
+    # One more attempt each, once: max_attempts 2 -> 3.
+    assert set(Message.objects.filter(pk__in=dead).values_list("max_attempts", flat=True)
+               ) == {3}
+
+
+def test_requeuing_dead_deliveries_by_id_leaves_other_tasks_alone():
+    """The ids given are filtered by the task named: a dead message of another task
+    (another group's delivery, or a plain task) stays dead and is not in the result."""
+    mine = dead_letter_of("orders", "stuck", 2)
+    theirs = dead_letter_of("refunds", "other", 1)
+    plain = make_dead()
+    requeued = broker.requeue_dead(delivery_task_name("orders", "stuck"),
+                                   Operator("test:requeue"), ids=[*mine, *theirs, plain])
+    assert sorted(requeued) == mine
+    assert set(Message.objects.filter(pk__in=mine).values_list("status", flat=True)
+               ) == {"ready"}
+    assert set(Message.objects.filter(pk__in=[*theirs, plain]).values_list(
+        "status", flat=True)) == {"dead"}
+    assert not Attempt.objects.filter(message_id__in=[*theirs, plain],
+                                      outcome="requeued").exists()
 
 
 @pytest.mark.parametrize("isolation", [{}, {"MYSQLQ_TEST_ISOLATION": "repeatable read"}],

@@ -43,6 +43,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``kept``       a topic's first kept offset, checked (one set by hand past the last)
 ``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
+``dead_letter`` a group's dead deliveries: listed, requeued
 ``topic_problems`` why a group's pump can't go on, kept on its row for operators
 
 This package re-exports what the worker, the admin and the commands call, so they
@@ -77,20 +78,19 @@ from .base import (
     was_interrupted,
 )
 from .claim import READ_CLAIMED_SQL, claim, claim_sql, claim_sql_for
+from .dead_letter import dead_deliveries, requeue_dead
 from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
     PumpClaim,
     Pumped,
     create_group,
-    dead_deliveries,
     group_behind,
     position,
     pump,
     pump_claiming,
     pump_claims_supported,
     pump_group,
-    requeue_dead,
 )
 from .enqueue import enqueue
 from .held import (

@@ -31,7 +31,7 @@ from django.db import DatabaseError
 from ..messages import ClaimedMessage, NewMessage
 from ..models import MessageStatus
 from ..signals import topic_pumped
-from ..topicnames import EARLIEST, delivery_task_name
+from ..topicnames import EARLIEST
 from .base import (
     MESSAGE_TABLE,
     connection_for,
@@ -41,10 +41,11 @@ from .base import (
     micros,
     send_robust,
 )
+from .dead_letter import dead_deliveries as dead_deliveries  # (moved: re-exported)
+from .dead_letter import requeue_dead as requeue_dead  # (moved: re-exported)
 from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .literals import execute_escaped
-from .operate import Operator, requeue
 from .oversized import PUMP_READ_SQL, Oversized, fitting
 from .packets import row_room, split_by_size, statement_room
 from .park import wake
@@ -136,11 +137,6 @@ DELIVERY_INSERT_SQL = (f"INSERT INTO {MESSAGE_TABLE} ({_DELIVERY_COLUMNS}) VALUE
 DELIVERY_INSERT_CHUNK = 1000
 #: A group's position (None: no such group).
 POSITION_SQL = f"SELECT position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
-#: Dead deliveries of one group and topic (its dead letter), oldest first.
-DEAD_DELIVERIES_SQL = (
-    f"SELECT m.id FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task) "
-    "WHERE m.task_name = %s AND m.status = 'dead' ORDER BY m.id LIMIT %s"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,34 +463,3 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         send_robust(topic_pumped, spec.topic, group=spec.group, count=pumped)
     return pumped, taken, (oversized[0] if oversized else None)
 
-
-def dead_deliveries(topic: str, group: str, limit: int = 1000,
-                    alias: str | None = None) -> list[int]:
-    """Ids of the group's dead deliveries of ``topic`` (its dead letter), oldest first."""
-    return dead_deliveries_by_task(delivery_task_name(topic, group), limit, alias)
-
-
-
-def requeue_dead(task_name: str, operator: Operator, ids: Sequence[int] | None = None, *,
-                 reset_attempts: bool = False) -> list[int]:
-    """Requeue dead deliveries of one group and topic (``ids``, or its whole dead letter,
-    1,000 at a time); return the ids requeued. Each gets one more attempt, or a full set
-    with ``reset_attempts``; the history says who did it."""
-    if ids is None:
-        done: list[int] = []
-        while batch := dead_deliveries_by_task(task_name):
-            requeued = requeue(batch, operator, reset_attempts=reset_attempts,
-                               statuses=(MessageStatus.DEAD,))
-            done.extend(requeued)
-            if not requeued:
-                break
-        return done
-    return requeue(list(ids), operator, reset_attempts=reset_attempts,
-                   statuses=(MessageStatus.DEAD,))
-
-
-def dead_deliveries_by_task(task_name: str, limit: int = 1000,
-                            alias: str | None = None) -> list[int]:
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(DEAD_DELIVERIES_SQL, [task_name, limit])
-        return [int(row[0]) for row in cursor.fetchall()]
