@@ -115,6 +115,24 @@ def test_bulk_reset_to_latest(root, orders) -> None:
     assert not Message.objects.filter(status__in=("ready", "blocked")).exists()
 
 
+def test_bulk_reset_acts_on_every_selected_group_past_a_hundred(root, orders) -> None:
+    """The action reset only the first 100 selected groups, silently: all 105 are reset
+    now, each changed by the operator, and the message counts them all."""
+    for n in range(103):
+        group("orders", f"g{n:03}")
+    ids = list(TopicGroup.objects.values_list("pk", flat=True))
+    assert len(ids) == 105
+    assert TopicGroup.objects.exclude(position=6).count() == 104  # billing is at 6
+    response = root.post(GROUPS, {"action": "reset_latest", ACTION_CHECKBOX_NAME: ids},
+                         follow=True)
+    assert set(TopicGroup.objects.values_list("position", flat=True)) == {6}
+    assert set(TopicGroup.objects.values_list("changed_by", flat=True)) == {"admin:root"}
+    assert not Message.objects.filter(status__in=("ready", "blocked")).exists()
+    said = [str(m) for m in response.context["messages"]]  # (billing's three waited)
+    assert said == ["105 groups reset to the latest message; 3 waiting deliveries "
+                    "cancelled."], said
+
+
 def test_operating_needs_the_change_permission(orders) -> None:
     viewer = Client()
     viewer.force_login(user("viewer"))

@@ -47,11 +47,30 @@ _states_now: contextvars.ContextVar[dict[tuple[str, str], broker.GroupState]] = 
     contextvars.ContextVar("mysqlq_group_states_now")
 
 
+#: The bulk reset reads the selected groups this many at a time (walked by id); up to
+#: this many selected, each reset gets its own message, more get one that counts them
+#: (a refusal always has its own).
+BULK_BATCH = 100
+SAY_EACH = 10
+
+
 def _bulk_reset(edge: str) -> Any:
     def run(modeladmin: TopicGroupAdmin, request: HttpRequest,
             queryset: QuerySet[Any]) -> None:
-        for row in queryset[:100]:
-            modeladmin.reset(request, row, broker.ResetTarget(edge=edge))
+        """Reset every selected group (it reset only the first 100, silently)."""
+        target = broker.ResetTarget(edge=edge)
+        say_each = queryset.count() <= SAY_EACH
+        reset = cancelled = last = 0
+        while batch := list(queryset.filter(pk__gt=last).order_by("pk")[:BULK_BATCH]):
+            for row in batch:
+                done = modeladmin.reset(request, row, target, say=say_each)
+                if done is not None:
+                    reset, cancelled = reset + 1, cancelled + done.cancelled
+            last = batch[-1].pk
+        if reset and not say_each:
+            modeladmin.message_user(request, f"{reset} groups reset to the {edge} message; "
+                                    f"{cancelled} waiting deliveries cancelled.",
+                                    messages.SUCCESS)
 
     run.__name__ = f"reset_{edge}"
     return admin.action(description=f"Reset to the {edge} message (selected groups)",
@@ -184,18 +203,23 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             self.message_user(request, str(exc), messages.ERROR)
         return HttpResponseRedirect(back)
 
-    def reset(self, request: HttpRequest, row: TopicGroup, target: broker.ResetTarget) -> None:
+    def reset(self, request: HttpRequest, row: TopicGroup, target: broker.ResetTarget,
+              say: bool = True) -> broker.ResetResult | None:
+        """Reset the group and say how (``say``; a refusal always); None if refused."""
         try:  # a refusal names the other targets in the form's words
             done = topicops.reset(row.topic, row.group_name, target, actions.who(request),
                                   names=broker.topic_ops.TARGET_NAMES)
         except (ValueError, LookupError) as exc:
             self.message_user(request, f"{row.topic} / {row.group_name}: {exc}", messages.ERROR)
-            return
+            return None
+        if not say:
+            return done
         summary = topicops.reset_summary(done, target)
         self.message_user(request, f"Group {done.group} of {done.topic} reset to "
                           f"{target.describe()}: position {done.old_position} -> "
                           f"{done.new_position}; {done.cancelled} waiting deliveries "
                           "cancelled." + (f" {summary}" if summary else ""), messages.SUCCESS)
+        return done
 
 
 def _range(first: str, last: str) -> tuple[int, int]:
