@@ -52,12 +52,12 @@ from .base import (
 )
 from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
+from .topic_repairs import DUPLICATE_KEY, counter_behind, log_sequenced_again, sequenced_before
 
-TOPIC_TABLE = "mysqlq_topic"
-TOPIC_MESSAGE_TABLE = "mysqlq_topic_message"
-#: The (topic, offset) unique index: also walks a topic's unsequenced rows (NULL offsets
-#: first) in id order.
-OFFSET_INDEX = "mysqlq_tmsg_offset"
+# (Re-exported: the modules that use them took them from here first.)
+from .topictables import OFFSET_INDEX as OFFSET_INDEX
+from .topictables import TOPIC_MESSAGE_TABLE as TOPIC_MESSAGE_TABLE
+from .topictables import TOPIC_TABLE as TOPIC_TABLE
 
 #: Rows per multi-row INSERT of publish_many (bytes per statement: see packets.py).
 PUBLISH_CHUNK = 1000
@@ -106,10 +106,10 @@ UNSEQUENCED_SQL = (
 #: index (its extended keys leave them out) and sorted the whole backlog in every round:
 #: 70 ms a round with 500,000 rows unsequenced (all readers down for a while), 0.5 ms so.
 #: With each row's ``sequenced_at``, set on a row without an offset only where one was
-#: cleared by hand (see :func:`_log_sequenced_again`): not in the index, so a lookup per
-#: row read (``batch`` at most, the rows the stamp then updates). Measured on rounds of
-#: 1,000: 0.5-1.1 ms more on a read of 0.7-1.2 ms, in a round whose stamp takes some
-#: 30 ms; a separate check of the ids by primary key took 1.7-5 ms and a round trip.
+#: cleared by hand (see :func:`.topic_repairs.log_sequenced_again`): not in the index, so
+#: a lookup per row read (``batch`` at most, the rows the stamp then updates). Measured
+#: on rounds of 1,000: 0.5-1.1 ms more on a read of 0.7-1.2 ms, in a round whose stamp
+#: takes some 30 ms; a separate check of the ids by primary key took 1.7-5 ms and a round trip.
 UNSEQUENCED_IN_INDEX_ORDER_SQL = (
     f"SELECT id, sequenced_at FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX ({OFFSET_INDEX}) "
     "WHERE topic = %s AND msg_offset IS NULL LIMIT %s"
@@ -117,19 +117,8 @@ UNSEQUENCED_IN_INDEX_ORDER_SQL = (
 #: Stamp the picked rows: ``{cases}`` is ``WHEN id THEN offset`` per row.
 STAMP_SQL = (f"UPDATE {TOPIC_MESSAGE_TABLE} SET msg_offset = CASE id {{cases}} END, "
              "sequenced_at = UTC_TIMESTAMP(6) WHERE id IN ({ids})")
-#: Which of the ids a round is about to stamp were sequenced before (an offset cleared by
-#: hand keeps its ``sequenced_at``), by primary key: after the sorted read only.
-SEQUENCED_BEFORE_SQL = (f"SELECT id, sequenced_at FROM {TOPIC_MESSAGE_TABLE} "
-                        "WHERE id IN ({ids}) AND sequenced_at IS NOT NULL ORDER BY id")
-#: Messages a round's error names one by one (the others are counted).
-NAMED_AGAIN = 10
 ADVANCE_TOPIC_SQL = (f"UPDATE {TOPIC_TABLE} SET last_offset = %s, "
                      "sequenced_at = UTC_TIMESTAMP(6) WHERE name = %s")
-#: The highest offset a message of the topic has (one dive into the offset index).
-HIGHEST_OFFSET_SQL = (f"SELECT MAX(msg_offset) FROM {TOPIC_MESSAGE_TABLE} "
-                      f"FORCE INDEX ({OFFSET_INDEX}) WHERE topic = %s")
-#: A duplicate key: here, an offset a message already has.
-DUPLICATE_KEY = 1062
 #: The highest offset given out (0: none yet, or no such topic).
 LAST_OFFSET_SQL = f"SELECT last_offset FROM {TOPIC_TABLE} WHERE name = %s"
 #: The queues of a topic's groups, as their rows say. A publisher that never imported the
@@ -320,47 +309,13 @@ def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = Fals
     except IntegrityError as exc:
         if error_code(exc) != DUPLICATE_KEY:
             raise
-        last = _counter_behind(cursor, topic, last)
+        last = counter_behind(cursor, topic, last)
         _stamp(cursor, ids, last)
     cursor.execute(ADVANCE_TOPIC_SQL, [last + len(ids), topic])
     if again:
-        _log_sequenced_again(topic, again, {message_id: last + index for index, message_id
+        log_sequenced_again(topic, again, {message_id: last + index for index, message_id
                                             in enumerate(ids, start=1)})
     return len(ids)
-
-
-def sequenced_before(cursor: Any, ids: Sequence[int]) -> list[tuple[int, dt.datetime]]:
-    """Of ``ids`` (rows without an offset), those that had one: ``(id, sequenced_at)``."""
-    cursor.execute(SEQUENCED_BEFORE_SQL.format(ids=", ".join(["%s"] * len(ids))), list(ids))
-    return [(int(row[0]), aware_utc(row[1]) or row[1]) for row in cursor.fetchall()]
-
-
-def _log_sequenced_again(topic: str, again: Sequence[tuple[int, dt.datetime]],
-                         offsets: dict[int, int]) -> None:
-    """Say, once per round, that messages sequenced before were stamped again.
-
-    Their offset was set back to NULL by hand (``sequenced_at`` stays). The round stamps
-    them again rather than leave them out: the old offset is gone (a gap every reader
-    skips), so a message left without one would never reach a group that had not read
-    that far, and it would head every round's read for good. Stamped again, nothing is
-    lost; each group gets it at its new offset, a second time for a group that had read
-    past the old one (at least once holds; out of its key's order). Logged at error
-    level with what the operator should have done instead.
-    """
-    named = ", ".join(f"id {message_id} (sequenced {when.isoformat()}, now offset "
-                      f"{offsets[message_id]})" for message_id, when in again[:NAMED_AGAIN])
-    if len(again) > NAMED_AGAIN:
-        named += f" and {len(again) - NAMED_AGAIN} more"
-    logger.error(
-        "Topic %r: %d message(s) sequenced before had no offset (msg_offset set back to NULL "
-        "by hand?): %s. They were given new offsets, so every consumer group and broadcast "
-        "reader gets them again, at the new offsets: a second time where they were read "
-        "before (duplicates; out of order for their key); nothing is lost, and their old "
-        "offsets are gaps every reader skips. Don't clear an offset to deliver a message "
-        "again: `manage.py queuetopic replay --topic %s --group <group> --from-offset "
-        "<offset> --to-offset <offset>` delivers a range again to one group, and "
-        "`manage.py queuetopic reset <group> --topic %s --to-offset <offset>` moves a group "
-        "back.", topic, len(again), named, topic, topic)
 
 
 def _stamp(cursor: Any, ids: Sequence[int], last: int) -> None:
@@ -371,26 +326,6 @@ def _stamp(cursor: Any, ids: Sequence[int], last: int) -> None:
         params.extend((message_id, last + index))
     cursor.execute(STAMP_SQL.format(cases=cases, ids=", ".join(["%s"] * len(ids))),
                    [*params, *ids])
-
-
-def _counter_behind(cursor: Any, topic: str, last: int) -> int:
-    """The topic's ``last_offset`` is below an offset a message has (changed by hand: the
-    counter lowered, or a message's offset raised), so the next ones would be refused by
-    the unique index in every round: go on after the highest one (the round's stamp is
-    its statement alone, undone by the server; the transaction goes on). Logged: it
-    happens once, the round moves the counter."""
-    cursor.execute(HIGHEST_OFFSET_SQL, [topic])
-    highest = int(cursor.fetchone()[0] or 0)
-    if highest <= last:  # (not the counter's doing: let the error be seen)
-        raise IntegrityError(f"Topic {topic!r}: a duplicate offset, though its last_offset "
-                             f"({last}) is the highest given out.")
-    logger.error(
-        "Topic %r: its last_offset (%d) is below offsets its messages already have (offsets "
-        "up to %d; changed by hand?), so the next offsets would have been given twice. "
-        "New messages get offsets after %d; no message was changed. Groups at positions "
-        "between keep theirs (they read on in offset order): check `queuetopic groups`.",
-        topic, last, highest, highest)
-    return highest
 
 
 #: The next topic name that has messages: one dive into the (topic, offset) index per
