@@ -196,15 +196,20 @@ def test_kill_9_claims_are_recovered_by_a_peer_already_running(start_worker, gat
 # --------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
-def graceful_stop(start_worker, signum: int, count: int, seconds: float) -> None:
-    """One worker, one task thread, ``count`` claimed; stop it with ``signum`` mid-task."""
+def graceful_stop(start_worker, gate: Path, signum: int, count: int) -> None:
+    """One worker, one task thread, ``count`` claimed; stop it with ``signum`` mid-task.
+    The running task lasts until the worker has heard the signal (the gate opens then),
+    however slow the machine is to see it start."""
     labels = [f"g{i}" for i in range(count)]
     worker = start_worker("--concurrency", "1", "--batch", str(count))
-    handles = tasks.slow.enqueue_many([[label, seconds] for label in labels])
+    handles = tasks.slow_until_opened.enqueue_many([[label, str(gate)] for label in labels])
     ids = {label: h.id for label, h in zip(labels, handles, strict=True)}
     wait_for(lambda: claimed_by(worker, ids.values()) and started(labels), timeout=PATIENCE,
              message="the worker to claim every message and start the first")
     worker.signal(signum)
+    wait_for(lambda: f"{signal.Signals(signum).name} received" in worker.output(),
+             timeout=PATIENCE, message="the worker to hear the signal")
+    gate.touch()  # the running task ends now, during the stop
     status = wait_exit(worker)  # GRACE_SECONDS is 10 in the tests: it comes well before
     output = worker.output()
     assert status == 0, output
@@ -231,12 +236,12 @@ def graceful_stop(start_worker, signum: int, count: int, seconds: float) -> None
     assert row.processed == 1
 
 
-def test_sigterm_finishes_the_running_task_and_releases_the_rest(start_worker):
-    graceful_stop(start_worker, signal.SIGTERM, count=5, seconds=2)
+def test_sigterm_finishes_the_running_task_and_releases_the_rest(start_worker, gate):
+    graceful_stop(start_worker, gate, signal.SIGTERM, count=5)
 
 
-def test_sigint_stops_as_gracefully_as_sigterm(start_worker):
-    graceful_stop(start_worker, signal.SIGINT, count=3, seconds=1.5)
+def test_sigint_stops_as_gracefully_as_sigterm(start_worker, gate):
+    graceful_stop(start_worker, gate, signal.SIGINT, count=3)
 
 
 def test_a_second_sigterm_exits_at_once_and_a_peer_recovers(start_worker, gate):
