@@ -94,7 +94,7 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
           raise_errors: bool = True, wait_seconds: float = 0.0) -> DrainResult:
     """Run the queued messages in this process, one at a time, until none is ready.
 
-    ``queues``: the queues to take from, in that order (default: every queue holding
+    ``queues``: a list of the queues to take from, in that order (default: every queue holding
     messages); paused queues are left alone, as a worker leaves them. ``max_messages``:
     stop after that many attempts. ``wait_seconds``: also wait for scheduled messages
     (retries, delays) that fall due within that many seconds, and run them; rate-limited
@@ -113,6 +113,10 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
     from .checks import queue_vendor
     from .worker.executor import execute
 
+    if isinstance(queues, (str, bytes)):  # else each of its letters would be a queue
+        name = queues.decode(errors="replace") if isinstance(queues, bytes) else queues
+        raise TypeError(f"drain() takes a list of queue names, e.g. [{name!r}], not the "
+                        f"string {queues!r}.")
     conf = get_settings()
     # Each database that holds the queues asked for (every queue database by default),
     # in turn: a queue placed on another alias is drained there, as its worker would.

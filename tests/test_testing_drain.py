@@ -107,6 +107,17 @@ def test_queues_max_messages_and_paused_queues():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_queue_name_given_as_a_string_is_refused():
+    # drain("elsewhere") would take it as the queues 'e', 'l', 's', ... and run nothing.
+    tt.elsewhere.enqueue("s1")
+    for wrong in ("elsewhere", b"elsewhere"):
+        with pytest.raises(TypeError, match=r"a list of queue names.*\['elsewhere'\]"):
+            drain(wrong)
+    assert Message.objects.count() == 1
+    assert outcomes(drain(("elsewhere",))) == [("elsewhere", 1, "succeeded")]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_messages_enqueued_by_the_tasks_run_in_the_same_drain():
     tt.chain.enqueue("c", 2)
     assert drain().succeeded == 3
