@@ -118,7 +118,7 @@ def problems() -> list[str]:
             found.append(str(exc))
     try:
         declared()
-    except ScheduleProblem as exc:
+    except QueueError as exc:  # a ScheduleProblem, or a cron task's over MAX_PAYLOAD_BYTES
         if str(exc) not in found:
             found.append(str(exc))
     return found

@@ -111,19 +111,21 @@ class ScheduleStatus:
                 "stored": self.stored}
 
 
-def write_declared() -> list[str]:
+def write_declared() -> tuple[list[str], list[str]]:
     """Write the schedules this code and settings declare that no worker has written yet
     (on the queue database in use), so an operator can list, pause or run them before the
-    first worker starts. Existing rows stay as they are. Returns the names added; raises
-    :class:`recurring.ScheduleProblem` when a declaration is wrong."""
+    first worker starts. Existing rows stay as they are. A declaration that is wrong is
+    left out, the others written. Returns the names added and what is wrong with the
+    declarations (one message each, as the system check ``django_mysqlq.E006`` says)."""
     from . import recurring
     from .registry import import_task_modules
     from .routing import alias_for_queue
 
     import_task_modules()
     here = broker.default_alias()
-    declared = [each for each in recurring.declared() if alias_for_queue(each.queue) == here]
-    return broker.add_missing_schedules(declared, here)
+    declared = [each for each in recurring.declared_leniently()
+                if alias_for_queue(each.queue) == here]
+    return broker.add_missing_schedules(declared, here), recurring.problems()
 
 
 def statuses(queue_alias: str | None = None) -> list[ScheduleStatus]:

@@ -278,3 +278,19 @@ def test_a_repeated_prune_of_a_deleted_schedule_deletes_no_other(root, three_sch
     assert broker.prune_schedules([]) == 0
     assert Schedule.objects.filter(name="hourly").exists()
     assert broker.prune_schedules() == 1
+
+
+def test_a_bad_declaration_is_reported_and_the_others_are_written(settings):
+    """One ``MYSQLQ['SCHEDULES']`` entry names no registered task: ``queueschedule`` says
+    so on stderr and still writes the good one, which can be paused at once."""
+    settings.MYSQLQ = {**settings.MYSQLQ, "SCHEDULES": {
+        "a-broken": {"task": "tests.testapp.tasks.no_such_task", "cron": "0 4 * * *"},
+        "nightly-report": {"task": "tests.testapp.tasks.record", "cron": "0 3 * * *",
+                           "args": ["nightly"]}}}
+    out, err = io.StringIO(), io.StringIO()
+    call_command("queueschedule", "pause", "nightly-report", stdout=out, stderr=err)
+    assert out.getvalue() == "Paused: nightly-report.\n"
+    assert "MYSQLQ['SCHEDULES']['a-broken'] names the task " in err.getvalue()
+    assert "nightly-report" not in err.getvalue()
+    assert Schedule.objects.get(name="nightly-report").paused
+    assert not Schedule.objects.filter(name="a-broken").exists()

@@ -49,12 +49,9 @@ class Command(cli.SaysDatabaseErrors):
 
     def _handle(self, **options: Any) -> None:
         action, names = options["action"], options["names"]
-        from django_mysqlq import recurring
-
-        try:
-            scheduling.write_declared()
-        except recurring.ScheduleProblem as exc:  # the others can still be acted on
-            self.stderr.write(f"Declared schedules not written: {exc}")
+        _, problems = scheduling.write_declared()  # the good ones, even if one is wrong
+        for problem in problems:
+            self.stderr.write(f"Declared schedule not written: {problem}")
         if action == "list":
             if names:
                 raise CommandError("list takes no names; it lists every schedule.")
