@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from django.db import router
 
@@ -77,12 +77,24 @@ def group_by_alias(queues: Iterable[str]) -> dict[str, list[str]]:
     return groups
 
 
+def add_queue_source(source: Callable[[], Iterable[str]]) -> None:
+    """Have :func:`queue_aliases` also place the queues ``source()`` names (the app's
+    ``ready()`` adds the queues of the tasks this process knows: this module can't import
+    the registry and the Tasks backend without an import cycle)."""
+    if source not in _queue_sources:
+        _queue_sources.append(source)
+
+
+_queue_sources: list[Callable[[], Iterable[str]]] = []
+
+
 def queue_aliases(also: Iterable[str] = ()) -> tuple[str, ...]:
     """Every alias that holds queues: ``MYSQLQ['DATABASE']`` first, then those of
-    ``MYSQLQ['QUEUES']`` and of the queues ``also`` names (a router's answers), in name
-    order."""
+    ``MYSQLQ['QUEUES']``, of the queues of the tasks this process knows (placed by a
+    router's ``db_for_queue`` too) and of the queues ``also`` names, in name order."""
     conf = get_settings()
-    found = {alias_for_queue(queue) for queue in [*conf.QUEUES, *also]}
+    known = [queue for source in _queue_sources for queue in source()]
+    found = {alias_for_queue(queue) for queue in [*conf.QUEUES, *known, *also]}
     return (conf.DATABASE, *sorted(found - {conf.DATABASE}))
 
 

@@ -82,6 +82,41 @@ def test_a_queue_is_placed_by_its_setting_then_a_router_then_the_default() -> No
     assert routing.QueueRouter().allow_migrate(B, "auth") is None
 
 
+def test_a_queue_placed_only_by_a_router_makes_its_alias_a_queue_database(settings) -> None:
+    """queue_aliases() read MYSQLQ['QUEUES'] only: with a task's queue placed on B by a
+    router's db_for_queue alone, QueueRouter refused to migrate the queue tables to B
+    (enqueue then failed with 1146), drain() skipped B and --database B was refused."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_mysqlq import queue_task, testing
+    from django_mysqlq.registry import registry
+
+    class Router:
+        def db_for_queue(self, queue: str) -> str | None:
+            return B if queue == "mdb_routed" else None
+
+    def routed_task(label: str) -> None: ...
+
+    task = queue_task(queue="mdb_routed", name="tests.multidb.routed_task")(routed_task)
+    settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {}}
+    try:
+        with override_settings(DATABASE_ROUTERS=[Router()]):
+            assert routing.queue_aliases() == ("default", B)
+            assert routing.QueueRouter().allow_migrate(B, "django_mysqlq") is True
+            task.enqueue("first")
+            assert count(B, "mysqlq_message") == 1
+            call_command("queuecancel", "--status", "ready", "--database", B,
+                         stdout=StringIO())
+            assert count(B, "mysqlq_message") == 0
+            task.enqueue("second")
+            assert testing.drain().succeeded == 1  # every queue database, B too
+            assert count(B, "mysqlq_message") == 0
+    finally:
+        registry._tasks.pop("tests.multidb.routed_task", None)
+
+
 def test_enqueue_joins_the_transaction_of_the_queues_own_database() -> None:
     with transaction.atomic(using=B):
         handle = tasks.record.using(queue=QUEUE_B).enqueue("rolled back")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 from .. import broker
@@ -30,6 +31,16 @@ def known_queues() -> set[str]:
     """The queues of every task this process knows (imports the task modules first)."""
     import_task_modules()
     return registry.queues() | {get_settings().DEFAULT_QUEUE} | declared_queues()
+
+
+def placed_queues() -> set[str]:
+    """:func:`known_queues` for ``routing.queue_aliases()`` (migrate, ``drain()``,
+    ``--database``, the admin): a task module that fails to import is left out, not
+    raised (the system check ``django_mysqlq.E005`` names it)."""
+    try:
+        return known_queues()
+    except ImproperlyConfigured:
+        return registry.queues() | {get_settings().DEFAULT_QUEUE} | declared_queues()
 
 
 def resolve(requested: Sequence[str] | None) -> tuple[str, ...]:
