@@ -399,6 +399,49 @@ def test_the_operator_commands_act_on_the_database_they_are_given() -> None:
         call_command("queuecancel", "--status", "ready", "--database", "nowhere")
 
 
+def test_an_operator_command_given_a_queue_acts_on_that_queues_database(
+        monkeypatch) -> None:
+    """--queue without --database acted on MYSQLQ['DATABASE'] even when the queue lives on
+    B: queuecancel/queuerequeue changed nothing there and queuesubject showed nothing."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from django_mysqlq import ops
+
+    tasks.record.enqueue("stays on a")
+    tasks.record.using(queue=QUEUE_B).enqueue("cancelled on b")
+    call_command("queuecancel", "--status", "ready", "--queue", QUEUE_B, stdout=StringIO())
+    assert count(B, "mysqlq_message") == 0
+    assert count("default", "mysqlq_message") == 1
+    dead = tasks.record.using(queue=QUEUE_B).enqueue("dead on b")
+    mdb.query(B, "UPDATE mysqlq_message SET status = 'dead' WHERE id = %s", [dead.id])
+    out = StringIO()
+    call_command("queuerequeue", "--queue", QUEUE_B, stdout=out)
+    assert out.getvalue() == "Requeued 1 message(s).\n"
+    assert count(B, "mysqlq_message", "status = 'ready'") == 1
+    seen: list[str] = []
+    real = ops.subject_state
+
+    def recording(queue: str, key: str, *, ordered: bool = True) -> ops.SubjectState:
+        seen.append(broker.default_alias())
+        return real(queue, key, ordered=ordered)
+
+    monkeypatch.setattr(ops, "subject_state", recording)
+    call_command("queuesubject", "show", "k", "--queue", QUEUE_B, stdout=StringIO())
+    assert seen == [B]
+    # A --database the queue does not live on is refused, not acted on.
+    for command in (["queuecancel", "--status", "ready"], ["queuerequeue"],
+                    ["queuesubject", "show", "k"]):
+        with pytest.raises(CommandError, match=rf"'{QUEUE_B}' lives on the database "
+                                               rf"'{B}', not 'default'"):
+            call_command(*command, "--queue", QUEUE_B, "--database", "default")
+    with pytest.raises(CommandError, match=r"on several databases"):
+        call_command("queuecancel", "--status", "ready", "--queue", f"default,{QUEUE_B}")
+    assert count(B, "mysqlq_message") == 1 and count("default", "mysqlq_message") == 1
+
+
 def test_max_tasks_counts_for_the_whole_process_over_both_databases(start_worker,
                                                                     env_b) -> None:
     tasks.record.enqueue_many([tasks.record.call(f"a{i}") for i in range(10)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from argparse import ArgumentParser, ArgumentTypeError
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
@@ -109,9 +110,34 @@ def queue_database(alias: str | None) -> str | None:
     return alias
 
 
-def on_database(alias: str | None) -> contextlib.AbstractContextManager[None]:
-    """This command's statements go to ``alias`` (a queue database; never a replica)."""
-    return routing.on_alias(queue_database(alias))
+def on_database(alias: str | None,
+                queues: Sequence[str] = ()) -> contextlib.AbstractContextManager[None]:
+    """This command's statements go to ``alias`` (a queue database; never a replica), or,
+    without one, to the database that holds ``queues`` (the command's ``--queue``)."""
+    return routing.on_alias(queue_database(_of_queues(alias, queues)))
+
+
+def _of_queues(alias: str | None, queues: Sequence[str]) -> str | None:
+    """``--database`` checked against the databases ``--queue``'s queues live on, or, when
+    it is left out, theirs; a CommandError when they differ or are several."""
+    if not queues:
+        return alias
+    placed = {queue: routing.alias_for_queue(queue) for queue in queues}
+    if alias is not None:
+        for queue, where in placed.items():
+            if where != alias:
+                raise CommandError(
+                    f"The queue {queue!r} lives on the database {where!r}, not {alias!r} "
+                    f"(--database): give --database {where}, or leave --database out.")
+        return alias
+    found = sorted(set(placed.values()))
+    if len(found) > 1:
+        raise CommandError(
+            "The queues given live on several databases ("
+            + "; ".join(f"{where}: {', '.join(q for q, a in placed.items() if a == where)}"
+                        for where in found)
+            + "): run the command once per database, with --database and its queues.")
+    return found[0]
 
 
 class SaysDatabaseErrors(BaseCommand):

@@ -20,7 +20,7 @@ class Command(cli.SaysDatabaseErrors):
         cli.add_filter_arguments(parser, default_status=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with cli.on_database(options["database"]):
+        with cli.on_database(options["database"], options["queue"]):
             self._handle(**options)
 
     def _handle(self, **options: Any) -> None:

@@ -20,7 +20,7 @@ class Command(cli.SaysDatabaseErrors):
                             help="Give each message a full set of attempts again.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with cli.on_database(options["database"]):
+        with cli.on_database(options["database"], options["queue"]):
             self._handle(**options)
 
     def _handle(self, **options: Any) -> None:

@@ -26,7 +26,10 @@ class Command(cli.SaysDatabaseErrors):
                             help="KEY is a concurrency key, not an ordered subject (show only).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with cli.on_database(options["database"]):
+        from django_mysqlq.conf import get_settings
+
+        queue = options["queue"] or get_settings().DEFAULT_QUEUE
+        with cli.on_database(options["database"], [queue]):
             self._handle(**options)
 
     def _handle(self, **options: Any) -> None:
