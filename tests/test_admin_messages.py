@@ -12,6 +12,7 @@ from django_mysqlq.models import Attempt, Message
 from tests.conftest import wait_for
 from tests.operator_support import claim_in_peer, claim_only, make_dead, user
 from tests.testapp import tasks
+from tests.testapp.rated_tasks import per_account
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -238,6 +239,21 @@ def test_the_message_buttons_requeue_cancel_and_prioritise(root):
     handle = tasks.record.enqueue("p")
     root.post(act_url(handle.id, "priority"), {"confirmed": "yes", "priority": "-3"})
     assert Message.objects.get(pk=handle.id).priority == -3
+
+
+def test_a_throttled_message_page_offers_cancel_and_change_priority(root):
+    # docs/operations.md: both apply to throttled messages, as the broker allows.
+    handle = per_account.enqueue("acct", 1, "admin")
+    assert status(handle.id) == "throttled"
+    page = root.get(reverse("admin:django_mysqlq_message_change", args=[handle.id]))
+    content = page.content.decode()
+    assert 'id="act-cancel"' in content and 'id="act-priority"' in content
+    assert 'id="act-requeue"' not in content
+    response = root.post(act_url(handle.id, "priority"), {"confirmed": "yes", "priority": "7"})
+    assert response.status_code == 302
+    assert (status(handle.id), Message.objects.get(pk=handle.id).priority) == ("throttled", 7)
+    response = root.post(act_url(handle.id, "cancel"), {"confirmed": "yes"})
+    assert response.status_code == 302 and status(handle.id) is None
 
 
 def test_unknown_action_or_id_is_404(root):

@@ -121,13 +121,13 @@ ACTIONS: dict[str, Action] = {action.name: action for action in (
            "Retrying {n} dead message(s).", "{n} skipped: not dead."),
     Action("cancel", "Cancel", CANCEL,
            "Cancelled messages are deleted from the queue; history keeps their arguments, "
-           "so they can be replayed.", ("ready", "scheduled", "blocked", "dead"),
+           "so they can be replayed.", ("ready", "scheduled", "blocked", "throttled", "dead"),
            lambda ids, op, _: broker.cancel(ids, op),
            "Cancelled {n} message(s).",
            "{n} skipped: running or finished."),
     Action("priority", "Change priority", PRIORITY, "Messages take the new priority "
            "(-100..100, higher runs first); running ones are left alone.",
-           ("ready", "scheduled", "blocked", "dead"), _priority,
+           ("ready", "scheduled", "blocked", "throttled", "dead"), _priority,
            "Changed the priority of {n} message(s).",
            "{n} skipped: running or finished.", needs_priority=True),
     Action("release", "Release stuck claim", RELEASE, "", ("claimed",), _release,
