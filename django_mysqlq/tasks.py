@@ -441,6 +441,8 @@ def queue_task(
         assert isinstance(backoff, int | float)
         if timeout is not None:
             _checked(limits.seconds_problem(timeout, "timeout", zero=False))
+        if not isinstance(atomic, bool):
+            raise InvalidTaskOptions(f"atomic must be True or False, not {atomic!r}.")
         if atomic and awaiting.is_async(function):
             raise InvalidTaskOptions(
                 f"{qualified_name(function)} is async: atomic=True needs a plain function, whose "
@@ -460,7 +462,7 @@ def queue_task(
             max_attempts=attempts,
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
-            atomic=bool(atomic),
+            atomic=atomic,
             gate=gating.declare(function, task_name, ordered_by=ordered_by, on_dead=on_dead,
                                 concurrency_key=concurrency_key,
                                 concurrency_limit=concurrency_limit,

@@ -183,6 +183,13 @@ def test_bad_decorator_options_are_refused():
         queue_task(timeout=0)(lambda: None)
 
 
+@pytest.mark.parametrize("value", ["false", 0, 1, None])
+def test_atomic_takes_true_or_false_only(value):
+    # atomic="false" is truthy: it would have run the task in one transaction.
+    with pytest.raises(InvalidTaskOptions, match=f"atomic must be True or False, not {value!r}"):
+        queue_task(atomic=value, name="tests.enqueue.atomic")(lambda: None)
+
+
 def test_dedup_key_keeps_one_unfinished_message_per_key():
     first = tasks.record.using(dedup_key="order-7").enqueue("a")
     second = tasks.record.using(dedup_key="order-7").enqueue("b")
