@@ -484,10 +484,13 @@ def queue_task(
         if cron is not None:
             task = dataclasses.replace(task, schedule=_declare_schedule(
                 task, cron, cron_tz, catch_up, cron_args, cron_kwargs))
-        elif (cron_tz, catch_up, tuple(cron_args), cron_kwargs) != (None, "skip", (), None):
+        elif stray := [f"{option}={value!r}" for option, value, unset in (
+                ("cron_tz", cron_tz, None), ("catch_up", catch_up, "skip"),
+                ("cron_args", cron_args, ()), ("cron_kwargs", cron_kwargs, None))
+                if value != unset and not (option == "cron_args" and value == [])]:
             raise InvalidTaskOptions(
-                f"{task_name}: cron_tz, catch_up, cron_args and cron_kwargs go with cron=...; "
-                "give the schedule's cron expression too.")
+                f"{task_name}: {', '.join(stray)} without cron=...: cron_tz, catch_up, cron_args "
+                "and cron_kwargs go with a schedule; give its cron=... too, or leave them out.")
         registry.register(task)
         return task
 

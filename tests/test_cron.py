@@ -142,7 +142,11 @@ def declare(**options):
     ({"cron": "* * * * *", "cron_args": [1, 2]}, "too many positional arguments"),
     ({"cron": "* * * * *", "cron_kwargs": {"week": 1}}, "unexpected keyword argument 'week'"),
     ({"cron": "* * * * *", "cron_args": [dt.date(2025, 1, 1)]}, "can't be encoded as JSON"),
-    ({"catch_up": "all"}, "go with cron=..."),
+    ({"catch_up": "all"}, "go with a schedule; give its cron=... too"),
+    ({"cron_args": 5}, "cron_args=5 without cron=...: cron_tz, catch_up, cron_args and"),
+    ({"cron_args": ["day"]}, "cron_args=['day'] without cron=..."),
+    ({"cron_kwargs": {}}, "cron_kwargs={} without cron=..."),
+    ({"cron": "* * * * *", "cron_args": 5}, "cron_args must be a list or tuple of arguments"),
 ])
 def test_a_bad_schedule_is_refused_when_declared(options, fragment):
     with pytest.raises(InvalidTaskOptions) as caught:
