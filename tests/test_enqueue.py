@@ -20,6 +20,7 @@ from django_mysqlq.models import Attempt, Message
 from django_mysqlq.registry import registry
 from django_mysqlq.signals import message_enqueued
 from tests.testapp import tasks
+from tests.testapp.unique_tasks import unique_while_queued
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,6 +64,28 @@ def test_enqueue_joins_the_callers_transaction_and_announces_after_commit():
             handle = tasks.record.enqueue("joined")
             assert seen == []
         assert seen == [[handle.id]]
+    finally:
+        message_enqueued.disconnect(receiver)
+
+
+def test_enqueue_many_of_a_unique_task_announces_once_after_commit():
+    # Its calls are enqueued one by one (each key checked), yet the call sends one
+    # message_enqueued, with the new ids only (the repeated key wrote nothing).
+    seen: list[tuple[str, list[int]]] = []
+
+    def receiver(sender, message_ids, **kwargs):
+        seen.append((sender, message_ids))
+
+    message_enqueued.connect(receiver)
+    try:
+        with transaction.atomic():
+            a, b, again = unique_while_queued.enqueue_many([("a",), ("b",), ("a",)])
+            assert seen == []
+        assert again.id == a.id != b.id
+        assert seen == [(unique_while_queued.name, [a.id, b.id])]
+        c, b_again = unique_while_queued.enqueue_many([("c",), ("b",)])  # autocommit
+        assert b_again.id == b.id
+        assert seen[1:] == [(unique_while_queued.name, [c.id])]
     finally:
         message_enqueued.disconnect(receiver)
 

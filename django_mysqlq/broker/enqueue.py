@@ -387,8 +387,8 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
         return []
     if len(messages) > 1 and any(message.dedup_key is not None for message in messages):
         # Each key needs its own check (a unique task's calls): one by one, in the
-        # caller's transaction.
-        return [enqueue([message])[0] for message in messages]
+        # caller's transaction, then one announcement for the call (per database).
+        return _enqueue_one_by_one(messages)
     groups: dict[str, list[int]] = {}
     for index, message in enumerate(messages):
         groups.setdefault(alias_for_queue(message.queue), []).append(index)
@@ -405,7 +405,39 @@ def enqueue(messages: Sequence[NewMessage]) -> list[int]:
     return ids
 
 
+def _enqueue_one_by_one(messages: Sequence[NewMessage]) -> list[int]:
+    ids: list[int] = []
+    new: dict[str, tuple[list[int], list[str]]] = {}  # alias: (new ids, their queues)
+    try:
+        for message in messages:
+            alias = alias_for_queue(message.queue)
+            [message_id], new_ids, queues = _insert_on(alias, [message])
+            ids.append(message_id)
+            if new_ids:
+                new.setdefault(alias, ([], []))[0].extend(new_ids)
+                new[alias][1].extend(queues)
+    finally:  # what is written is announced, even if a later message failed
+        for alias, (new_ids, queues) in new.items():
+            _announce(alias, messages[0].task_name, new_ids, queues)
+    return ids
+
+
 def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
+    ids, new_ids, queues = _insert_on(alias, messages)
+    if new_ids:
+        _announce(alias, messages[0].task_name, new_ids, queues)
+    return ids
+
+
+def _announce(alias: str, task_name: str, new_ids: list[int], queues: list[str]) -> None:
+    """Wake workers and send ``message_enqueued`` once the caller's transaction commits."""
+    transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues, alias),
+                          using=alias)
+
+
+def _insert_on(alias: str, messages: Sequence[NewMessage]
+               ) -> tuple[list[int], list[int], list[str]]:
+    """Insert on ``alias``: (the ids in order, those newly written, the queues to wake)."""
     _check_packet(alias, messages)
     queues = [message.queue for message in messages]  # one per message: wake() counts
     if len(messages) == 1 and messages[0].dedup_key is not None:
@@ -422,12 +454,7 @@ def _enqueue_on(alias: str, messages: Sequence[NewMessage]) -> list[int]:
         ids = new_ids = [_insert_one(alias, messages[0])]
     else:
         ids = new_ids = _insert_many(alias, messages)
-
-    task_name = messages[0].task_name
-    if new_ids:
-        transaction.on_commit(lambda: _after_enqueue(task_name, new_ids, queues, alias),
-                              using=alias)
-    return ids
+    return ids, new_ids, queues
 
 
 def _after_enqueue(task_name: str, ids: list[int], queues: list[str], alias: str) -> None:
