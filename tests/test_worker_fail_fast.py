@@ -252,3 +252,27 @@ def test_operator_commands_before_migrate_say_run_migrate_not_a_traceback(scratc
     assert f"CommandError: The queue's tables are missing from database '{scratch_db}'" in \
         done.stderr
     assert "run `manage.py migrate` then run this command again." in done.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ("queuehistory", "partitions"), ("queuepipeline", "report", "--output", "unwritten")])
+@pytest.mark.parametrize("trouble", ["refused login", "unknown database"])
+def test_history_and_pipeline_commands_say_a_database_error_in_one_line(scratch_db, command,
+                                                                        trouble):
+    # docs/operations.md: every command says what to do in one line and exits with 78.
+    import os
+    import sys
+
+    missing = f"{scratch_db}_missing"[:64]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+           **({"MYSQLQ_TEST_PASSWORD": "not-the-password"} if trouble == "refused login"
+              else {"MYSQLQ_TEST_DB": missing})}
+    done = subprocess.run([sys.executable, "-m", "django", *command], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_CANNOT_RUN, done.stderr
+    assert "Traceback" not in done.stderr
+    expected = ("CommandError: The database server refused the login or the database "
+                "(error 1045:" if trouble == "refused login" else
+                f"CommandError: Database '{missing}' does not exist on the server (error 1049:")
+    assert expected in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

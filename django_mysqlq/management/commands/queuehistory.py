@@ -8,7 +8,7 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq.broker import partitions
 from django_mysqlq.management import cli
@@ -16,7 +16,7 @@ from django_mysqlq.management import cli
 COLUMNS = ("partition", "ids from", "ids below", "rows (estimate)")
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("The history table (mysqlq_attempt) partitioned by id range, so that "
             "queuepipeline archive drops whole partitions instead of deleting rows: "
             "'partition' (converts it: copies the table), 'partitions' (lists them), "

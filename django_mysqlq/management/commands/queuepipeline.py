@@ -7,7 +7,7 @@ import json
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_mysqlq import ops
 from django_mysqlq.contrib import spark as pipeline
@@ -51,7 +51,7 @@ def _priority(text: str) -> int:
         raise ArgumentTypeError(f"expected an integer from -100 to 100, not {text!r}") from None
 
 
-class Command(BaseCommand):
+class Command(cli.SaysDatabaseErrors):
     help = ("The data pipeline on Spark: report (analytics), archive (history to Parquet), "
             "enqueue (a message per row of a dataset) and replay (history to new "
             "messages). Needs the spark extra: pip install 'django-mysqlq[spark]'.")
