@@ -96,7 +96,8 @@ def test_queuecancel_needs_a_status_and_walks_batches(monkeypatch):
     monkeypatch.setattr(ops, "BATCH", 4)
     tasks.record.enqueue_many([[f"m{i}"] for i in range(10)])
     dead = make_dead(task=tasks.on_other_queue)
-    with pytest.raises(CommandError, match="--status"):
+    with pytest.raises(CommandError, match=r"--status \(ready, scheduled, dead, blocked, "
+                       r"throttled; comma-separated\)"):  # every status it takes
         run("queuecancel", "--queue", "default")
     out, _ = run("queuecancel", "--status", "ready", "--dry-run")
     assert out.strip() == "10 message(s) would be cancelled."

@@ -9,6 +9,7 @@ from django.core.management.base import CommandError
 
 from django_mysqlq import ops
 from django_mysqlq.management import cli
+from django_mysqlq.models import CANCELLABLE_STATUSES
 
 
 class Command(cli.SaysDatabaseErrors):
@@ -25,8 +26,9 @@ class Command(cli.SaysDatabaseErrors):
 
     def _handle(self, **options: Any) -> None:
         if not options["status"]:
-            raise CommandError("Say which messages to cancel with --status (ready, scheduled, "
-                               "dead; comma-separated), e.g. --status dead --task app.send.")
+            raise CommandError(f"Say which messages to cancel with --status "
+                               f"({', '.join(CANCELLABLE_STATUSES)}; comma-separated), e.g. "
+                               "--status dead --task app.send.")
         selection = cli.message_filter(options)
         if options["dry_run"]:
             self.stdout.write(f"{ops.count_matching(selection)} message(s) would be cancelled.")
