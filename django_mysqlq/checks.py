@@ -12,9 +12,10 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, router
 from django.db.utils import load_backend
 
+from . import routing
 from .conf import QueueSettings, SettingsError, load_settings
 from .topicnames import GROUP_QUEUE_PREFIX
 
@@ -73,7 +74,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
 def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
                           **kwargs: Any) -> list[CheckMessage]:
     """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``) exists and is
-    MySQL or MariaDB (E010, E011)."""
+    MySQL or MariaDB (E010, E011), and ``READ_DATABASE``'s keys hold queues (E011)."""
     try:
         conf = load_settings()
     except SettingsError:
@@ -83,6 +84,7 @@ def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
              for queue, entry in conf.QUEUES.items() if entry.get("DATABASE")]
     for alias, read in _read_aliases(conf.READ_DATABASE, conf.DATABASE).items():
         named.append((f"MYSQLQ['READ_DATABASE'] (for {alias!r})", read, "E011"))
+    errors.extend(_stray_read_keys(conf.READ_DATABASE))
     for where, alias, code in named:
         if alias not in settings.DATABASES:
             errors.append(Error(
@@ -102,6 +104,24 @@ def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
                 hint="Remove its 'DATABASE' (topics on several databases are not supported; "
                      "see docs/scaling.md).", id="django_mysqlq.E012"))
     return errors
+
+
+def _stray_read_keys(read: object) -> list[CheckMessage]:
+    """A ``READ_DATABASE`` dict's keys that hold no queues (a typo: their reads would go to
+    the primary, silently). A key a ``db_for_queue`` router may answer passes if it is an
+    alias of ``DATABASES`` (the router's queues are not known in advance)."""
+    if not isinstance(read, dict):
+        return []
+    aliases = routing.queue_aliases()
+    routed = any(hasattr(each, "db_for_queue") for each in router.routers)
+    return [Error(
+        f"MYSQLQ['READ_DATABASE'] has the key {key!r}, which is not an alias that holds "
+        "queues: the queues it was meant for are read on their primary.",
+        hint=f"Key it by a queue database alias: {', '.join(aliases)} "
+             "(MYSQLQ['DATABASE'] and those of MYSQLQ['QUEUES']).",
+        id="django_mysqlq.E011")
+        for key in read if str(key) not in aliases
+        and not (routed and str(key) in settings.DATABASES)]
 
 
 def _read_aliases(read: object, default: str) -> dict[str, str]:

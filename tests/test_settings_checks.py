@@ -11,6 +11,7 @@ from django_mysqlq.checks import (
     check_binlog_format,
     check_immediate_in_production,
     check_isolation_level,
+    check_queue_databases,
     check_settings,
     check_task_modules,
 )
@@ -73,6 +74,31 @@ def test_not_a_dict(settings):
 def test_unknown_database_alias_is_E002(settings):
     settings.MYSQLQ = {"DATABASE": "queue"}
     assert ids(check_settings()) == ["django_mysqlq.E002"]
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_read_database_key_that_holds_no_queues_is_E011(settings):
+    # A typo in a key sent every read silently to the primary, and passed every check.
+    settings.DATABASES = {**settings.DATABASES, "replica": {**settings.DATABASES["default"]}}
+    settings.MYSQLQ = {"READ_DATABASE": {"defualt": "replica"}}
+    [error] = check_queue_databases()
+    assert error.id == "django_mysqlq.E011"
+    assert "MYSQLQ['READ_DATABASE'] has the key 'defualt', which is not an alias that " \
+        "holds queues" in error.msg
+    assert "Key it by a queue database alias: default" in error.hint
+    settings.MYSQLQ = {"READ_DATABASE": {"default": "replica"}}
+    assert check_queue_databases() == []
+    settings.MYSQLQ = {"READ_DATABASE": {"replica": "default"}}  # holds no queues either
+    assert ids(check_queue_databases()) == ["django_mysqlq.E011"]
+
+    class Router:  # may place any queue on "replica": the key can't be judged
+        def db_for_queue(self, queue: str) -> str | None:
+            return None
+
+    settings.DATABASE_ROUTERS = [Router()]
+    assert check_queue_databases() == []
+    settings.MYSQLQ = {"READ_DATABASE": {"defualt": "replica"}}  # not an alias at all
+    assert ids(check_queue_databases()) == ["django_mysqlq.E011"]
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
