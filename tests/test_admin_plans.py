@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from bench.dashboard import fill, pages
-from django_mysqlq.broker import operate, overview
+from django_mysqlq.broker import operate, overview, topic_overview
 from tests.plan_support import costly, explain, tables
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,9 +64,12 @@ def filled():
 
 
 #: Statements that read all they match by design, pinned in test_operator_plans.py: the
-#: claimed messages (as many as run at once) and the dashboard's last hour of history.
+#: claimed messages (as many as run at once) and the dashboard's last hour of history;
+#: and the topics ranked by their last publish (one row a topic, one dive each into
+#: mysqlq_tmsg_published, sorted: the topics are few beside their messages).
 BOUNDED_BY_DESIGN = (" ".join(operate.STUCK_CANDIDATES_SQL.split()),
-                     " ".join(overview.HISTORY_WINDOW_SQL.split())[:60])
+                     " ".join(overview.HISTORY_WINDOW_SQL.split())[:60],
+                     " ".join(topic_overview.TOPICS_SQL.split())[:60])
 
 
 def statements(client: Any, url: str) -> tuple[list[str], bool]:

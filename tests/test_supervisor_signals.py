@@ -71,11 +71,16 @@ def test_a_child_that_heard_the_stop_itself_is_not_forced_by_the_supervisors(sta
     assert [a.outcome for a in Attempt.objects.for_message(handle.id)] == ["succeeded"]
 
 
-def test_a_direct_sigterm_drains_one_child_and_a_second_exits_it_at_once(start_worker):
+def test_a_direct_sigterm_drains_one_child_and_a_second_exits_it_at_once(start_worker,
+                                                                         tmp_path):
     supervisor = start_worker("--processes", "1", "--concurrency", "2")
     child = wait_for(lambda: (c := live_children(supervisor)) and len(c) == 1 and c,
                      PATIENCE, message="a child to register").pop()
-    tasks.slow.enqueue_many([["drained", TASK_SECONDS], ["cut", 30]])
+    # "cut" runs until the gate opens: the replacement child may recover and run it again
+    # before the supervisor's stop (it did on a fast machine, past the grace period).
+    gate = tmp_path / "gate"
+    tasks.slow.enqueue("drained", TASK_SECONDS)
+    tasks.slow_until_opened.enqueue("cut", str(gate))
     wait_for(lambda: started(["drained", "cut"]) == {"drained", "cut"}, PATIENCE,
              message="both tasks to start")
     os.kill(child, signal.SIGTERM)
@@ -88,6 +93,7 @@ def test_a_direct_sigterm_drains_one_child_and_a_second_exits_it_at_once(start_w
              in supervisor.output(), PATIENCE, message="the child to exit at once")
     assert "Second SIGTERM: exiting now" in supervisor.output()
     assert not rows("cut:end")
+    gate.touch()  # a re-run of "cut" by the replacement ends at once
     supervisor.signal(signal.SIGTERM)
     assert wait_exit(supervisor, PATIENCE) == 0, supervisor.output()
 
