@@ -41,8 +41,6 @@ from .base import (
     micros,
     send_robust,
 )
-from .dead_letter import dead_deliveries as dead_deliveries  # (moved: re-exported)
-from .dead_letter import requeue_dead as requeue_dead  # (moved: re-exported)
 from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .literals import execute_escaped

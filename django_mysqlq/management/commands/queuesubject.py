@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from django_mysqlq import ops
+from django_mysqlq.conf import get_settings
 from django_mysqlq.management import cli
 
 
@@ -26,17 +27,12 @@ class Command(cli.SaysDatabaseErrors):
                             help="KEY is a concurrency key, not an ordered subject (show only).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django_mysqlq.conf import get_settings
-
-        queue = options["queue"] or get_settings().DEFAULT_QUEUE
-        with cli.on_database(options["database"], [queue]):
+        options["queue"] = options["queue"] or get_settings().DEFAULT_QUEUE
+        with cli.on_database(options["database"], [options["queue"]]):
             self._handle(**options)
 
     def _handle(self, **options: Any) -> None:
-        from django_mysqlq.conf import get_settings
-
-        queue = options["queue"] or get_settings().DEFAULT_QUEUE
-        key, action = options["key"], options["action"]
+        queue, key, action = options["queue"], options["key"], options["action"]
         ordered = not options["concurrency_key"]
         if action != "show" and not ordered:
             raise CommandError("Only an ordered subject is held by a dead head; a concurrency "
