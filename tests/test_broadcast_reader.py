@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import pytest
 from django.db import OperationalError, connection
@@ -18,6 +17,7 @@ from django_mysqlq.topics import Subscription, TopicEvent
 from django_mysqlq.worker import topics
 from django_mysqlq.worker.topics import BroadcastReader
 from tests.conftest import raw_connection
+from tests.topic_ops_support import holding_topic_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -191,17 +191,6 @@ def test_a_row_changed_by_hand_is_skipped_and_the_reader_goes_on(caplog) -> None
     assert reader.read_once() == 1 and payloads(got)[-1] == ("tampered", {"n": 5})
 
 
-def hold_topic_row(name: str) -> Any:
-    """Another session holding the topic's row, as a member stamping its backlog does."""
-    broker.ensure_topic(name)
-    stranger = raw_connection()
-    cursor = stranger.cursor()
-    cursor.execute("START TRANSACTION")
-    cursor.execute("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", [name])
-    assert cursor.fetchall()
-    return stranger
-
-
 def test_a_reader_starting_while_another_session_stamps_the_topic_starts_after_it(
         settings) -> None:
     """A process started beside one stamping the topic's backlog (its row held for that
@@ -211,14 +200,14 @@ def test_a_reader_starting_while_another_session_stamps_the_topic_starts_after_i
     settings.MYSQLQ = {**settings.MYSQLQ, "UPKEEP_LOCK_WAIT_SECONDS": 10}  # (room: a late timer)
     backlog = Topic("start_race")
     backlog.publish_many([{"seq": seq} for seq in range(3)])  # no worker: no offsets yet
-    stranger = hold_topic_row("start_race")
-    release = threading.Timer(0.5, stranger.rollback)
+    stranger = holding_topic_row("start_race")
+    release = threading.Timer(0.5, stranger.conn.rollback)
     release.start()
     try:
         reader, got = reader_of("start_race")
     finally:
         release.join()
-        stranger.close()
+        stranger.release()
     assert reader.positions["start_race"] == broker.last_offset("start_race")
     backlog.publish_many([{"seq": seq} for seq in range(3, 6)])
     reader.read_once()
@@ -232,7 +221,7 @@ def test_a_reader_starts_after_its_bounded_wait_for_a_row_a_stranger_keeps(
     again."""
     settings.MYSQLQ = {**settings.MYSQLQ, "UPKEEP_LOCK_WAIT_SECONDS": 1}
     Topic("start_kept").publish({"seq": 0})
-    stranger = hold_topic_row("start_kept")
+    stranger = holding_topic_row("start_kept")
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT @@session.innodb_lock_wait_timeout")
@@ -240,8 +229,7 @@ def test_a_reader_starts_after_its_bounded_wait_for_a_row_a_stranger_keeps(
         with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
             reader, _ = reader_of("start_kept")
     finally:
-        stranger.rollback()
-        stranger.close()
+        stranger.release()
     assert reader.positions["start_kept"] == 0
     assert warnings(caplog) == [
         "Topic 'start_kept': another session held its row for 1 s as this process started "

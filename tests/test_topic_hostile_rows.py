@@ -22,6 +22,7 @@ from tests.conftest import raw_connection, wait_for
 from tests.packet_support import server_packet
 from tests.testapp import topic_handlers, topic_ops_handlers
 from tests.testapp.models import GateRun
+from tests.topic_ops_support import holding_topic_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -116,21 +117,6 @@ def test_a_stored_message_too_big_for_its_delivery_stops_only_its_groups(start_w
     stopped(worker)
 
 
-class Stranger:
-    """Another session holding rows ``FOR UPDATE`` in an open transaction."""
-
-    def __init__(self, sql: str, params: list[object]) -> None:
-        self.conn = raw_connection()
-        cursor = self.conn.cursor()
-        cursor.execute("START TRANSACTION")
-        cursor.execute(sql, params)
-        assert cursor.fetchall()
-
-    def release(self) -> None:
-        self.conn.rollback()
-        self.conn.close()
-
-
 def test_a_stranger_holding_the_topic_row_blocks_no_publisher_and_no_other_work(
         start_worker):
     """The counter's row locked: publish is a plain insert and never waits; the members go
@@ -142,7 +128,7 @@ def test_a_stranger_holding_the_topic_row_blocks_no_publisher_and_no_other_work(
     topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
     wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
              message="billing to handle the first messages")
-    stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
+    stranger = holding_topic_row("ledger")
     try:
         began = time.monotonic()
         topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (2, 3)])
@@ -248,8 +234,7 @@ def test_a_group_made_as_its_worker_starts_begins_after_a_backlog_being_stamped(
     and the broadcast reader begin after it."""
     label = "made-late"
     topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1, 2)])
-    broker.ensure_topic("ledger")
-    stranger = Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", ["ledger"])
+    stranger = holding_topic_row("ledger")
     try:
         # (The start's bound raised to 10 s: room for a slow machine to see it wait.)
         worker = start_worker(*WORKER, env={**ENV, "MYSQLQ_TEST_UPKEEP_LOCK_WAIT": "10"})

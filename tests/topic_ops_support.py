@@ -13,6 +13,7 @@ from django_mysqlq import Topic, broker
 from django_mysqlq.messages import AttemptResult, ClaimedMessage
 from django_mysqlq.models import TopicMessage, TopicState
 from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests.conftest import raw_connection
 from tests.operator_support import RUNNER
 
 
@@ -84,3 +85,25 @@ def open_publisher(topic: str, payload: object) -> Iterator[None]:
     finally:
         release.set()
         thread.join()
+
+
+class Stranger:
+    """Another session holding rows ``FOR UPDATE`` in an open transaction."""
+
+    def __init__(self, sql: str, params: list[object]) -> None:
+        self.conn = raw_connection()
+        cursor = self.conn.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(sql, params)
+        assert cursor.fetchall()
+
+    def release(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def holding_topic_row(name: str) -> Stranger:
+    """Another session holding the topic's row (made first if missing), as a member
+    stamping its backlog does."""
+    broker.ensure_topic(name)
+    return Stranger("SELECT * FROM mysqlq_topic WHERE name = %s FOR UPDATE", [name])
