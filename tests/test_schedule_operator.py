@@ -90,6 +90,21 @@ def test_queueschedule_pause_resume_and_prune(three_schedules):
         "broken", "hourly", "nightly"]
 
 
+def test_queueschedule_json_answers_every_action_in_json(three_schedules):
+    """``--json`` is machine-readable on stdout for each action, not only ``list``."""
+    def as_json(*args: str) -> dict:
+        return json.loads(run("queueschedule", *args, "--json"))
+
+    assert as_json("pause", "nightly", "hourly") == {
+        "action": "pause", "changed": ["nightly"], "unchanged": ["hourly"]}
+    assert as_json("resume", "nightly") == {
+        "action": "resume", "changed": ["nightly"], "unchanged": []}
+    ran = as_json("run", "nightly")
+    assert ran["action"] == "run" and list(ran["enqueued"]) == ["nightly"]
+    assert isinstance(ran["enqueued"]["nightly"], int)
+    assert as_json("prune") == {"action": "prune", "deleted": 1}
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("pause",), "pause needs the names"),
     (("pause", "nope"), "No schedule named 'nope'; known: broken, gone, hourly, nightly."),

@@ -41,7 +41,10 @@ class Command(cli.SaysDatabaseErrors):
                                  "one run of each now, its schedule unchanged).")
         parser.add_argument("names", nargs="*", help="Schedule names (pause, resume and "
                                                      "run need at least one).")
-        parser.add_argument("--json", action="store_true", help="list: print JSON instead.")
+        parser.add_argument("--json", action="store_true",
+                            help="Print JSON instead: list, the schedules; pause and resume, "
+                                 "{action, changed, unchanged}; prune, {action, deleted}; "
+                                 "run, {action, enqueued: {name: message id}}.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         with cli.on_database(options["database"]):
@@ -65,16 +68,23 @@ class Command(cli.SaysDatabaseErrors):
             raise CommandError(f"No schedule named {', '.join(map(repr, unknown))}; known: "
                                f"{', '.join(sorted(known)) or 'none'}.")
         if action == "prune":
-            self.stdout.write(f"Deleted {scheduling.prune(names or None)} removed schedule(s).")
+            deleted = scheduling.prune(names or None)
+            self._say(options, {"action": action, "deleted": deleted},
+                      f"Deleted {deleted} removed schedule(s).")
             return
         if not names:
             raise CommandError(f"{action} needs the names of the schedules to {action}.")
         if action == "run":
             made = scheduling.run_now(names, ops.cli_operator())
-            self.stdout.write("Enqueued: " + ", ".join(f"{name} (#{message_id})"
-                                                      for name, message_id in made.items())
-                              + ".")
+            self._say(options, {"action": action, "enqueued": made}, "Enqueued: " + ", ".join(
+                f"{name} (#{message_id})" for name, message_id in made.items()) + ".")
             return
         changed = scheduling.set_paused(names, action == "pause", ops.cli_operator())
         verb = "Paused" if action == "pause" else "Resumed"
-        self.stdout.write(f"{verb}: {', '.join(changed) or 'none (already so)'}.")
+        self._say(options, {"action": action, "changed": changed,
+                            "unchanged": sorted(set(names) - set(changed))},
+                  f"{verb}: {', '.join(changed) or 'none (already so)'}.")
+
+    def _say(self, options: dict[str, Any], data: dict[str, Any], text: str) -> None:
+        """What an action did: JSON with --json (for scripts), else one sentence."""
+        self.stdout.write(json.dumps(data) if options["json"] else text)
