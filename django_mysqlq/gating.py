@@ -76,9 +76,13 @@ def _source(func: Callable[..., Any], source: object, option: str, task: str,
 
 
 def declare(func: Callable[..., Any], task: str, *, ordered_by: object = None,
-            on_dead: object = HOLD, concurrency_key: object = None,
+            on_dead: object = None, concurrency_key: object = None,
             concurrency_limit: object = None, takes_context: bool = False) -> TaskGate:
-    """Check a task's gate options; return its gate (``NO_GATE`` if it declares none)."""
+    """Check a task's gate options; return its gate (``NO_GATE`` if it declares none).
+
+    ``on_dead`` left out (None) is ``"hold"``; given, it must mean something."""
+    given = on_dead is not None
+    on_dead = HOLD if on_dead is None else on_dead
     if on_dead not in ON_DEAD:
         raise _fail(task, f"on_dead must be 'hold' (a dead head holds its subject until an "
                           f"operator requeues it or releases the subject) or 'skip' (the "
@@ -88,6 +92,12 @@ def declare(func: Callable[..., Any], task: str, *, ordered_by: object = None,
         raise _fail(task, "a message passes one gate: give ordered_by (one at a time per "
                           "subject, in order) or concurrency_key/concurrency_limit (N at "
                           "once per key, in no set order), not both.")
+    if given and concurrency_limit is not None and ordered_by is None:
+        raise _fail(task, f"on_dead={on_dead!r} means nothing with concurrency_limit: a dead "
+                          "concurrency-limited message always frees its slot (a key keeps "
+                          "no order to hold), and such a task takes no subject. Leave "
+                          "on_dead out, or declare ordered_by=... instead of the limit if a "
+                          "dead message should hold the ones after it.")
     if ordered_by is not None:
         source, signature = _source(func, ordered_by, "ordered_by", task, takes_context)
         return TaskGate(source, True, str(on_dead), 1, None, signature)

@@ -366,7 +366,7 @@ def queue_task(
     name: str | None = None,
     atomic: bool = False,
     ordered_by: gating.KeySource | None = None,
-    on_dead: str = gating.HOLD,
+    on_dead: str | None = None,
     concurrency_key: gating.KeySource | None = None,
     concurrency_limit: int | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
@@ -395,7 +395,7 @@ def queue_task(
     name: str | None = None,
     atomic: bool = False,
     ordered_by: gating.KeySource | None = None,
-    on_dead: str = gating.HOLD,
+    on_dead: str | None = None,
     concurrency_key: gating.KeySource | None = None,
     concurrency_limit: int | None = None,
     retry_on: type[BaseException] | Sequence[type[BaseException]] = (),
@@ -419,13 +419,13 @@ def queue_task(
     a subject: within a queue, a subject's messages run one at a time, in enqueue order;
     ``on_dead`` says whether a dead one holds its subject (``"hold"``) or not (``"skip"``).
     ``concurrency_limit=N`` runs at most N messages of one ``concurrency_key`` (an
-    argument's name or a function; left out: one key for the whole task) at once.
-    See docs/ordering.md. ``unique_for`` makes a unique job: 0 keeps one message per
-    key while queued, N seconds also keeps the key taken for N seconds after a success;
-    the key is the call's ``dedup_key``, else made of the task and its arguments.
-    ``rate_limit="100/m"`` (or /s, /h, /d) starts at most that many messages of one
-    ``rate_limit_key`` (like ``concurrency_key``; left out: the whole task) per window,
-    across all workers, spread evenly.
+    argument's name or a function; left out: one key for the whole task) at once; a dead
+    one frees its slot (no ``on_dead``). See docs/ordering.md. ``unique_for`` makes a
+    unique job: 0 keeps one message per key while queued, N seconds also keeps the key
+    taken for N seconds after a success; the key is the call's ``dedup_key``, else made of
+    the task and its arguments. ``rate_limit="100/m"`` (or /s, /h, /d) starts at most that
+    many messages of one ``rate_limit_key`` (like ``concurrency_key``; left out: the whole
+    task) per window, across all workers, spread evenly.
     """
 
     def decorate(function: Callable[P, R]) -> QueueTask[P, R]:

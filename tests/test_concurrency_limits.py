@@ -105,6 +105,14 @@ def test_bad_options_are_refused_with_what_to_do():
     with pytest.raises(InvalidTaskOptions, match="on_dead must be"):
         queue_task(name="tests.limited.ondead", ordered_by="k", on_dead="drop")(
             lambda k: None)
+    for on_dead in ("hold", "skip"):  # a dead limited message frees its slot: no choice
+        with pytest.raises(InvalidTaskOptions, match=f"on_dead='{on_dead}' means nothing "
+                           "with concurrency_limit.*Leave on_dead out"):
+            queue_task(name=f"tests.limited.{on_dead}", concurrency_key="k",
+                       concurrency_limit=2, on_dead=on_dead)(lambda k: None)
+        with pytest.raises(InvalidTaskOptions, match="means nothing with concurrency_limit"):
+            queue_task(name=f"tests.limited.whole.{on_dead}", concurrency_limit=1,
+                       on_dead=on_dead)(lambda k: None)
     with pytest.raises(InvalidTaskOptions, match="can't also take an ordered subject"):
         limited_step.using(subject="s")
     with pytest.raises(InvalidTaskOptions, match="needs a task declared with"):
