@@ -1,5 +1,5 @@
-"""System checks: settings (E001-E006, W002, W003), group queues (E007) and the live
-server (W001)."""
+"""System checks: settings (E001-E006, W002, W003), group queues (E007), queue databases
+(E010-E013) and the live server (W001)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,9 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
 @register()
 def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
                           **kwargs: Any) -> list[CheckMessage]:
-    """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``) exists and is
-    MySQL or MariaDB (E010, E011), and ``READ_DATABASE``'s keys hold queues (E011)."""
+    """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``, a router's
+    ``db_for_queue``) exists and is MySQL or MariaDB (E010, E011, E013), and
+    ``READ_DATABASE``'s keys hold queues (E011)."""
     try:
         conf = load_settings()
     except SettingsError:
@@ -85,6 +86,7 @@ def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
     for alias, read in _read_aliases(conf.READ_DATABASE, conf.DATABASE).items():
         named.append((f"MYSQLQ['READ_DATABASE'] (for {alias!r})", read, "E011"))
     errors.extend(_stray_read_keys(conf.READ_DATABASE))
+    errors.extend(_routed_elsewhere(conf))
     for where, alias, code in named:
         if alias not in settings.DATABASES:
             errors.append(Error(
@@ -103,6 +105,25 @@ def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
                 f"({conf.DATABASE!r}) only.",
                 hint="Remove its 'DATABASE' (topics on several databases are not supported; "
                      "see docs/scaling.md).", id="django_mysqlq.E012"))
+    return errors
+
+
+def _routed_elsewhere(conf: QueueSettings) -> list[CheckMessage]:
+    """Queues a router's ``db_for_queue`` places on an alias missing from ``DATABASES``,
+    or on one that is not MySQL (E013): their enqueues and workers would fail there."""
+    errors: list[CheckMessage] = []
+    for alias, queues in routing.routed_queues().items():
+        where = (f"A database router's db_for_queue places the queue(s) "
+                 f"{', '.join(map(repr, queues))} on {alias!r}")
+        if alias not in settings.DATABASES:
+            errors.append(Error(
+                f"{where}, which is not in DATABASES.",
+                hint=f"Make db_for_queue return one of: {', '.join(settings.DATABASES)} (or "
+                     "None to leave the queue on MYSQLQ['DATABASE']), or add the alias to "
+                     "DATABASES.", id="django_mysqlq.E013"))
+        elif queue_vendor(alias) != "mysql" and not conf.IMMEDIATE:
+            errors.append(Error(f"{where}, which is not MySQL or MariaDB.",
+                                hint=NOT_MYSQL_HINT, id="django_mysqlq.E013"))
     return errors
 
 

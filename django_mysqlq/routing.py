@@ -98,6 +98,22 @@ def queue_aliases(also: Iterable[str] = ()) -> tuple[str, ...]:
     return (conf.DATABASE, *sorted(found - {conf.DATABASE}))
 
 
+def routed_queues() -> dict[str, list[str]]:
+    """Alias -> the known queues a router's ``db_for_queue`` places there (those that
+    ``MYSQLQ['QUEUES']`` doesn't place), in name order: what the system checks judge."""
+    conf = get_settings()
+    known = {queue for source in _queue_sources for queue in source()}
+    groups: dict[str, list[str]] = {}
+    for queue in sorted({*conf.QUEUES, *known}):
+        entry = conf.QUEUES.get(queue)
+        if entry is not None and entry.get("DATABASE"):
+            continue
+        alias = _routed(queue)
+        if alias is not None:
+            groups.setdefault(alias, []).append(queue)
+    return groups
+
+
 def read_alias(alias: str | None = None) -> str:
     """Where the read-only views (admin lists, dashboard, ``queuestats``, the pipeline's
     reads) read the queue tables of ``alias`` (None: ``MYSQLQ['DATABASE']``): its replica

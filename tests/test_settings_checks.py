@@ -101,6 +101,44 @@ def test_a_read_database_key_that_holds_no_queues_is_E011(settings):
     assert ids(check_queue_databases()) == ["django_mysqlq.E011"]
 
 
+@pytest.fixture
+def routed_task():
+    """A task on a queue only a router places (removed from the registry afterwards)."""
+    from django_mysqlq import queue_task
+    from django_mysqlq.registry import registry
+
+    task = queue_task(queue="checks_routed", name="tests.checks.routed")(lambda: None)
+    yield task
+    registry._tasks.pop(task.name, None)
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_router_placing_a_queue_on_an_unknown_alias_is_E013(settings, routed_task):
+    # It passed every check; workers and enqueues then failed with ConnectionDoesNotExist.
+    class Router:
+        def db_for_queue(self, queue: str) -> str | None:
+            return "nowhere" if queue == "checks_routed" else None
+
+    settings.MYSQLQ = {}
+    settings.DATABASE_ROUTERS = [Router()]
+    [error] = check_queue_databases()
+    assert error.id == "django_mysqlq.E013"
+    assert error.msg == ("A database router's db_for_queue places the queue(s) "
+                         "'checks_routed' on 'nowhere', which is not in DATABASES.")
+    assert "Make db_for_queue return one of: default" in error.hint
+    assert "or add the alias to DATABASES" in error.hint
+    settings.MYSQLQ = {"QUEUES": {"checks_routed": {"DATABASE": "default"}}}  # wins
+    assert check_queue_databases() == []
+    settings.DATABASES = {**settings.DATABASES, "nowhere": {
+        "ENGINE": "django.db.backends.sqlite3"}}
+    settings.MYSQLQ = {}
+    [error] = check_queue_databases()
+    assert (error.id, error.msg.endswith("which is not MySQL or MariaDB.")) == (
+        "django_mysqlq.E013", True)
+    settings.MYSQLQ = {"IMMEDIATE": True}
+    assert check_queue_databases() == []
+
+
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_non_mysql_engine_is_E003_and_says_what_to_do_in_tests(settings):
     settings.DATABASES = {**settings.DATABASES, "lite": {"ENGINE": "django.db.backends.sqlite3"}}
