@@ -235,6 +235,93 @@ def test_the_advice_names_the_queue_database_alias():
                             "`manage.py migrate --database queue` then start the worker again.")
 
 
+@pytest.fixture
+def empty_topics_database(scratch_db: str, settings) -> Iterator[str]:
+    """``MYSQLQ['DATABASE']`` (where topics live) is the alias ``topics_scratch``: the
+    empty scratch database; ``default`` keeps its tables. Its connection is made here and
+    its alias left out of the handler's settings afterwards: Django's test case allows a
+    connection created so (one it knows the alias of would be refused to this test)."""
+    from django.db import connections
+
+    alias = "topics_scratch"
+    database = {**connections.settings["default"], "NAME": scratch_db}
+    connections.settings[alias] = database
+    connections[alias]  # made now, while the handler knows the alias
+    del connections.settings[alias]
+    settings.DATABASES = {**settings.DATABASES, alias: database}
+    settings.MYSQLQ = {**settings.MYSQLQ, "DATABASE": alias}
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        del connections[alias]
+
+
+def begin_broadcast_from_default() -> str | None:
+    """A worker of ``default`` starts its broadcast reader (on the topics' database):
+    the advice for what it raises."""
+    import threading
+    from types import SimpleNamespace
+
+    from django.db import DatabaseError
+
+    from django_mysqlq import broker
+    from django_mysqlq.worker import fatal
+    from django_mysqlq.worker.topics import BroadcastReader
+
+    reader = BroadcastReader([SimpleNamespace(topic="fatal_topic")],  # type: ignore[list-item]
+                             threading.Event(), 1.0)
+    broker.bind_alias("default")  # the worker's thread
+    try:
+        with pytest.raises(DatabaseError) as raised:
+            reader.begin()
+        return fatal.describe(raised.value)
+    finally:
+        broker.bind_alias(None)
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_advice_names_the_topics_database_when_its_tables_are_missing(
+        empty_topics_database, scratch_db):
+    """The advice named the worker's own database, whose tables exist."""
+    problem = begin_broadcast_from_default()
+    assert problem is not None
+    assert problem.startswith(f"The queue's tables are missing from database {scratch_db!r}")
+    assert problem.endswith(f"run `manage.py migrate --database {empty_topics_database}` "
+                            "then start the worker again.")
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_advice_names_the_topics_database_when_it_does_not_exist(
+        empty_topics_database, scratch_db):
+    """No table in the server's text: the reader notes the alias its statements ran on."""
+    from django.db import connections
+
+    with connections[empty_topics_database].cursor() as cursor:
+        cursor.execute(f"DROP DATABASE `{scratch_db}`")
+    connections[empty_topics_database].close()
+    problem = begin_broadcast_from_default()
+    assert problem is not None and problem.startswith(f"Database {scratch_db!r} does not exist")
+    assert f"DATABASES['{empty_topics_database}']['NAME']" in problem
+
+
+def test_a_missing_topic_table_is_the_topics_databases_whatever_the_thread_serves():
+    from django.db import ProgrammingError
+    from django.test import override_settings
+
+    from django_mysqlq import broker
+    from django_mysqlq.worker import fatal
+
+    error = ProgrammingError(1146, "Table 'q.mysqlq_topic_message' doesn't exist")
+    with override_settings(MYSQLQ={"DATABASE": "topics"}):
+        broker.bind_alias("queues_b")
+        try:
+            problem = fatal.describe(error)
+        finally:
+            broker.bind_alias(None)
+    assert problem is not None and "`manage.py migrate --database topics`" in problem
+
+
 @pytest.mark.parametrize("command", [
     ("queuestats",), ("queueschedule",), ("queuetopic", "groups"),
     ("queuecancel", "--status", "ready"), ("queuerequeue",), ("queuepurge", "--older-than", "1d"),

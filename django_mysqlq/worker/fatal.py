@@ -13,13 +13,39 @@ A worker started before ``migrate`` would otherwise retry its registration forev
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 
 from .. import broker
+from ..conf import get_settings
 from ..exceptions import WorkerCannotRun
 
 #: Exit status of a worker the database can't serve until someone acts (``EX_CONFIG``).
 EXIT_CANNOT_RUN = 78
+
+#: The attribute :func:`ran_on` sets on an error: the alias its statements ran on.
+_ALIAS_NOTE = "mysqlq_alias"
+#: A topic table in the server's text: those live on ``MYSQLQ['DATABASE']`` only.
+_TOPIC_TABLE = re.compile(r"\bmysqlq_topic(?:_[a-z]+)?\b")
+
+
+def ran_on(exc: BaseException, alias: str) -> None:
+    """Note that ``exc`` came from statements on ``alias``, not this thread's database
+    (the topics' database, from a worker of another one), for :func:`describe`."""
+    if not hasattr(exc, _ALIAS_NOTE):
+        setattr(exc, _ALIAS_NOTE, alias)
+
+
+def _alias_of(exc: BaseException, server_text: str) -> str:
+    """The alias whose tables or login failed: the one noted on the error, the topics'
+    for a topic table, else this thread's (a worker's own database)."""
+    noted = getattr(exc, _ALIAS_NOTE, None)
+    if isinstance(noted, str):
+        return noted
+    if _TOPIC_TABLE.search(server_text):
+        return get_settings().DATABASE
+    return broker.default_alias()
 
 
 def _migrate_command(alias: str) -> str:
@@ -32,8 +58,8 @@ def describe(exc: BaseException, then: str = "start the worker again") -> str | 
     code = broker.error_code(exc)
     if code is None or not (broker.is_schema_error(exc) or broker.is_setup_error(exc)):
         return None
-    alias = broker.default_alias()  # this thread's: a worker's database
     server_text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+    alias = _alias_of(exc, server_text)
     what = f"(error {code}: {server_text})"
     database = settings.DATABASES.get(alias, {})
     name = database.get("NAME", "?")

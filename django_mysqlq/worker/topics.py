@@ -29,6 +29,7 @@ from ..messages import ClaimedMessage
 from ..routing import bind_alias, on_alias
 from ..topicnames import LATEST
 from ..topics import Subscription, TopicEvent, subscriptions
+from . import fatal
 from .group_trouble import GroupTrouble, loop_handles
 from .queues import in_turn
 
@@ -309,13 +310,15 @@ class BroadcastReader(threading.Thread):
         """Take the starting positions (on the caller's connection to the topics'
         database, before the worker counts as started: a worker of another database
         must not take them from its own)."""
-        with on_alias(get_settings().DATABASE):
+        alias = get_settings().DATABASE
+        with on_alias(alias):
             try:
                 self._begin()
-            except DatabaseError:
+            except DatabaseError as exc:
                 # (Here, not in the worker's handler: it closes its own database's
                 # connection, and a dead one to the topics' would fail every retry.)
                 broker.close_if_broken()
+                fatal.ran_on(exc, alias)  # its advice names this alias, not the worker's
                 raise
 
     def _begin(self) -> None:
