@@ -363,3 +363,25 @@ def test_history_and_pipeline_commands_say_a_database_error_in_one_line(scratch_
                 f"CommandError: Database '{missing}' does not exist on the server (error 1049:")
     assert expected in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("command", [("queuestats",), ("queuerequeue",),
+                                     ("queuecancel", "--status", "ready")])
+def test_operator_commands_name_the_database_option_s_alias(scratch_db, command):
+    """The advice named ``default`` (migrated) for an error on ``--database queues_b``:
+    the command had left that database by the time it described the error."""
+    import json
+    import os
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "MYSQLQ_TEST_DB": connection.settings_dict["NAME"],
+           "MYSQLQ_TEST_EXTRA_DATABASES": json.dumps(
+               {"queues_b": {"PORT": connection.settings_dict["PORT"] or 3306,
+                             "NAME": scratch_db}}),
+           "MYSQLQ_TEST_QUEUES": json.dumps({"emails": {"DATABASE": "queues_b"}})}
+    done = subprocess.run([sys.executable, "-m", "django", *command, "--database", "queues_b"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_CANNOT_RUN, done.stderr
+    assert f"The queue's tables are missing from database '{scratch_db}'" in done.stderr
+    assert "`manage.py migrate --database queues_b`" in done.stderr

@@ -151,7 +151,9 @@ class SaysDatabaseErrors(BaseCommand):
         try:
             return super().execute(*args, **options)
         except DatabaseError as exc:
-            problem = fatal.describe(exc, then="run this command again")
+            database = options.get("database")
+            problem = fatal.describe(exc, then="run this command again",
+                                     database=database if isinstance(database, str) else None)
             if problem is None:
                 raise
             raise CommandError(problem, returncode=fatal.EXIT_CANNOT_RUN) from exc

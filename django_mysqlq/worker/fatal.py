@@ -37,32 +37,36 @@ def ran_on(exc: BaseException, alias: str) -> None:
         setattr(exc, _ALIAS_NOTE, alias)
 
 
-def _alias_of(exc: BaseException, server_text: str) -> str:
+def _alias_of(exc: BaseException, server_text: str, fallback: str | None) -> str:
     """The alias whose tables or login failed: the one noted on the error, the topics'
-    for a topic table, else this thread's (a worker's own database)."""
+    for a topic table, else ``fallback`` (a command's ``--database``), else this
+    thread's (a worker's own database)."""
     noted = getattr(exc, _ALIAS_NOTE, None)
     if isinstance(noted, str):
         return noted
     if _TOPIC_TABLE.search(server_text):
         return get_settings().DATABASE
-    return broker.default_alias()
+    return fallback or broker.default_alias()
 
 
 def _migrate_command(alias: str) -> str:
     return "manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
 
 
-def describe(exc: BaseException, then: str = "start the worker again") -> str | None:
+def describe(exc: BaseException, then: str = "start the worker again",
+             database: str | None = None) -> str | None:
     """What is wrong and what to do, for an error no retry can fix; None for any other.
-    ``then`` ends the advice after a migrate (a command says "run this command again")."""
+    ``then`` ends the advice after a migrate (a command says "run this command again");
+    ``database``: the alias the statements ran on when the caller knows it (a command's
+    ``--database``: its error arrives after the command left that database)."""
     code = broker.error_code(exc)
     if code is None or not (broker.is_schema_error(exc) or broker.is_setup_error(exc)):
         return None
     server_text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-    alias = _alias_of(exc, server_text)
+    alias = _alias_of(exc, server_text, database)
     what = f"(error {code}: {server_text})"
-    database = settings.DATABASES.get(alias, {})
-    name = database.get("NAME", "?")
+    settings_dict = settings.DATABASES.get(alias, {})
+    name = settings_dict.get("NAME", "?")
     if code == 1146:
         return (f"The queue's tables are missing from database {name!r} {what}: run "
                 f"`{_migrate_command(alias)}` then {then}.")
