@@ -7,6 +7,7 @@ import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.test import Client
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from django_mysqlq.models import Message, MessageStatus, TopicDelivery, TopicGroup
 from tests.operator_support import user
@@ -80,6 +81,25 @@ def test_topic_messages_lookup_and_trace(root, orders) -> None:
     text = root.get(reverse("admin:django_mysqlq_topicmessage_change",
                             args=[dead_row.pk])).content.decode()
     assert "dead" in text and "handler broke" in text
+
+
+def test_the_lookup_form_s_blank_fields_are_no_lookup(root, orders) -> None:
+    """The GET form sends every field: ``offset=''`` made the changelist fail (``?e=1``)
+    and ``key=''`` would look for an empty key; blank fields are ignored now."""
+    def offsets(query: str) -> list[int]:
+        response = root.get(MESSAGES + query)
+        assert response.status_code == 200, response.get("Location")
+        return [m.offset for m in response.context["cl"].result_list]
+
+    blank = {"topic": "orders", "offset": "", "key": "", "published_at__gte": "",
+             "published_at__lt": " "}
+    assert offsets("?" + urlencode(blank)) == [6, 5, 4, 3, 2, 1]
+    assert offsets("?" + urlencode({**blank, "offset": "3"})) == [3]
+    assert offsets("?" + urlencode({**blank, "key": "alice"})) == [4, 3, 2, 1]
+    since = {**blank, "published_at__gte": "2000-01-01 00:00:00+00:00"}
+    assert offsets("?" + urlencode(since)) == [1, 2, 3, 4, 5, 6]
+    page = root.get(MESSAGES + "?" + urlencode({**blank, "offset": "3"}))
+    assert "offset=&amp;" not in page.content.decode()  # nor in its links
 
 
 def test_reset_and_replay_from_the_group_page(root, orders) -> None:

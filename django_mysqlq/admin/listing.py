@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.http import QueryDict
 from django.utils.functional import cached_property
 
 if TYPE_CHECKING:
@@ -65,6 +66,23 @@ def capped_count(queryset: QuerySet[Any]) -> Count:
 def given(params: Mapping[str, Any], *names: str) -> bool:
     """Whether the request filters on any of these parameters (a non-empty value)."""
     return any(params.get(name) not in (None, "") for name in names)
+
+
+def without_blank(params: QueryDict, names: tuple[str, ...]) -> QueryDict:
+    """``params`` without the blank values of ``names``: a GET form sends every field,
+    and the changelist would filter on an empty one (``offset=''`` fails, the page
+    redirects to ``?e=1``; ``key=''`` finds nothing)."""
+    if not any(not value.strip() for name in names for value in params.getlist(name)):
+        return params
+    kept = params.copy()
+    for name in names:
+        values = [value for value in params.getlist(name) if value.strip()]
+        if values:
+            kept.setlist(name, values)
+        else:
+            kept.pop(name, None)
+    kept._mutable = False
+    return kept
 
 
 def text(params: Mapping[str, Any], name: str) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
@@ -19,7 +19,7 @@ from ..models import TopicMessage, TopicState
 from . import payloads
 from .databases import DatabaseMixin
 from .filters import MAX_CHOICES
-from .listing import CappedPaginator, given
+from .listing import CappedPaginator, given, without_blank
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -84,9 +84,18 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
     change_form_template = "admin/django_mysqlq/topicmessage/change_form.html"
     fields = ("id", "topic", "offset", "key", "published_at", "sequenced_at", "payload_text")
     readonly_fields = fields
+    #: The lookup form's fields: a blank one is no lookup (the form sends them all).
+    lookup_fields = ("topic", "offset", "key", "published_at__gte", "published_at__lt")
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_view(request)
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Drop the form's blank fields before the changelist reads them as filters (here,
+        not in the page, so a hand-written ``?offset=&key=k`` works too)."""
+        request.GET = without_blank(request.GET, self.lookup_fields)  # type: ignore[assignment]
+        return super().changelist_view(request, extra_context)
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
         if given(request.GET, "topic"):
