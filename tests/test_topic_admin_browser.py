@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
+from django_mysqlq.models import TopicDelivery, TopicGroup
 from tests.test_admin_browser import browser, log_in  # noqa: F401 (the fixture)
 from tests.test_topic_ops_admin import orders  # noqa: F401 (the fixture)
 
@@ -49,3 +51,31 @@ def test_the_lookup_form_finds_by_offset_key_or_time(live_server, browser, order
     assert listed_offsets(browser) == [1, 2, 3, 4, 5, 6]
     look_up(browser)
     assert listed_offsets(browser) == [6, 5, 4, 3, 2, 1]
+
+
+def test_reset_and_replay_from_the_group_page(live_server, browser, orders):  # noqa: F811
+    """The forms were nested in the page's change form: the browser dropped them and
+    Reset posted the read-only change view (403)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    row = TopicGroup.objects.get(group_name="billing")
+    log_in(browser, live_server.url)
+    browser.get(live_server.url + reverse("admin:django_mysqlq_topicgroup_change",
+                                          args=[row.pk]))
+    reset = browser.find_element(By.ID, "reset-form")
+    Select(reset.find_element(By.NAME, "to")).select_by_value("offset")
+    reset.find_element(By.NAME, "value").send_keys("5")
+    reset.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    said = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert "position 6 -> 4" in said, said
+    row.refresh_from_db()
+    assert row.position == 4 and row.changed_by == "admin:operator"
+
+    replay = browser.find_element(By.ID, "replay-form")
+    replay.find_element(By.NAME, "first").send_keys("1")
+    replay.find_element(By.NAME, "last").send_keys("2")
+    replay.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    said = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert "Replayed offsets 1..2 into group billing: 2 new deliveries." in said, said
+    assert TopicDelivery.objects.filter(group_name="billing", offset=1).count() == 2

@@ -3,6 +3,8 @@ replay from a group's page (permission, POST, recorded), the group dead letter."
 
 from __future__ import annotations
 
+from html.parser import HTMLParser
+
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.test import Client
@@ -126,6 +128,38 @@ def test_reset_and_replay_from_the_group_page(root, orders) -> None:
     response = root.post(operate, {"op": "reset", "to": "time", "value": "nonsense"},
                          follow=True)
     assert "ISO date" in response.content.decode()
+
+
+class FormNesting(HTMLParser):
+    """The ids of the forms opened inside another form (a browser drops those)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+        self.nested: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "form":
+            name = dict(attrs).get("id") or "?"
+            if self.open:
+                self.nested.append(name)
+            self.open.append(name)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form" and self.open:
+            self.open.pop()
+
+
+def test_the_group_page_s_forms_are_not_inside_its_change_form(root, orders) -> None:
+    """The reset and replay forms sat inside ``topicgroup_form``: the browser dropped
+    them, and Reset posted the read-only change form (403)."""
+    row = TopicGroup.objects.get(group_name="billing")
+    page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))
+    forms = FormNesting()
+    forms.feed(page.content.decode())
+    assert forms.nested == [] and forms.open == []
+    text = page.content.decode()
+    assert text.index('id="topicgroup_form"') < text.index('id="reset-form"')
 
 
 def test_bulk_reset_to_latest(root, orders) -> None:
