@@ -61,8 +61,8 @@ def test_queuestats_shows_each_topic_s_last_publish_and_a_rate_of_two_decimals()
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("lookup", "--topic", "orders"), "(--offset, with --to-offset for a range), a key "
-     "(--key) or a time range (--since and/or --until)"),
+    (("lookup", "--topic", "orders"), "an offset (--offset), a key (--key) or a time "
+     "range (--since and/or --until)"),
     (("lookup", "--topic", "orders", "--offset", "1", "--key", "k"), "Look messages up by "
      "one of:"),
     (("lookup", "--topic", "orders", "--offset", "1", "--limit", "5000"),
@@ -84,3 +84,26 @@ def test_errors_name_what_to_give(args: tuple[str, ...], says: str) -> None:
     with pytest.raises(CommandError) as raised:
         run("queuetopic", *args)
     assert says in str(raised.value)
+
+
+def _lookup_options() -> set[str]:
+    import argparse
+
+    from django_mysqlq.management.commands.queuetopic import Command
+
+    parser = Command().create_parser("manage.py", "queuetopic")
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name for action in sub.choices["lookup"]._actions
+            for name in action.option_strings}
+
+
+@pytest.mark.parametrize("given", [[], ["--offset", "1", "--key", "k"],
+                                   ["--key", "k", "--since", "1h"]])
+def test_lookup_s_refusal_names_only_the_options_lookup_has(given: list[str]) -> None:
+    """It said ``--offset, with --to-offset for a range``: lookup has no --to-offset."""
+    import re
+
+    with pytest.raises(CommandError) as raised:
+        run("queuetopic", "lookup", "--topic", "orders", *given)
+    named = set(re.findall(r"--[a-z][a-z-]*", str(raised.value)))
+    assert named and named <= _lookup_options(), (named, str(raised.value))

@@ -108,9 +108,8 @@ def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = Non
                          f"{limit}.")
     ways = [offset is not None, key is not None, since is not None or until is not None]
     if sum(ways) != 1:
-        raise ValueError("Look messages up by one of: an offset (--offset, with --to-offset "
-                         "for a range), a key (--key) or a time range (--since and/or "
-                         "--until).")
+        raise ValueError("Look messages up by one of: an offset (--offset), a key (--key) "
+                         "or a time range (--since and/or --until).")
     with connection_for(alias or default_alias()).cursor() as cursor:
         if offset is not None:
             end = offset if to_offset is None else to_offset
