@@ -14,11 +14,11 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from django_mysqlq import broker
-from django_mysqlq.models import TopicDelivery, TopicMessage, TopicState
+from django_mysqlq.models import Message, TopicDelivery, TopicMessage, TopicState
 from django_mysqlq.worker import topic_retention
 from tests.conftest import raw_connection
 from tests.operator_support import OPERATOR
-from tests.topic_ops_support import group, handle, open_publisher, publish
+from tests.topic_ops_support import forget_before, group, handle, open_publisher, publish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,6 +140,54 @@ def test_lag_behind_what_retention_deleted_counts_only_what_is_kept() -> None:
     [state] = broker.groups("orders", "billing")
     assert (state.position, state.not_pumped, state.lag, state.oldest_unhandled) == (
         10, 0, 2, 9)
+
+
+def test_the_oldest_age_of_a_delivery_whose_message_retention_deleted() -> None:
+    """Retention deletes a message once every group passed it, a delivery of it still
+    waiting: its age read only the message's row and showed '-' beside a lag of 3. It
+    comes from the delivery now (its publish time; its enqueue time when unreadable)."""
+    import io
+
+    from django.core.management import call_command
+
+    billing = group("orders", "billing")
+    publish("orders", 3)
+    age("orders", range(1, 4), days=10)
+    broker.pump(billing, batch=100, window=100)  # position 3, three deliveries ready
+    with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400}):
+        assert topic_retention.prune() == {"orders": 3}
+    assert kept("orders") == []
+    [state] = broker.groups("orders", "billing")
+    assert (state.lag, state.oldest_unhandled) == (3, 1)
+    assert state.oldest_age_seconds is not None
+    assert abs(state.oldest_age_seconds - 10 * 86400) < 120, state.oldest_age_seconds
+    out = io.StringIO()
+    call_command("queuetopic", "groups", stdout=out)
+    [line] = out.getvalue().splitlines()[1:]
+    assert line.split()[4:6] != ["3", "-"], line  # lag 3 with an age
+    assert not TopicDelivery.objects.exists()  # their links went with them
+    # A payload changed by hand: the delivery's enqueue time (an hour ago here).
+    first = Message.objects.filter(task_name="topic:orders:billing").order_by("id")[0].pk
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mysqlq_message SET payload = 'not json', enqueued_at = "
+                       "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE id = %s", [first])
+    [state] = broker.groups("orders", "billing")
+    assert state.oldest_age_seconds is not None
+    assert abs(state.oldest_age_seconds - 3600) < 120, state.oldest_age_seconds
+
+
+def test_the_oldest_age_of_a_delivery_whose_message_went_before_its_link() -> None:
+    """Retention deletes the links after the messages (in batches of their own): between
+    the two, the oldest offset is known from its link and its age from its delivery."""
+    billing = group("orders", "billing")
+    publish("orders", 3)
+    age("orders", range(1, 4), days=10)
+    broker.pump(billing, batch=100, window=100)
+    forget_before("orders", 3)  # messages 1 and 2 deleted, their links kept
+    [state] = broker.groups("orders", "billing")
+    assert (state.lag, state.oldest_unhandled) == (3, 1)
+    assert state.oldest_age_seconds is not None
+    assert abs(state.oldest_age_seconds - 10 * 86400) < 120, state.oldest_age_seconds
 
 
 def test_a_lookup_of_an_offset_retention_deleted_says_so() -> None:

@@ -74,14 +74,34 @@ DELIVERY_COUNTS_SQL = f"""
 SELECT task_name, status, COUNT(*) FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
  WHERE task_name IN ({{names}}) GROUP BY task_name, status
 """
-#: The lowest offset among a group's unfinished deliveries.
+#: The lowest offset among a group's unfinished deliveries, and the lowest id among
+#: those without a link row: retention deletes a message and its links once every
+#: group's position passed it, even while a delivery of it still waits or retries.
 OLDEST_UNFINISHED_SQL = f"""
-SELECT MIN(d.msg_offset) FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
-  JOIN {DELIVERY_TABLE} d ON d.message_id = m.id
+SELECT MIN(d.msg_offset), MIN(IF(d.message_id IS NULL, m.id, NULL))
+  FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
+  LEFT JOIN {DELIVERY_TABLE} d ON d.message_id = m.id
  WHERE m.task_name = %s AND m.status IN ('ready', 'scheduled', 'claimed', 'blocked')
 """
 PUBLISHED_AT_SQL = (f"SELECT published_at FROM {TOPIC_MESSAGE_TABLE} "
                     "WHERE topic = %s AND msg_offset = %s")
+#: A group's unfinished delivery of an offset (its message row gone, its link kept).
+UNFINISHED_OF_OFFSET_SQL = f"""
+SELECT MIN(d.message_id) FROM {DELIVERY_TABLE} d FORCE INDEX (mysqlq_tdel_group)
+  JOIN {MESSAGE_TABLE} m ON m.id = d.message_id
+ WHERE d.topic = %s AND d.group_name = %s AND d.msg_offset = %s
+   AND m.status IN ('ready', 'scheduled', 'claimed', 'blocked')
+"""
+#: A delivery's offset and publish time as its payload's ``kwargs`` carry them, and its
+#: enqueue time. ``JSON_VALID`` first: MySQL's ``JSON_EXTRACT`` fails on a payload changed
+#: by hand into bad JSON (MariaDB's says NULL).
+DELIVERY_STAMPS_SQL = f"""
+SELECT CASE WHEN JSON_VALID(payload) THEN JSON_EXTRACT(payload, '$.kwargs.offset') END,
+       CASE WHEN JSON_VALID(payload)
+            THEN JSON_UNQUOTE(JSON_EXTRACT(payload, '$.kwargs.published_at')) END,
+       enqueued_at
+  FROM {MESSAGE_TABLE} WHERE id = %s
+"""
 #: Unsequenced messages of a topic counted at most: they pile up while every reader of it
 #: is down, and a count of them all walked the whole pile at each stats call or dashboard
 #: refresh (millions after a long outage). Past it the count says "more than this".
@@ -245,24 +265,74 @@ def groups(topic: str | None = None, group: str | None = None, *,
             count, first_unsequenced = unsequenced[state.topic]
             state.unsequenced = min(count, UNSEQUENCED_COUNT_CAP)
             state.unsequenced_capped = count > UNSEQUENCED_COUNT_CAP
-            oldest: int | None = None
-            if any(state.deliveries.get(s, 0) for s in UNFINISHED):
-                cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
-                row = cursor.fetchone()
-                oldest = None if row is None or row[0] is None else int(row[0])
-            if state.not_pumped and (oldest is None or state.kept_position + 1 < oldest):
-                oldest = state.kept_position + 1
-            state.oldest_unhandled = oldest
-            if oldest is not None:
-                cursor.execute(PUBLISHED_AT_SQL, [state.topic, oldest])
-                row = cursor.fetchone()
-                published = aware_utc(row[0]) if row is not None else None
-                if published is not None:
-                    state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
-            elif first_unsequenced is not None:
-                # Nothing with an offset is waiting: the oldest unhandled has none yet.
-                state.oldest_age_seconds = max(0.0, (now - first_unsequenced).total_seconds())
+            found_oldest = _oldest(cursor, state)
+            if found_oldest is not None:
+                state.oldest_unhandled, published = found_oldest
+            else:  # nothing with an offset is waiting: the oldest unhandled has none yet
+                published = first_unsequenced
+            if published is not None:
+                state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
     return found
+
+
+def _oldest(cursor: Any, state: GroupState) -> tuple[int | None, dt.datetime | None] | None:
+    """The group's oldest unhandled offset (None: unknown) and when it was published (None:
+    unknown); None when nothing with an offset is waiting."""
+    oldest: int | None = None
+    unlinked: tuple[int | None, dt.datetime | None] | None = None
+    if any(state.deliveries.get(s, 0) for s in UNFINISHED):
+        cursor.execute(OLDEST_UNFINISHED_SQL, [state.task_name])
+        row = cursor.fetchone()
+        if row is not None and row[0] is not None:
+            oldest = int(row[0])
+        if row is not None and row[1] is not None:  # its message and link deleted
+            unlinked = _delivery_stamps(cursor, int(row[1]))
+    if state.not_pumped and (oldest is None or state.kept_position + 1 < oldest):
+        oldest = state.kept_position + 1
+    if unlinked is not None and (oldest is None or unlinked[0] is None
+                                 or unlinked[0] < oldest):
+        return unlinked
+    if oldest is None:
+        return None
+    return oldest, _published_at(cursor, state, oldest)
+
+
+def _published_at(cursor: Any, state: GroupState, offset: int) -> dt.datetime | None:
+    """When the message at ``offset`` was published: from its row, else (deleted by
+    retention, its link not yet) from the group's unfinished delivery of it."""
+    cursor.execute(PUBLISHED_AT_SQL, [state.topic, offset])
+    row = cursor.fetchone()
+    published = aware_utc(row[0]) if row is not None else None
+    if published is not None:
+        return published
+    cursor.execute(UNFINISHED_OF_OFFSET_SQL, [state.topic, state.group, offset])
+    row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    return (_delivery_stamps(cursor, int(row[0])) or (None, None))[1]
+
+
+def _delivery_stamps(cursor: Any, message_id: int
+                     ) -> tuple[int | None, dt.datetime | None] | None:
+    """A delivery's offset and its message's publish time, from its payload (None each
+    when changed by hand); its enqueue time stands in for an unreadable publish time.
+    None when the delivery is gone."""
+    cursor.execute(DELIVERY_STAMPS_SQL, [message_id])
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    given = [value.decode() if isinstance(value, bytes) else str(value) for value in row[:2]]
+    try:
+        offset: int | None = int(given[0])
+    except ValueError:
+        offset = None
+    try:
+        published: dt.datetime | None = dt.datetime.fromisoformat(given[1])
+    except ValueError:
+        published = None
+    if published is None:
+        return offset, aware_utc(row[2])
+    return offset, published if published.tzinfo else published.replace(tzinfo=dt.UTC)
 
 
 def _unsequenced(cursor: Any, topic: str) -> tuple[int, dt.datetime | None]:
