@@ -55,6 +55,17 @@ def _since(text: str) -> Any:
         raise ArgumentTypeError(str(exc)) from None
 
 
+def count(low: int, high: int) -> Any:
+    """An argparse type: a whole number from ``low`` to ``high`` (ASCII digits only: other
+    scripts' digits pass ``isdigit()`` but not ``int()``), refused saying the range."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+            raise ArgumentTypeError(f"expected a whole number from {low} to {high}, "
+                                    f"not {text!r}")
+        return int(text)
+    return parse
+
+
 def duration(text: str) -> Any:
     try:
         return ops.parse_duration(text)

@@ -10,9 +10,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from django_mysqlq import limits
 from django_mysqlq.broker import partitions
 from django_mysqlq.management import cli
 
+#: MariaDB's most partitions in one table: more empty ones ahead could never be made.
+MOST_PARTITIONS = 8192
 COLUMNS = ("partition", "ids from", "ids below", "rows (estimate)")
 
 
@@ -27,10 +30,12 @@ class Command(cli.SaysDatabaseErrors):
         make = sub.add_parser("partition", help="Partition the table by ranges of ids (a "
                               "copy of the table; writes wait meanwhile), or, if it is, "
                               "add empty partitions above its highest id.")
-        make.add_argument("--rows-per-partition", type=int, default=None, metavar="N",
+        make.add_argument("--rows-per-partition", type=cli.count(1, limits.BIGINT_MAX),
+                          default=None, metavar="N",
                           help="Ids per partition (needed to convert; default then: the "
                                "last partition's width).")
-        make.add_argument("--ahead", type=int, default=partitions.KEEP_AHEAD, metavar="K",
+        make.add_argument("--ahead", type=cli.count(1, MOST_PARTITIONS),
+                          default=partitions.KEEP_AHEAD, metavar="K",
                           help="Empty partitions to keep above the highest id "
                                f"(default {partitions.KEEP_AHEAD}).")
         cli.add_database_argument(make)
@@ -54,7 +59,7 @@ class Command(cli.SaysDatabaseErrors):
         def progress(line: str) -> None:
             self.stderr.write(line)
 
-        if width:
+        if width is not None:
             change = partitions.partition(width, ahead=options["ahead"], progress=progress)
         else:
             change = partitions.keep_ahead(ahead=options["ahead"], copy=True,

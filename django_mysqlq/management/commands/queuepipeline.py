@@ -17,15 +17,6 @@ from django_mysqlq.models import Outcome
 JOBS = ("report", "archive", "enqueue", "replay")
 
 
-def _count(low: int, high: int) -> Any:
-    def parse(text: str) -> int:
-        if not text.isdigit() or not low <= int(text) <= high:
-            raise ArgumentTypeError(f"expected a whole number from {low} to {high}, "
-                                    f"not {text!r}")
-        return int(text)
-    return parse
-
-
 def _kwargs(text: str) -> dict[str, str]:
     pairs = {}
     for item in text.split(","):
@@ -66,10 +57,10 @@ class Command(cli.SaysDatabaseErrors):
                             help="The DATABASES alias to read and write (default: the "
                                  "queue's own: MYSQLQ['QUEUES'][q]['DATABASE'], a router, "
                                  "else MYSQLQ['DATABASE'])")
-        shared.add_argument("--max-connections", type=_count(1, 1000), default=None,
+        shared.add_argument("--max-connections", type=cli.count(1, 1000), default=None,
                             help="Most database connections at once (default "
                                  "MYSQLQ['SPARK_MAX_CONNECTIONS'])")
-        shared.add_argument("--partition-rows", type=_count(1000, 100_000_000), default=None,
+        shared.add_argument("--partition-rows", type=cli.count(1000, 100_000_000), default=None,
                             help="Ids per read partition (default "
                                  "MYSQLQ['SPARK_PARTITION_ROWS'])")
         jobs = parser.add_subparsers(dest="job", required=True, metavar="JOB")
@@ -103,9 +94,9 @@ class Command(cli.SaysDatabaseErrors):
                              help="Print what would move; change nothing")
         archive.add_argument("--include-dead", action="store_true",
                              help="Also archive messages dead since before the cut-off")
-        archive.add_argument("--batch-rows", type=_count(1, 100_000_000), default=200_000,
+        archive.add_argument("--batch-rows", type=cli.count(1, 100_000_000), default=200_000,
                              help="Ids per archive batch (default 200000)")
-        archive.add_argument("--delete-batch", type=_count(1, 100_000), default=2000,
+        archive.add_argument("--delete-batch", type=cli.count(1, 100_000), default=2000,
                              help="Rows per DELETE statement (default 2000)")
 
         enqueue = jobs.add_parser("enqueue", parents=[shared],
