@@ -46,3 +46,42 @@ def test_queuehistory_partition_refuses_ahead_0_on_the_command_line(worker_env):
     done = on_command_line(worker_env, "queuehistory", "partition", "--ahead", "0")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "argument --ahead: expected a whole number from 1 to 8192, not '0'" in done.stderr
+
+
+# --------------------------------------------------------------------------- durations
+
+
+@pytest.mark.parametrize(("command", "option", "what"), [
+    (["queuerequeue"], "--since", "a duration ago"),
+    (["queuecancel", "--status", "dead"], "--since", "a duration ago"),
+    (["queuepurge"], "--older-than", "a duration"),
+    (["queuepurge"], "--dead-older-than", "a duration"),
+    (["queuepurge"], "--workers-older-than", "a duration"),
+    (["queuepipeline", "report", "--output", "/nonexistent"], "--since", "a duration ago"),
+    (["queuepipeline", "replay"], "--until", "a duration ago"),
+    (["queuepipeline", "archive", "--to", "/nonexistent"], "--older-than", "a duration"),
+    (["queuepipeline", "enqueue", "--task", "t", "--input", "x"], "--delay", "a duration"),
+    (["queuetopic", "lookup", "--topic", "t"], "--since", "a duration ago"),
+])
+def test_a_duration_written_with_a_dash_says_to_write_it_without(command, option, what):
+    """Not argparse's bare "expected one argument": what to write instead."""
+    with pytest.raises(CommandError, match=f"argument {option}: {what} is written without "
+                                           f"a dash: {option} 2h, not {option} -2h$"):
+        run(*command, option, "-2h")
+    with pytest.raises(CommandError, match=f"expected {what} without a dash: write 2h, "
+                                           "not -2h"):
+        run(*command, f"{option}=-2h")
+    with pytest.raises(CommandError, match=f"argument {option}: expected one argument"):
+        run(*command, option, "--dry-run")  # not a duration: argparse's word stands
+
+
+def test_a_dashed_duration_is_one_line_on_the_command_line(worker_env):
+    for args, line in [
+            (["queuerequeue", "--since", "-2h"], "argument --since: a duration ago is "
+             "written without a dash: --since 2h, not --since -2h"),
+            (["queuepurge", "--older-than", "-30d"], "argument --older-than: a duration is "
+             "written without a dash: --older-than 30d, not --older-than -30d")]:
+        done = on_command_line(worker_env, *args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        [error] = [said for said in done.stderr.splitlines() if "error:" in said]
+        assert error.endswith(f"error: {line}"), error

@@ -7,11 +7,49 @@ from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DatabaseError
 
 from .. import ops, routing
 from ..models import CANCELLABLE_STATUSES, MessageStatus
+
+#: Options that take a duration, each with what it is called in the error for ``-2h``.
+DURATION_OPTIONS = {
+    **dict.fromkeys(("--since", "--until", "--to-time"), "a duration ago"),
+    **dict.fromkeys(("--older-than", "--dead-older-than", "--workers-older-than", "--delay"),
+                    "a duration"),
+}
+
+
+class DurationParser(CommandParser):
+    """A parser that explains ``--since -2h``: argparse takes ``-2h`` for an option and says
+    only "expected one argument"; this says to write ``2h``, as docs/operations.md
+    promises (a one-line error that says what is accepted)."""
+
+    given: Sequence[str] = ()
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("args")
+        self.given = list(given or ())
+        return super().parse_known_args(*args, **kwargs)
+
+    def error(self, message: str) -> Any:
+        for option, value in zip(self.given, self.given[1:], strict=False):
+            undashed = ops.without_dash(value)
+            if (option in DURATION_OPTIONS and undashed
+                    and message.startswith(f"argument {option}:")):
+                message = (f"argument {option}: {DURATION_OPTIONS[option]} is written without "
+                           f"a dash: {option} {undashed}, not {option} {value}")
+                break
+        super().error(message)
+
+
+def explain_dashed_durations(parser: ArgumentParser) -> None:
+    """Makes ``parser`` a :class:`DurationParser`, and so the subparsers added to it after
+    (Django's ``add_subparsers`` makes them of the parser's class). Called first in
+    ``add_arguments``: Django's ``create_parser`` builds a CommandParser and takes no
+    other class."""
+    parser.__class__ = DurationParser
 
 
 def _csv(text: str) -> list[str]:
@@ -67,6 +105,10 @@ def count(low: int, high: int) -> Any:
 
 
 def duration(text: str) -> Any:
+    undashed = ops.without_dash(text)
+    if undashed:  # --older-than=-30d
+        raise ArgumentTypeError(f"expected a duration without a dash: write {undashed}, not "
+                                f"{text.strip()}")
     try:
         return ops.parse_duration(text)
     except ValueError as exc:

@@ -17,6 +17,7 @@ class Command(cli.SaysDatabaseErrors):
             "never empties the queue. Running messages are never touched.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.explain_dashed_durations(parser)
         cli.add_database_argument(parser)
         cli.add_filter_arguments(parser, default_status=None)
 

@@ -48,6 +48,7 @@ class Command(cli.SaysDatabaseErrors):
             "messages). Needs the spark extra: pip install 'django-mysqlq[spark]'.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.explain_dashed_durations(parser)
         shared = ArgumentParser(add_help=False)
         shared.add_argument("--master", default="local[*]",
                             help="Spark master URL (default local[*]; spark://…, yarn, k8s://…)")

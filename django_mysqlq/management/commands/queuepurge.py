@@ -35,6 +35,7 @@ class Command(cli.SaysDatabaseErrors):
             "only briefly.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.explain_dashed_durations(parser)
         cli.add_database_argument(parser)
         parser.add_argument("--older-than", type=cli.duration,
                             help="Delete history rows that finished longer ago: 30d, 12h, "

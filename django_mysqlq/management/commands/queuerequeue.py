@@ -14,6 +14,7 @@ class Command(cli.SaysDatabaseErrors):
             "Running messages are never touched; each change is recorded in history.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        cli.explain_dashed_durations(parser)
         cli.add_database_argument(parser)
         cli.add_filter_arguments(parser, default_status="dead", requeue=True)
         parser.add_argument("--reset-attempts", action="store_true",

@@ -4,40 +4,14 @@ from __future__ import annotations
 
 import json
 from argparse import ArgumentParser
-from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker, ops, topicops
 from django_mysqlq.management import cli
 
 GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
-
-
-#: Options that take a time, a duration ago (2h) among its forms.
-TIME_OPTIONS = ("--to-time", "--since", "--until")
-
-
-class ActionParser(CommandParser):
-    """An action's parser: ``--to-time -2h`` makes argparse take ``-2h`` for an option and
-    say only "expected one argument"; this says to write ``2h`` (a duration ago)."""
-
-    given: Sequence[str] = ()
-
-    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        given = args[0] if args else kwargs.get("args")
-        self.given = list(given or ())
-        return super().parse_known_args(*args, **kwargs)
-
-    def error(self, message: str) -> Any:
-        for option, value in zip(self.given, self.given[1:], strict=False):
-            undashed = ops.without_dash(value)
-            if option in TIME_OPTIONS and undashed and message.startswith(f"argument {option}:"):
-                message = (f"argument {option}: a duration ago is written without a dash: "
-                           f"{option} {undashed}, not {option} {value}")
-                break
-        super().error(message)
 
 
 def _age(seconds: float | None) -> str:
@@ -87,7 +61,8 @@ class Command(cli.SaysDatabaseErrors):
             "'lookup' messages by offset, key or time with their trace.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, parser_class=ActionParser)
+        cli.explain_dashed_durations(parser)
+        sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("groups", help="Every group: position, lag, dead letter.")
         listing.add_argument("--topic", default=None)
         listing.add_argument("--json", action="store_true")
