@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -85,3 +87,37 @@ def test_a_dashed_duration_is_one_line_on_the_command_line(worker_env):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         [error] = [said for said in done.stderr.splitlines() if "error:" in said]
         assert error.endswith(f"error: {line}"), error
+
+
+# --------------------------------------------------------------------------- queuestats --watch
+
+
+@pytest.mark.parametrize("seconds", ["inf", "-inf", "nan", "1e400", "-5", "0", "0.1", "abc"])
+def test_queuestats_watch_takes_only_a_finite_interval_of_half_a_second_or_more(
+        seconds, monkeypatch):
+    """inf crashed in time.sleep after the first print; nan and -5 redrew every 0.2 s; 0
+    printed once: each is refused before anything is printed."""
+    from django_mysqlq.management.commands import queuestats
+
+    real_sleep, main = time.sleep, threading.current_thread()
+
+    def sleep(seconds: float) -> None:  # patched for every thread: see the --watch test
+        if threading.current_thread() is not main:
+            real_sleep(seconds)
+            return
+        raise AssertionError(f"slept {seconds}: the interval was taken")
+
+    monkeypatch.setattr(queuestats.time, "sleep", sleep)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"argument --watch: expected a number of seconds "
+                                           r"from 0\.5 to 3155760000 \(100 years\), e\.g\. "
+                                           f"--watch 5, not '{seconds}'"):
+        call_command("queuestats", f"--watch={seconds}", stdout=out)
+    assert out.getvalue() == ""
+
+
+def test_queuestats_watch_inf_is_one_line_on_the_command_line(worker_env):
+    done = on_command_line(worker_env, "queuestats", "--watch", "inf")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ""
+    assert "error: argument --watch: expected a number of seconds from 0.5" in done.stderr

@@ -4,16 +4,35 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
-from django_mysqlq import ops, views
+from django_mysqlq import limits, ops, views
 from django_mysqlq.conf import get_settings
 from django_mysqlq.management import cli
 
 from .queueschedule import table as schedule_table
 from .queuetopic import groups_table
+
+#: The shortest --watch interval: each redraw runs the dashboard's queries again.
+SHORTEST_WATCH = 0.5
+
+
+def _watch_seconds(text: str) -> float:
+    """``--watch``'s interval: a finite number of seconds from :data:`SHORTEST_WATCH` to 100
+    years (``inf`` made ``time.sleep`` raise OverflowError, ``nan``, ``0`` and negative ones
+    redrew all the time or printed once)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not SHORTEST_WATCH <= seconds <= limits.MAX_SECONDS:
+        raise ArgumentTypeError(f"expected a number of seconds from {SHORTEST_WATCH} to "
+                                f"{limits.MAX_SECONDS_TEXT}, e.g. --watch 5, not {text!r}")
+    return seconds
+
 
 COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "throttled", "dead", "oldest",
            "1m", "5m", "60m", "fail%")
@@ -87,9 +106,10 @@ class Command(cli.SaysDatabaseErrors):
                             help="Only this queue database (default: every alias that "
                                  "holds queues, each read from its MYSQLQ['READ_DATABASE'] "
                                  "replica if it has one).")
-        parser.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
+        parser.add_argument("--watch", type=_watch_seconds, nargs="?", const=2.0, default=None,
                             metavar="SECONDS",
-                            help="Print again every SECONDS (default 2) until Ctrl-C.")
+                            help=f"Print again every SECONDS (default 2; at least "
+                                 f"{SHORTEST_WATCH}) until Ctrl-C.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         only = cli.queue_database(options["database"])
@@ -102,14 +122,14 @@ class Command(cli.SaysDatabaseErrors):
                     {"databases": [view.as_json() for view in found]} if len(found) > 1
                     else found[0].as_json()))
             else:
-                if options["watch"]:
+                if options["watch"] is not None:
                     self.stdout.write("\x1b[2J\x1b[H", ending="")
                 self.stdout.write("\n\n".join(
                     (f"== {view.title}\n" if several else "") + _table(view.dashboard)
                     for view in found))
-            if not options["watch"]:
+            if options["watch"] is None:
                 return
             try:
-                time.sleep(max(0.2, options["watch"]))
+                time.sleep(options["watch"])
             except KeyboardInterrupt:
                 return
