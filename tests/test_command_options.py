@@ -4,6 +4,7 @@ that says what is accepted, instead of taking them for "nothing to do" or a trac
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import threading
@@ -121,3 +122,32 @@ def test_queuestats_watch_inf_is_one_line_on_the_command_line(worker_env):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout == ""
     assert "error: argument --watch: expected a number of seconds from 0.5" in done.stderr
+
+
+# --------------------------------------------------------------------------- runqueueworker
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--exit-zero"], "--exit-zero needs --burst"),
+    (["--burst-wait", "3"], "--burst-wait needs --burst"),
+    (["--burst-wait", "5", "--exit-zero"], "--exit-zero and --burst-wait need --burst"),
+    (["--exit-zero", "--processes", "2"], "--exit-zero needs --burst"),
+])
+def test_runqueueworker_refuses_burst_options_without_burst(args, said, monkeypatch):
+    """They were taken and ignored: the worker ran until stopped instead of draining."""
+    from django_mysqlq.management.commands import runqueueworker
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(runqueueworker, "Workers", never)
+    monkeypatch.setattr(runqueueworker, "Supervisor", never)
+    with pytest.raises(CommandError, match=f"^{said} \\(drain the queues, then exit\\); "
+                                           "without it the worker runs until stopped"):
+        run("runqueueworker", *args)
+
+
+def test_runqueueworker_takes_burst_options_with_burst():
+    out, _ = run("runqueueworker", "--burst", "--exit-zero", "--burst-wait", "0",
+                 "--queues", "nothing-here", "--json-summary", "-v", "0")
+    assert json.loads(out)["processed"] == 0

@@ -38,6 +38,19 @@ def _queue_list(text: str) -> list[str]:
     return names
 
 
+def _check_burst_only(options: dict[str, Any]) -> None:
+    """``--exit-zero`` and ``--burst-wait`` mean something only to a ``--burst`` run: without
+    it they were taken and ignored, so a worker meant to drain and exit ran for ever."""
+    given = [option for option, key in (("--exit-zero", "exit_zero"),
+                                        ("--burst-wait", "burst_wait"))
+             if options[key] not in (None, False)]
+    if given and not options["burst"]:
+        raise CommandError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} "
+                           "--burst (drain the queues, then exit); without it the worker "
+                           "runs until stopped. Add --burst, or leave "
+                           f"{'it' if len(given) == 1 else 'them'} out.")
+
+
 class Command(BaseCommand):
     help = "Run a worker that claims and runs queued tasks until SIGTERM/SIGINT."
 
@@ -58,7 +71,7 @@ class Command(BaseCommand):
                                  "went dead meanwhile.")
         parser.add_argument("--exit-zero", action="store_true",
                             help="With --burst, exit 0 even if messages went dead.")
-        parser.add_argument("--burst-wait", type=float, default=5.0,
+        parser.add_argument("--burst-wait", type=float, default=None,
                             help="With --burst, wait for retries due within this many seconds "
                                  "(default 5).")
         parser.add_argument("--max-tasks", type=_positive_int, default=None,
@@ -98,6 +111,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=exc.exit_status) from exc
 
     def _run(self, options: dict[str, Any]) -> None:
+        _check_burst_only(options)
         try:
             queues = options["queues"]
             if options["groups"]:
@@ -112,8 +126,9 @@ class Command(BaseCommand):
             worker_options = WorkerOptions.build(
                 queues, concurrency=options["concurrency"], batch=options["batch"],
                 burst=options["burst"], max_tasks=options["max_tasks"],
-                burst_wait=options["burst_wait"], max_memory_mb=options["max_memory"],
-                exit_zero=options["exit_zero"],
+                burst_wait=(WorkerOptions.burst_wait if options["burst_wait"] is None
+                            else options["burst_wait"]),
+                max_memory_mb=options["max_memory"], exit_zero=options["exit_zero"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
