@@ -147,17 +147,18 @@ class Worker:
     def run(self) -> int:
         """Work until stopped; return the process exit status."""
         self.stop_request.install(self.options.supervised)
-        broker.bind_alias(self.options.database)  # this thread's statements go there
-        broker.own_connection(self.options.database)  # claims, renews, recovers: READ COMMITTED
-        import_task_modules()
-        # Its code has rate-limited tasks: it claims throttled messages too, and its parks
-        # end when a rate key may start its next one.
-        self._rated = registry.rate_limited()
-        self._start()  # raises WorkerCannotRun if the database can't serve it
-        try:
-            self._loop()
-        finally:
-            status = draining.drain(self)
+        # This thread's statements go there (given back after: a worker run in-process).
+        with broker.on_alias(self.options.database):
+            broker.own_connection(self.options.database)  # claims, renews, recovers: READ COMMITTED
+            import_task_modules()
+            # Its code has rate-limited tasks: it claims throttled messages too, and its parks
+            # end when a rate key may start its next one.
+            self._rated = registry.rate_limited()
+            self._start()  # raises WorkerCannotRun if the database can't serve it
+            try:
+                self._loop()
+            finally:
+                status = draining.drain(self)
         return status
 
     def _start(self) -> None:
