@@ -34,7 +34,7 @@ ADMIN = "/admin/django_mysqlq"
 @pytest.fixture(autouse=True)
 def queues_on_two_servers(second_server: None, settings: Any) -> Iterator[None]:
     settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
-    for table in ("message", "attempt", "worker", "schedule", "queue", "gate"):
+    for table in ("message", "attempt", "worker", "schedule", "queue", "gate", "rate"):
         mdb.query(B, f"DELETE FROM mysqlq_{table}")  # B is not flushed between tests
     assert not any(isinstance(r, routing.QueueRouter) or "QueueRouter" in str(r)
                    for r in django_settings.DATABASE_ROUTERS)  # no router needed
@@ -301,6 +301,19 @@ def test_the_dashboards_pause_acts_on_the_queues_database_and_comes_back_to_it(
     assert broker.paused_queues("default") == set()
     assert "paused" in page(root, response["Location"])
     broker.set_paused(QUEUE_B, False, broker.Operator("test"))
+
+
+def test_the_rate_keys_list_shows_b_and_links_to_b_s_throttled_messages(root: Client) -> None:
+    from tests.testapp.rated_tasks import per_account
+
+    ids = {per_account.using(queue=QUEUE_B).enqueue("acct-b", seq, "b").id for seq in range(2)}
+    keys = page(root, f"{ADMIN}/ratelimit/?database={B}")
+    assert "acct-b" in keys and "acct-b" not in page(root, f"{ADMIN}/ratelimit/")
+    link = f"{ADMIN}/message/?database={B}&amp;queue={QUEUE_B}&amp;status__exact=throttled" \
+        "&amp;rate_key=acct-b"
+    assert f'href="{link}">2<' in keys
+    response = root.get(link.replace("&amp;", "&"))
+    assert {m.pk for m in response.context["cl"].result_list} == ids
 
 
 def test_topic_pages_read_the_default_database(root: Client) -> None:

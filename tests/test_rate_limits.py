@@ -280,9 +280,39 @@ def test_the_admin_lists_rate_keys_with_their_throttled_messages(root):
     page = root.get("/admin/django_mysqlq/ratelimit/")
     assert page.status_code == 200
     assert b"acct-9" in page.content and b"10/s" in page.content
-    assert b'?q=acct-9">3</a>' in page.content
-    found = root.get("/admin/django_mysqlq/message/", {"q": "acct-9"})
-    assert found.status_code == 200 and found.content.count(b"throttled") >= 3
+    [link] = throttled_links(page.content.decode(), "acct-9")
+    assert link.endswith(">3")
+    found = root.get(link.split('"')[0])
+    assert found.status_code == 200
+    assert len(found.context["cl"].result_list) == 3
+
+
+def throttled_links(html: str, key: str) -> list[str]:
+    """The "throttled messages" links of ``key``'s rows (href and count)."""
+    import html as entities
+    import re
+
+    return [entities.unescape(found) for found in re.findall(
+        r'href="(/admin/django_mysqlq/message/\?[^"]*rate_key=' + re.escape(key)
+        + r'[^"]*">[\d,+]+)<', html)]
+
+
+def test_a_task_wide_key_links_to_its_throttled_messages_on_its_queue_only(root):
+    """The link filters on key, queue and status: a search for the key would read it as
+    the task's name and list every message of the task, on every queue."""
+    ids = [per_minute.enqueue(seq, "linked").id for seq in range(3)]
+    open_key()
+    [running] = claim_rated(1)  # the task's, but claimed: not throttled
+    elsewhere = per_minute.using(queue="other").enqueue(9, "elsewhere").id
+    page = root.get("/admin/django_mysqlq/ratelimit/").content.decode()
+    links = throttled_links(page, KEY)
+    assert len(links) == 2  # the key on each queue
+    [on_default] = [link for link in links if "queue=default" in link]
+    response = root.get(on_default.split('"')[0])
+    assert response.status_code == 200
+    listed = {m.pk for m in response.context["cl"].result_list}
+    assert listed == set(ids) - {running} and elsewhere not in listed
+    assert on_default.endswith(">2")
 
 
 def test_the_test_drain_runs_rate_limited_messages_at_their_pace():

@@ -70,11 +70,17 @@ def stuck_messages() -> list[broker.Stuck]:
         return broker.stuck_messages()
 
 
+def shown_parameters() -> dict[str, str]:
+    """``{"database": <alias>}`` for a link's query to a list of the page being built
+    (empty on the default database, or outside a page)."""
+    alias = getattr(_shown, "alias", None)
+    return {} if alias in (None, get_settings().DATABASE) else {PARAMETER: alias}
+
+
 def shown_suffix() -> str:
     """``?database=<alias>`` for a link to a row of the page being built (empty on the
     default database, or outside a page)."""
-    alias = getattr(_shown, "alias", None)
-    return "" if alias in (None, get_settings().DATABASE) else f"?{PARAMETER}={alias}"
+    return "".join(f"?{PARAMETER}={alias}" for alias in shown_parameters().values())
 
 
 def suffix(request: HttpRequest) -> str:

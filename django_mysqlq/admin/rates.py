@@ -13,6 +13,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ..models import Message, MessageStatus, RateLimit
+from . import databases
+from .databases import DatabaseFilter, DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -25,9 +27,9 @@ COUNT_CAP = 10_000
 
 
 @admin.register(RateLimit)
-class RateLimitAdmin(ReadOnlyAdminMixin, _Base):
+class RateLimitAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     list_display = ("rate_key", "queue", "rate_limit", "next_start", "waiting")
-    list_filter = ("queue",)
+    list_filter = (DatabaseFilter, "queue")
     search_fields = ("=rate_key",)
     ordering = ("next_at",)
     list_per_page = 50
@@ -49,6 +51,14 @@ class RateLimitAdmin(ReadOnlyAdminMixin, _Base):
         count = len(Message.objects.filter(rate_key=obj.rate_key, queue=obj.queue,
                                            status=MessageStatus.THROTTLED)
                     .values_list("pk", flat=True)[:COUNT_CAP])
-        url = reverse("admin:django_mysqlq_message_changelist")
         shown = f"{count}+" if count == COUNT_CAP else str(count)
-        return format_html('<a href="{}?{}">{}</a>', url, urlencode({"q": obj.rate_key}), shown)
+        return format_html('<a href="{}?{}">{}</a>', reverse(
+            "admin:django_mysqlq_message_changelist"), throttled_query(obj), shown)
+
+
+def throttled_query(obj: RateLimit) -> str:
+    """The messages list's query for the key's throttled messages, on the page's database:
+    filters, not a search (the search box reads a number as an id and a task-wide key as
+    its task's every message)."""
+    return urlencode({**databases.shown_parameters(), "queue": obj.queue,
+                      "status__exact": MessageStatus.THROTTLED, "rate_key": obj.rate_key})
