@@ -285,6 +285,20 @@ def test_requeue_all_dead_matching_the_filter(root):
     assert status(other_dead) == "dead"
 
 
+def test_requeue_all_dead_matching_offers_nothing_when_none_match_and_says_when_more(root):
+    """The page's count is a capped count (its text may end in "+"): its number decides
+    the button (none for 0) and the ellipsis after the first 20."""
+    url = reverse("admin:django_mysqlq_message_requeue_matching")
+    empty = root.get(url + "?queue=other").content.decode()
+    assert "0 dead message(s) match" in empty
+    assert 'id="confirm"' not in empty and "Requeue 0" not in empty
+    assert "Back to the list" in empty
+    handles = tasks.always_fails.enqueue_many([("many",)] * 21)
+    Message.objects.filter(pk__in=[h.id for h in handles]).update(status="dead")
+    page = root.get(url).content.decode()
+    assert "Requeue 21 dead message(s)" in page and "<li>\u2026</li>" in page
+
+
 def test_requeue_all_dead_matching_leaves_a_message_that_turned_ready_alone(root):
     """A dead message someone else requeued between the list's read and the lock (now
     ready) is not requeued again (its attempts would reset): it is counted as changed."""
