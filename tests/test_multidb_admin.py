@@ -316,6 +316,46 @@ def test_the_rate_keys_list_shows_b_and_links_to_b_s_throttled_messages(root: Cl
     assert {m.pk for m in response.context["cl"].result_list} == ids
 
 
+def test_every_dashboard_link_to_a_list_with_a_database_filter_keeps_b(
+        root: Client, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers, stuck, the refresh links, a worker's troubles, an overran handler's #id,
+    the recurring tasks, a group's dead count and the top failing tasks: each opens B's
+    rows (the same ids on the default database are other rows)."""
+    import html
+    import re
+    from types import SimpleNamespace
+
+    dead_on_b("failing on b")  # the top failing task
+    with routing.on_alias(B):
+        broker.register_worker("b-host:8:w", "b-host", 8, [QUEUE_B], 1)
+    mdb.query(B, "UPDATE mysqlq_worker SET troubles='keeps failing' WHERE id='b-host:8:w'")
+    overran = tasks.record.using(queue=QUEUE_B).enqueue("overran").id
+    mdb.query(B, "UPDATE mysqlq_message SET queue='group:g', status='claimed', timeout=1, "
+              "started_at=UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, claimed_at=started_at, "
+              "worker_id='b-host:8:w' WHERE id=%s", [overran])
+    now = dt.datetime.now(dt.UTC)
+    Schedule.objects.using(B).create(
+        name="hourly-b", source="code", task_name="tests.testapp.tasks.record",
+        queue=QUEUE_B, max_attempts=1, retry_backoff=1, payload="{}", cron="0 * * * *",
+        timezone="UTC", catch_up="latest", created_at=now, declared_at=now)
+    group = SimpleNamespace(topic="t", group="g", position=0, lag_shown="0",
+                            oldest_age_seconds=None, task_name="group:g", dead=1,
+                            pump_problem="")
+    monkeypatch.setattr(broker, "groups", lambda *args, **kwargs: [group])
+    dashboard = page(root, f"{ADMIN}/queuestate/?database={B}")
+    links = [html.unescape(href) for href in re.findall(r'href="([^"]*)"', dashboard)]
+    wanted = [f"{ADMIN}/worker/?database={B}&state=alive", f"{ADMIN}/stuckmessage/?database={B}",
+              f"?database={B}&refresh=0", f"{ADMIN}/worker/b-host:8:w/change/?database={B}",
+              f"{ADMIN}/message/{overran}/change/?database={B}",
+              f"{ADMIN}/schedule/?database={B}",
+              f"{ADMIN}/deadmessage/?database={B}&task=group%3Ag",
+              f"{ADMIN}/attempt/?database={B}&task=tests.testapp.tasks.always_fails"]
+    for link in wanted:
+        assert link.replace(":8:", "_3A8_3A") in links or link in links, (link, links)
+    assert f"?database={B}" in page(root, f"{ADMIN}/queuestate/?database={B}&refresh=0") \
+        .split("Auto-refresh")[0].rsplit("<a ", 1)[1]
+
+
 def test_topic_pages_read_the_default_database(root: Client) -> None:
     for url in ("topicstate", "topicmessage", "topicgroup"):
         assert page(root, f"{ADMIN}/{url}/") != ""

@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
 
 from .. import broker, routing, views
 from ..conf import get_settings
@@ -46,6 +47,15 @@ def chart(per_minute: list[int], failures: list[int]) -> list[dict[str, float]]:
     ]
 
 
+def database_links(alias: str) -> dict[str, str]:
+    """``db_query`` starts a link's query ("database=<alias>&"), ``db_suffix`` is a whole
+    one ("?database=<alias>"): both empty on ``MYSQLQ['DATABASE']``."""
+    if alias == get_settings().DATABASE:
+        return {"db_query": "", "db_suffix": ""}
+    query = urlencode({databases.PARAMETER: alias})
+    return {"db_query": f"{query}&", "db_suffix": f"?{query}"}
+
+
 @admin.register(QueueState)
 class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -71,7 +81,8 @@ class QueueDashboardAdmin(ReadOnlyAdminMixin, _Base):
             "databases": aliases if len(aliases) > 1 else (),
             "read_from": view.read,
             "replica_lag": view.lag,
-            "db_query": f"database={alias}&" if alias != aliases[0] else "",
+            # The links to lists with a database filter, and the refresh links, keep it.
+            **database_links(alias),
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
             "opts": self.opts,
