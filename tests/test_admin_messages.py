@@ -153,6 +153,25 @@ def test_bulk_cancel_asks_for_confirmation_first(root):
     assert Attempt.objects.filter(outcome="cancelled", actor="admin:root").count() == 2
 
 
+def test_no_take_me_back_returns_to_where_the_action_came_from(root):
+    """A bulk action's confirmation goes back to its list, filters kept; a message's
+    button's to the message's page."""
+    import re
+
+    def back(page: str) -> str:
+        return re.search(r'<a href="([^"]*)" class="button cancel-link">', page).group(1)
+
+    handle = tasks.on_other_queue.enqueue("o")
+    filtered = bulk(root, "cancel", [handle.id], url=LIST + "?queue=other").content.decode()
+    assert back(filtered) == LIST + "?queue=other"
+    dead = make_dead()
+    dead_list = "/admin/django_mysqlq/deadmessage/?task=tests.testapp.tasks.always_fails"
+    assert back(bulk(root, "cancel", [dead], url=dead_list).content.decode()) == dead_list
+    single = root.get(act_url(handle.id, "cancel")).content.decode()
+    assert back(single) == f"/admin/django_mysqlq/message/{handle.id}/change/"
+    assert status(handle.id) == "ready" and status(dead) == "dead"  # nothing done
+
+
 def test_bulk_change_priority_takes_the_new_value(root):
     handle = tasks.record.enqueue("p")
     page = bulk(root, "priority", [handle.id]).content.decode()

@@ -124,6 +124,8 @@ def test_a_message_page_shows_its_own_databases_row_trace_and_buttons(root: Clie
     detail = page(root, link(dead, B))
     assert QUEUE_B in detail and "boom trace on b" in detail  # B's row and B's trace
     assert f"/message/{dead}/act/requeue/?database={B}" in detail
+    confirm = page(root, f"{ADMIN}/message/{dead}/act/cancel/?database={B}")
+    assert f'<a href="{link(dead, B)}" class="button cancel-link">' in confirm
     twin = page(root, link(dead))
     assert "boom trace on b" not in twin and QUEUE_B not in twin
     # The dead list's rows link to the message page on their own database.

@@ -120,7 +120,9 @@ def _bulk(action: Action) -> Any:
                 "work through any number in batches.", messages.ERROR)
             return None
         if action.confirm and request.POST.get("confirmed") != "yes":
-            return modeladmin.confirmation(request, action, ids, bulk=True)
+            # "No, take me back": the list the action came from, its filters kept.
+            return modeladmin.confirmation(request, action, ids, bulk=True,
+                                           back=request.get_full_path())
         modeladmin.run_action(request, action, ids)
         return None
 
@@ -306,7 +308,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         back = reverse("admin:django_mysqlq_message_change", args=[message_id]) \
             + databases.suffix(request)
         if request.method != "POST" or (action.confirm and request.POST.get("confirmed") != "yes"):
-            return self.confirmation(request, action, [message_id], bulk=False)
+            return self.confirmation(request, action, [message_id], bulk=False, back=back)
         done = self.run_action(request, action, [message_id])
         if action.name == "cancel" and done:
             return HttpResponseRedirect(reverse("admin:django_mysqlq_message_changelist")
@@ -334,7 +336,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         return done
 
     def confirmation(self, request: HttpRequest, action: Action, ids: Sequence[int], *,
-                     bulk: bool) -> HttpResponse:
+                     bulk: bool, back: str) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
             "title": f"{action.label}: are you sure?",
@@ -346,6 +348,7 @@ class MessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             "missing": len(ids) - Message.objects.using(broker.default_alias())
             .filter(pk__in=list(ids)).count(),
             "bulk": bulk,
+            "back": back,
             "selected_ids": actions.SELECTED_IDS,
         }
         return TemplateResponse(request, "admin/django_mysqlq/message/confirm.html", context)
