@@ -77,6 +77,26 @@ def test_history_bulk_replay_and_rows_without_arguments(root):
     assert Message.objects.count() == 2  # the requeued original and one copy
 
 
+def test_history_bulk_replay_refuses_past_its_cap_and_sums_up_many_rows(root, monkeypatch):
+    """Past the cap nothing is replayed (not silently the first rows), with the batch tool
+    named; past a few rows one summary line, not one line per row."""
+    from django_mysqlq.admin import attempts
+
+    monkeypatch.setattr(attempts, "REPLAY_CAP", 3)
+    monkeypatch.setattr(attempts, "REPLAY_LINES", 2)
+    done = [succeed(label) for label in "abcd"]
+    rows = list(Attempt.objects.filter(message_id__in=done).values_list("pk", flat=True))
+    page = root.post(HISTORY, {"action": "replay_selected", "select_across": "1",
+                               ACTION_CHECKBOX_NAME: rows[:1]}, follow=True).content.decode()
+    assert "at most 3 history rows" in page and "queuepipeline replay" in page
+    assert not Message.objects.exists()
+    page = root.post(HISTORY, {"action": "replay_selected", ACTION_CHECKBOX_NAME: rows[:3]},
+                     follow=True).content.decode()
+    assert Message.objects.count() == 3
+    assert "Replayed 3 history rows as new messages" in page
+    assert "Replayed history row" not in page
+
+
 def test_history_is_read_only_and_replay_needs_its_permission(root, viewer):
     done = succeed("x")
     row = Attempt.objects.get(message_id=done)

@@ -65,12 +65,39 @@ def history_ordering(params: MultiValueDict[str, Any]) -> tuple[str, ...]:
     return NEWEST_FIRST
 
 
+#: History rows one "Replay" action takes at most (each is a copy enqueued on its own);
+#: more is a job for ``queuepipeline replay``, which works in batches.
+REPLAY_CAP = 1_000
+#: Past this many rows, one summary line instead of one line per row.
+REPLAY_LINES = 10
+
+
 @admin.action(description="Replay: enqueue a copy of each selected finished message",
               permissions=["replay"])
 def replay_selected(modeladmin: AttemptAdmin, request: HttpRequest,
                     queryset: QuerySet[Any]) -> None:
-    for attempt_id in queryset.values_list("pk", flat=True)[:1000]:
-        modeladmin.replay_one(request, int(attempt_id))
+    ids = [int(i) for i in queryset.values_list("pk", flat=True)[:REPLAY_CAP + 1]]
+    if len(ids) > REPLAY_CAP:
+        modeladmin.message_user(
+            request, f"Replay takes at most {REPLAY_CAP:,} history rows, and this selection "
+            "holds more: nothing was replayed. Narrow the filter (outcome, task, date), or "
+            "use manage.py queuepipeline replay, which works through any number in batches.",
+            messages.ERROR)
+        return
+    if len(ids) <= REPLAY_LINES:
+        for attempt_id in ids:
+            modeladmin.replay_one(request, attempt_id)
+        return
+    outcomes = [modeladmin.replay_quietly(request, attempt_id) for attempt_id in ids]
+    copies = [new_id for new_id, _ in outcomes if new_id is not None]
+    refusals = [reason for new_id, reason in outcomes if new_id is None]
+    if copies:
+        modeladmin.message_user(request, f"Replayed {len(copies):,} history rows as new "
+                                f"messages #{min(copies)} to #{max(copies)}.",
+                                messages.SUCCESS)
+    if refusals:
+        modeladmin.message_user(request, f"{len(refusals):,} rows were not replayed; the "
+                                f"first: {refusals[0]}", messages.WARNING)
 
 
 @admin.register(Attempt)
@@ -175,11 +202,17 @@ class AttemptAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             + ("" if target == get_settings().DATABASE else f"?{databases.PARAMETER}={target}"))
 
     def replay_one(self, request: HttpRequest, attempt_id: int) -> int | None:
-        try:
-            new_id = ops.replay(attempt_id, actions.who(request))
-        except (LookupError, ValueError) as exc:
-            self.message_user(request, str(exc), messages.WARNING)
-            return None
-        self.message_user(request, f"Replayed history row {attempt_id} as message #{new_id}.",
-                          messages.SUCCESS)
+        new_id, refused = self.replay_quietly(request, attempt_id)
+        if new_id is None:
+            self.message_user(request, refused, messages.WARNING)
+        else:
+            self.message_user(request, f"Replayed history row {attempt_id} as message "
+                              f"#{new_id}.", messages.SUCCESS)
         return new_id
+
+    def replay_quietly(self, request: HttpRequest, attempt_id: int) -> tuple[int | None, str]:
+        """(the copy's id, "") or (None, why the row can't be replayed)."""
+        try:
+            return ops.replay(attempt_id, actions.who(request)), ""
+        except (LookupError, ValueError) as exc:
+            return None, str(exc)
