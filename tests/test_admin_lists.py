@@ -58,6 +58,27 @@ def test_counts_stop_at_the_cap_and_say_so(root, cap_of_three):
     assert "0 results" in small and "3+" not in small
 
 
+def test_counts_have_thousands_separators_capped_or_not(root, monkeypatch):
+    """"1,500 messages", "Select all 1,500", and "1,000+" when capped, as the dashboard
+    and the docs say it (not "1000+")."""
+    from django_mysqlq.admin import rates
+    from tests.testapp.rated_tasks import per_account
+
+    monkeypatch.setattr(listing, "COUNT_CAP", 2000)
+    tasks.record.enqueue_many([("many",)] * 1500)
+    page = root.get(LIST).content.decode()
+    assert "1,500 messages" in page and "Select all 1,500 messages" in page
+    monkeypatch.setattr(listing, "COUNT_CAP", 1000)
+    page = root.get(LIST).content.decode()
+    assert ">1,000+</span> messages" in page
+    assert "Select all <span" in page and ">1,000+</span> messages</a>" in page
+    assert ">1,000+</span> results" in root.get(LIST + "?q=tests.testapp.tasks.record") \
+        .content.decode()
+    monkeypatch.setattr(rates, "COUNT_CAP", 1000)
+    per_account.enqueue_many([("acct-1k", seq, "many") for seq in range(1000)])
+    assert ">1,000+</a>" in root.get("/admin/django_mysqlq/ratelimit/").content.decode()
+
+
 def test_a_bulk_action_over_the_cap_is_refused_and_points_to_the_batch_tools(root,
                                                                             cap_of_three):
     ids = [tasks.record.enqueue(label).id for label in "abcde"]

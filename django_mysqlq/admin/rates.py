@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from ..models import Message, MessageStatus, RateLimit
 from . import databases
 from .databases import DatabaseFilter, DatabaseMixin
+from .listing import Count
 from .readonly import ReadOnlyAdminMixin
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class RateLimitAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         count = len(Message.objects.filter(rate_key=obj.rate_key, queue=obj.queue,
                                            status=MessageStatus.THROTTLED)
                     .values_list("pk", flat=True)[:COUNT_CAP])
-        shown = f"{count}+" if count == COUNT_CAP else str(count)
+        shown = str(Count(count, capped=count == COUNT_CAP))  # "10,000+"
         return format_html('<a href="{}?{}">{}</a>', reverse(
             "admin:django_mysqlq_message_changelist"), throttled_query(obj), shown)
 

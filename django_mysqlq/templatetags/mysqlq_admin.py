@@ -1,5 +1,5 @@
-"""The queue box on the admin index (stuck, dead and ready counts, one click away), and
-the count filter of the dashboard."""
+"""The queue box on the admin index (stuck, dead and ready counts, one click away), the
+count filter of the dashboard, and the lists' count format."""
 
 from __future__ import annotations
 
@@ -39,3 +39,14 @@ def mysqlq_index_box(context: dict[str, Any]) -> dict[str, Any]:
 def count_of(stats: QueueStats, status: str) -> str:
     """A dashboard row's count of ``status``: "10,000+" when it stopped at the cap."""
     return str(Count(getattr(stats, status), status in stats.capped))
+
+
+@register.filter
+def thousands(value: Any) -> str:
+    """A whole number with thousands separators ("10,000"), as every count of the queue's
+    pages says it (a capped :class:`~django_mysqlq.admin.listing.Count` too), whatever
+    ``USE_THOUSAND_SEPARATOR`` says; anything else as it is."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
