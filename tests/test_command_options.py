@@ -130,6 +130,7 @@ def test_queuestats_watch_inf_is_one_line_on_the_command_line(worker_env):
 @pytest.mark.parametrize(("args", "said"), [
     (["--exit-zero"], "--exit-zero needs --burst"),
     (["--burst-wait", "3"], "--burst-wait needs --burst"),
+    (["--burst-wait", "0"], "--burst-wait needs --burst"),  # 0.0 == False: it slipped past
     (["--burst-wait", "5", "--exit-zero"], "--exit-zero and --burst-wait need --burst"),
     (["--exit-zero", "--processes", "2"], "--exit-zero needs --burst"),
 ])

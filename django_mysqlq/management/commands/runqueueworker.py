@@ -41,9 +41,10 @@ def _queue_list(text: str) -> list[str]:
 def _check_burst_only(options: dict[str, Any]) -> None:
     """``--exit-zero`` and ``--burst-wait`` mean something only to a ``--burst`` run: without
     it they were taken and ignored, so a worker meant to drain and exit ran for ever."""
-    given = [option for option, key in (("--exit-zero", "exit_zero"),
-                                        ("--burst-wait", "burst_wait"))
-             if options[key] not in (None, False)]
+    # (``is``, not ``in (None, False)``: ``--burst-wait 0`` is 0.0, which equals False.)
+    given = [option for option, taken in (("--exit-zero", options["exit_zero"] is True),
+                                          ("--burst-wait", options["burst_wait"] is not None))
+             if taken]
     if given and not options["burst"]:
         raise CommandError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} "
                            "--burst (drain the queues, then exit); without it the worker "
