@@ -14,7 +14,7 @@ from django_mysqlq import Topic, broker
 from django_mysqlq.messages import AttemptResult
 from django_mysqlq.models import Message, TopicDelivery
 from tests.operator_support import RUNNER
-from tests.topic_ops_support import group
+from tests.topic_ops_support import group, holding_topic_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,3 +133,61 @@ def test_the_worker_side_reserves_room_half_a_batch_ahead_and_keeps_queue_order(
     claimer.pump_took([], 50)
     worker.holdings.in_flight = 0
     assert claimer.pump_room("group:a") == 100 and claimer.pump_room("group:b") == 20
+
+
+def test_a_woken_member_stamps_and_claims_a_new_message_in_one_transaction() -> None:
+    """Woken from its park by a publish, a member doesn't look first: its pump stamps the
+    topic's new message and claims its delivery in one transaction."""
+    feed = Topic("wokenfeed")
+    made = group("wokenfeed", "billing")
+    feed.publish({"n": 1})
+    pumped, claimed = broker.pump_claiming(made, 500, 1000, claim_for(4), sequence=True,
+                                           woken=True)
+    assert (pumped.made, pumped.busy) == (1, False)
+    assert [offset_of(m.id) for m in claimed] == [1]
+    assert broker.position("wokenfeed", "billing") == 1
+    assert broker.last_offset("wokenfeed") == 1
+
+
+def test_a_woken_member_claims_the_ready_deliveries_first_and_keeps_the_window() -> None:
+    """A wake-up from another member's pump (or a retry come due) finds deliveries of the
+    group ready: the woken pump takes nothing new ahead of them, and pumps by the window
+    as a look says (the review's case: it filled the member's room with newer offsets)."""
+    feed = Topic("wokenwait")
+    made = group("wokenwait", "billing")
+    feed.publish_many([{"n": n} for n in range(10)])
+    broker.sequence("wokenwait")
+    assert broker.pump(made, batch=3, window=4) == 3  # three ready deliveries wait
+    pumped, claimed = broker.pump_claiming(made, 500, 4, claim_for(5), sequence=True,
+                                           woken=True)
+    assert claimed == []
+    assert pumped.made == 1  # the window's room, as without a wake-up
+    assert set(Message.objects.filter(queue=made.queue).values_list("status", flat=True)
+               ) == {"ready"}
+    assert broker.position("wokenwait", "billing") == 4
+
+
+def test_a_woken_member_pumps_what_is_sequenced_while_another_holds_the_topic_row() -> None:
+    """Another member stamping the topic (its row held) doesn't send a woken member to
+    wait: it claims the offsets already given, in order, and leaves the new ones."""
+    feed = Topic("wokenheld")
+    made = group("wokenheld", "billing")
+    feed.publish_many([{"n": n} for n in range(3)])
+    broker.sequence("wokenheld")
+    feed.publish({"n": 3})  # not stamped yet
+    stranger = holding_topic_row("wokenheld")
+    try:
+        pumped, claimed = broker.pump_claiming(made, 500, 1000, claim_for(10), sequence=True,
+                                               woken=True)
+    finally:
+        stranger.release()
+    assert [offset_of(m.id) for m in claimed] == [1, 2, 3]
+    assert pumped.made == 3 and broker.last_offset("wokenheld") == 3
+    # With nothing sequenced left and the row still held, it says the row is busy.
+    stranger = holding_topic_row("wokenheld")
+    try:
+        pumped, claimed = broker.pump_claiming(made, 500, 1000, claim_for(10), sequence=True,
+                                               woken=True)
+    finally:
+        stranger.release()
+    assert (pumped.made, pumped.busy, claimed) == (0, True, [])

@@ -77,6 +77,13 @@ GROUP_EXISTS_SQL = f"SELECT 1 FROM {GROUP_TABLE} WHERE topic = %s AND group_name
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
+#: A woken member's pump takes the lock only while no delivery of the group is ready
+#: (the subquery is a plain read: it locks no message): ready ones are claimed first,
+#: and the window is the look's to keep (the pump then looks as usual).
+LOCK_GROUP_IF_NONE_READY_SQL = (
+    f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s AND NOT "
+    f"EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND "
+    "status = 'ready') FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its ready deliveries counted up to the window, and
 #: (only when it is not behind: the look walks the offset index's NULL end, slow while
@@ -281,7 +288,7 @@ def pump_group(spec: GroupSpec, batch: int, window: int, alias: str | None = Non
 
 def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | None,
                   alias: str | None = None, least: int = 1, sequence: bool = False,
-                  keep: int = 0, recreate: bool = False
+                  keep: int = 0, recreate: bool = False, woken: bool = False
                   ) -> tuple[Pumped, list[ClaimedMessage]]:
     """:func:`pump_group` for a member with room to run ``claim.count`` deliveries now.
 
@@ -290,8 +297,21 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     blocked); they are read back like a claim's batch and returned. While deliveries
     wait, it pumps by the window as before and claims nothing: the member's claim takes
     the waiting ones first. A pump that took all it could while the group is still
-    behind wakes another member (one parked would not hear of the rest otherwise)."""
+    behind wakes another member (one parked would not hear of the rest otherwise).
+
+    ``woken`` (a member just woken from its park, by a publish most likely): straight
+    into the transaction that stamps and claims, without the look (a statement less
+    between a publish and its handler), unless a delivery of the group is ready; one
+    that finds nothing to do so looks as usual."""
     alias = alias or default_alias()
+    if woken and sequence and claim is not None and claim.count > 0 \
+            and pump_claims_supported(alias):
+        take = min(claim.count, batch)
+        made, claimed, oversized = _pump(
+            spec, take, alias, sequence_first=True, keep=keep, woken=True,
+            claim=PumpClaim(take, claim.worker_id, claim.lease_seconds))
+        if made > 0 or oversized is not None:
+            return Pumped(made, True, oversized=oversized), claimed
     with connection_for(alias).cursor() as cursor:
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
         look = cursor.fetchone()
@@ -390,8 +410,8 @@ def _claimed(message: NewMessage, returned: Sequence[Any], token: str) -> Claime
 
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
-          keep: int = 0, claim: PumpClaim | None = None, sequence_if_empty: bool = False
-          ) -> tuple[int, list[ClaimedMessage], Oversized | None]:
+          keep: int = 0, claim: PumpClaim | None = None, sequence_if_empty: bool = False,
+          woken: bool = False) -> tuple[int, list[ClaimedMessage], Oversized | None]:
     """The pump's transaction: up to ``wanted`` deliveries (-1 when it found the topic's
     row held), those it claimed for ``claim``, and the message it stopped before because
     its delivery would not fit in a statement (see oversized.py).
@@ -402,26 +422,34 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
     it had not had; messages deleted or ``last_offset`` raised by hand). Such a group
     used to wait for another reader, or the recovery leader's next upkeep, to stamp its
     new messages. Its position stays: a raised ``last_offset`` put back later finds it
-    where it was."""
+    where it was. ``woken`` (see :func:`pump_claiming`): nothing when a delivery of the
+    group is ready, and a topic row another member holds doesn't end the pump: it reads
+    what is sequenced (-1 only if nothing is)."""
     token = uuid.uuid4().hex
     room = row_room(alias)
     oversized: list[Oversized] = []
 
     def body(cursor: Any) -> tuple[int, list[str], list[ClaimedMessage]]:
         oversized.clear()
-        cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
+        if woken:
+            cursor.execute(LOCK_GROUP_IF_NONE_READY_SQL, [spec.topic, spec.group, spec.queue])
+        else:
+            cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
             return 0, [], []
         group_id, current = int(row[0]), int(row[1])
+        held = False
         if sequence_first:
             # The sequencer's own round (topic row, then its consistent read): the
             # offsets it gives stay a gap-free prefix; this transaction sees its stamps.
-            stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
-            if stamped is None:
+            held = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True) is None
+            if held and not woken:
                 return -1, [], []
         cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
         found = cursor.fetchall()
+        if held and not found:
+            return -1, [], []
         if not found and sequence_if_empty:
             stamped = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True)
             if stamped is None:

@@ -130,6 +130,9 @@ class TopicDuty:
         self.keep = keep
         self.stop = stop
         self._last_pump = 0.0
+        #: A wake-up came since the last pump: a member of one group pumps without
+        #: looking first (``pump_claiming(woken=True)``).
+        self._woken = False
         #: The last pump took all it could for this worker of a group still behind: the
         #: next one need not wait for the pause between two pumps.
         self._more = False
@@ -193,6 +196,8 @@ class TopicDuty:
         if not force and not self._more and now - self._last_pump < PUMP_SECONDS:
             return 0
         self._last_pump = now
+        # (A member of several groups doesn't know which one the wake-up was for.)
+        woken, self._woken = self._woken and len(self.specs) == 1, False
         conf = self.settings
         least = max(1, min(conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW) // 2)
         made, busy, more, looked = 0, False, False, False
@@ -214,7 +219,7 @@ class TopicDuty:
             try:
                 pumped, claimed = broker.pump_claiming(
                     spec, conf.TOPIC_PUMP_BATCH, conf.TOPIC_WINDOW, claim, least=least,
-                    sequence=True, keep=self.keep, recreate=True)
+                    sequence=True, keep=self.keep, recreate=True, woken=woken)
             except Exception as exc:
                 # (Not only database errors: a row changed by hand into what the code
                 # can't take must stop its group's pump, not the worker.)
@@ -282,6 +287,7 @@ class TopicDuty:
         """A wake-up came (a publish, or another member's pump): the next pump runs at
         once, not after the rest of the pause between two pumps."""
         self._last_pump = 0.0
+        self._woken = True
 
 
 class BroadcastReader(threading.Thread):
