@@ -92,7 +92,7 @@ def test_with_the_test_mode_check_migrate_and_the_projects_tests_run(project):
 
     done = manage(on, "test", "tests.nonmysql.shop.suite", "--no-input", "-v", "2")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Ran 6 tests" in done.stderr and "\nOK" in done.stderr
+    assert "Ran 7 tests" in done.stderr and "\nOK" in done.stderr
     assert "FAIL" not in done.stderr and "skipped" not in done.stderr
 
 

@@ -1,7 +1,7 @@
 """The project's own tests, run by Django's test runner on SQLite or PostgreSQL with the
 test mode on (tests/test_non_mysql.py starts them in a subprocess)."""
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test import TestCase, TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 
@@ -40,6 +40,18 @@ class WithCommits(TransactionTestCase):
         order = tasks.place_order(5)
         order.refresh_from_db()
         self.assertTrue(order.paid)
+
+    def test_a_publish_runs_the_topic_handlers_after_the_commit(self):
+        order = Order.objects.create(total=9)
+        tasks.HEARD.clear()
+        with CaptureQueriesContext(connection) as queries, transaction.atomic():
+            tasks.orders.publish({"id": order.pk}, key=order.pk)
+            self.assertEqual(tasks.HEARD, [])
+        self.assertEqual([(group, value) for group, _, value in tasks.HEARD],
+                         [("billing", {"id": order.pk}), (None, {"id": order.pk})])
+        order.refresh_from_db()
+        self.assertTrue(order.paid)
+        self.assertFalse([q for q in queries.captured_queries if "mysqlq_" in q["sql"]])
 
     def test_a_django_task(self):
         if not hasattr(tasks, "total_of"):

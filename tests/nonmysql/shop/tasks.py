@@ -1,8 +1,23 @@
 """The shop's tasks: a @queue_task, and a Django @task where a Tasks framework exists."""
 
-from django_mysqlq import queue_task
+from django_mysqlq import Topic, TopicEvent, queue_task
 
 from .models import Order
+
+#: What the topic handlers got, for the suite (the test mode calls them in-process).
+HEARD: list[tuple[str | None, int, object]] = []
+orders = Topic("orders")
+
+
+@orders.subscribe(group="billing")
+def bill(event: TopicEvent) -> None:
+    HEARD.append((event.group, event.offset, event.payload))
+    Order.objects.filter(pk=event.payload["id"]).update(paid=True)
+
+
+@orders.subscribe(broadcast=True)
+def forget(event: TopicEvent) -> None:
+    HEARD.append((event.group, event.offset, event.payload))
 
 
 @queue_task(max_attempts=5)
