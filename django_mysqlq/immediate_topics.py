@@ -16,8 +16,8 @@ import functools
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -41,35 +41,40 @@ def _next_offset(topic: str) -> int:
         return next(_offsets.setdefault(topic, itertools.count(1)))
 
 
-def publish(topic: str, rows: Sequence[tuple[str | None, str]]) -> int:
+def publish(topic: str, rows: Sequence[tuple[str | None, str]],
+            handlers: Callable[[], tuple[list[Subscription], list[Subscription]]],
+            event: Callable[..., Any]) -> int:
     """Run ``rows`` (``(key, payload JSON)``, already checked) through this process's
-    handlers of ``topic`` after the commit; return an id for the first (0 for none)."""
+    handlers of ``topic`` after the commit; return an id for the first (0 for none).
+    ``handlers()`` gives the topic's group and broadcast subscriptions at the commit,
+    ``event`` makes a broadcast handler's event (both from ``topics``, which imports
+    this module)."""
     if not rows:
         return 0
     ids = [immediate.new_id() for _ in rows]
     published_at = timezone.now().astimezone(dt.UTC)
-    callback = functools.partial(_deliver_all, topic, list(rows), published_at)
+    callback = functools.partial(_deliver_all, topic, list(rows), published_at, handlers,
+                                 event)
     immediate._after_commit(get_settings().DATABASE, callback)
     return ids[0]
 
 
-def _deliver_all(topic: str, rows: list[tuple[str | None, str]],
-                 published_at: dt.datetime) -> None:
+def _deliver_all(topic: str, rows: list[tuple[str | None, str]], published_at: dt.datetime,
+                 handlers: Callable[[], tuple[list[Subscription], list[Subscription]]],
+                 event: Callable[..., Any]) -> None:
     """Committed: give offsets, send ``topic_published``, call the handlers."""
     from .broker import send_robust
-    from .topics import subscriptions
 
     offsets = [_next_offset(topic) for _ in rows]
     send_robust(topic_published, topic, count=len(rows))
-    groups = [s for s in subscriptions.groups() if s.topic == topic and s.task is not None]
-    listeners = [s for s in subscriptions.broadcast() if s.topic == topic]
+    groups, listeners = handlers()
     first_error: BaseException | None = None
     for offset, (key, text) in zip(offsets, rows, strict=True):
         for group in groups:
             error = _run_group(group, offset, key, text, published_at)
             first_error = first_error or error
         for listener in listeners:
-            error = _run_broadcast(listener, offset, key, text, published_at)
+            error = _run_broadcast(listener, offset, key, text, published_at, event)
             first_error = first_error or error
     if first_error is not None and get_settings().IMMEDIATE_RAISE:
         raise first_error
@@ -94,15 +99,13 @@ def _run_group(group: Subscription, offset: int, key: str | None, text: str,
 
 
 def _run_broadcast(listener: Subscription, offset: int, key: str | None, text: str,
-                   published_at: dt.datetime) -> BaseException | None:
+                   published_at: dt.datetime, event: Callable[..., Any]
+                   ) -> BaseException | None:
     """One broadcast handler's call, as a worker's broadcast reader makes it."""
-    from .topics import TopicEvent
-
     [value], _ = payload.decode(f'{{"args":[{text}]}}')
-    event = TopicEvent(topic=listener.topic, offset=offset, key=key, payload=value,
-                       published_at=published_at)
     try:
-        awaiting.call(listener.handler, event)
+        awaiting.call(listener.handler, event(topic=listener.topic, offset=offset, key=key,
+                                              payload=value, published_at=published_at))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the handler's boundary, as on a worker

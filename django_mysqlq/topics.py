@@ -239,8 +239,13 @@ class Topic:
         if get_settings().IMMEDIATE:
             from . import immediate_topics
 
-            return immediate_topics.publish(self.name, rows)
+            return immediate_topics.publish(self.name, rows, self._handlers, TopicEvent)
         return broker.publish(self.name, rows, subscriptions.group_queues(self.name))
+
+    def _handlers(self) -> tuple[list[Subscription], list[Subscription]]:
+        """This process's group (with their tasks) and broadcast subscriptions to it."""
+        return ([s for s in subscriptions.groups() if s.topic == self.name and s.task is not None],
+                [s for s in subscriptions.broadcast() if s.topic == self.name])
 
     # ------------------------------------------------------------------ subscribe
 
