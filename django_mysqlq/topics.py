@@ -117,21 +117,21 @@ class SubscriptionRegistry:
         self._lock = threading.Lock()
 
     def add(self, subscription: Subscription) -> None:
+        """Add ``subscription``; the same handler declared again with the same options
+        (a module reloaded) replaces the old one, anything else on its slot is refused."""
         with self._lock:
             if subscription.group is None:
-                if not any(s.handler is subscription.handler and s.topic == subscription.topic
-                           for s in self._broadcast):
-                    self._broadcast.append(subscription)
+                for index, old in enumerate(self._broadcast):
+                    if old.topic == subscription.topic and _same_name(old, subscription):
+                        _check_reload(old, subscription)
+                        self._broadcast[index] = subscription
+                        return
+                self._broadcast.append(subscription)
                 return
             key = (subscription.topic, subscription.group)
             existing = self._groups.get(key)
-            if existing is not None and (qualified_name(existing.handler)
-                                         != qualified_name(subscription.handler)):
-                raise InvalidTaskOptions(
-                    f"Group {subscription.group!r} already subscribes to topic "
-                    f"{subscription.topic!r} with {qualified_name(existing.handler)}: a group "
-                    "has one handler per topic. Use another group name, or one handler "
-                    "that does both.")
+            if existing is not None:
+                _check_reload(existing, subscription)
             self._groups[key] = subscription
 
     def groups(self) -> list[Subscription]:
@@ -154,6 +154,43 @@ class SubscriptionRegistry:
                 self._broadcast = [s for s in self._broadcast if s is not subscription]
             else:
                 self._groups.pop((subscription.topic, subscription.group), None)
+
+
+def _same_name(old: Subscription, new: Subscription) -> bool:
+    return qualified_name(old.handler) == qualified_name(new.handler)
+
+
+def _options(subscription: Subscription) -> tuple[object, ...]:
+    task = subscription.task
+    return (subscription.start, subscription.on_dead) + (() if task is None else (
+        task.max_attempts, task.retry_schedule, task.timeout))
+
+
+def _code(handler: Handler) -> object:
+    return getattr(inspect.unwrap(handler), "__code__", None)
+
+
+def _check_reload(old: Subscription, new: Subscription) -> None:
+    """Allow only a reload: the same handler (by module and name, a module reloaded
+    compiles it anew) with the same options. Two functions of one definition (made in a
+    loop or a factory) share their code and would silently replace each other."""
+    where = (f"Topic {new.topic!r} is subscribed twice by "
+             + ("broadcast" if new.group is None else f"group {new.group!r}"))
+    if not _same_name(old, new):
+        raise InvalidTaskOptions(
+            f"{where}: with {qualified_name(old.handler)} and {qualified_name(new.handler)}. "
+            "A group has one handler per topic: use another group name, or one handler "
+            "that does both.")
+    if old.handler is not new.handler and _code(old.handler) is _code(new.handler):
+        raise InvalidTaskOptions(
+            f"{where}: with two functions named {qualified_name(new.handler)} (made in a "
+            "loop or a factory?), the second would silently replace the first. Give each "
+            "its own group (or, for broadcast, one handler that does both).")
+    if _options(old) != _options(new):
+        raise InvalidTaskOptions(
+            f"{where}: {qualified_name(new.handler)} with other options than before "
+            "(start, on_dead, max_attempts, retry_backoff, timeout). Subscribe it once, "
+            "with the options it should have.")
 
 
 subscriptions = SubscriptionRegistry()

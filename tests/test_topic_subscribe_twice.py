@@ -1,0 +1,99 @@
+"""Subscribing twice to one slot (a topic and group, or a topic's broadcast): a module
+reloaded replaces its handlers silently; two functions of one definition (a loop, a
+factory), or one handler with other options, are refused instead of one silently
+replacing the other; broadcast handlers are told apart by name, not by object."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_mysqlq import Topic, topics
+from django_mysqlq.exceptions import InvalidTaskOptions
+from django_mysqlq.registry import TaskRegistry
+from django_mysqlq.topics import SubscriptionRegistry, TopicEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[SubscriptionRegistry]:
+    """A registry of this test's own, so its subscriptions don't reach other tests."""
+    own = SubscriptionRegistry()
+    monkeypatch.setattr(topics, "subscriptions", own)
+    monkeypatch.setattr(topics, "registry", TaskRegistry())
+    yield own
+
+
+def made(tag: str) -> Any:
+    def handler(event: TopicEvent) -> None:
+        print(tag, event)
+    return handler
+
+
+def test_two_functions_of_one_definition_on_one_group_are_refused() -> None:
+    orders = Topic("orders")
+    orders.subscribe(group="billing")(made("a"))
+    with pytest.raises(InvalidTaskOptions, match=r"'orders' is subscribed twice by group "
+                                                  r"'billing'.*loop or a factory"):
+        orders.subscribe(group="billing")(made("b"))
+
+
+def test_two_functions_of_one_definition_in_broadcast_are_refused(fresh) -> None:
+    orders = Topic("orders")
+    orders.subscribe(broadcast=True)(made("a"))
+    with pytest.raises(InvalidTaskOptions, match=r"subscribed twice by broadcast"):
+        orders.subscribe(broadcast=True)(made("b"))
+    assert len(fresh.broadcast()) == 1
+
+
+def test_the_same_handler_with_other_options_is_refused(fresh) -> None:
+    handler = made("a")
+    orders = Topic("orders")
+    orders.subscribe(group="billing", max_attempts=3)(handler)
+    orders.subscribe(group="billing", max_attempts=3)(handler)  # the same again: fine
+    for options in ({"max_attempts": 4}, {"timeout": 5}, {"on_dead": "hold"},
+                    {"start": "earliest"}, {"max_attempts": 3, "retry_backoff": [1]}):
+        with pytest.raises(InvalidTaskOptions, match=r"group 'billing'.*other options"):
+            orders.subscribe(group="billing", **options)(handler)
+    (kept,) = fresh.groups()
+    assert kept.task is not None and kept.task.max_attempts == 3
+
+
+def test_another_handler_on_the_group_is_refused_as_before() -> None:
+    orders = Topic("orders")
+    orders.subscribe(group="billing")(made("a"))
+
+    def other(event: TopicEvent) -> None: ...
+
+    with pytest.raises(InvalidTaskOptions, match=r"one handler per topic"):
+        orders.subscribe(group="billing")(other)
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    (tmp_path / "reloaded_handlers.py").write_text(textwrap.dedent("""
+        from django_mysqlq import Topic
+
+        @Topic("orders").subscribe(group="billing", max_attempts=3)
+        def bill(event): ...
+
+        @Topic("orders").subscribe(broadcast=True)
+        def forget(event): ...
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module("reloaded_handlers")
+    sys.modules.pop("reloaded_handlers", None)
+
+
+def test_a_reloaded_module_replaces_its_handlers_silently(fresh, module) -> None:
+    reloaded = importlib.reload(module)
+    (group,) = fresh.groups()
+    (broadcast,) = fresh.broadcast()  # once, not twice: it would run twice per message
+    assert group.handler is reloaded.bill and broadcast.handler is reloaded.forget
