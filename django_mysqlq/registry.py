@@ -74,7 +74,25 @@ class TaskRegistry:
 
 
 def qualified_name(func: Callable[..., Any]) -> str:
+    """``module.qualname``; for a callable without one (a ``functools.partial``, an
+    object with ``__call__``), its class's, so messages about it don't crash."""
+    if not is_named(func):
+        func = type(func)
     return f"{func.__module__}.{func.__qualname__}"
+
+
+def is_named(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` has a ``module.qualname`` of its own (a def, a class, a method)."""
+    return (isinstance(getattr(func, "__qualname__", None), str)
+            and isinstance(getattr(func, "__module__", None), str))
+
+
+def unnamed_problem(func: Callable[..., Any], what: str, fix: str) -> str | None:
+    """Why ``func`` can't be told apart by ``module.qualname``, or None."""
+    if is_named(func):
+        return None
+    return (f"{what} is named by its function's module.qualname, but {func!r:.80} (a "
+            f"{type(func).__name__}) has none: {fix}")
 
 
 registry = TaskRegistry()

@@ -20,7 +20,7 @@ from .handles import MessageHandle
 from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
-from .registry import qualified_name, registry
+from .registry import qualified_name, registry, unnamed_problem
 from .routing import alias_for_queue
 from .uniqueness import DERIVED_KEY_PREFIX as DERIVED_KEY_PREFIX
 from .uniqueness import derived_dedup_key, validate_unique_for
@@ -448,6 +448,9 @@ def queue_task(
                 f"{qualified_name(function)} is async: atomic=True needs a plain function, whose "
                 "queries run on the worker thread's connection inside the ack's transaction."
             )
+        if name is None:
+            _checked(unnamed_problem(function, "A task", "pass name=... to @queue_task, or "
+                                     "wrap it in a def."))
         task_name = name if name is not None else qualified_name(function)
         if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
             raise InvalidTaskOptions(

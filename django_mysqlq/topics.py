@@ -29,7 +29,7 @@ from . import limits, payload, retries
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions
 from .gating import HOLD, NO_GATE, ON_DEAD, SKIP
-from .registry import qualified_name, registry
+from .registry import qualified_name, registry, unnamed_problem
 from .tasks import QueueTask
 from .topicnames import (
     KEY_MAX,
@@ -335,6 +335,9 @@ class Topic:
         def decorate(handler: Handler) -> Handler:
             if not callable(handler):
                 raise InvalidTaskOptions(f"subscribe() decorates a function, not {handler!r}.")
+            _checked(unnamed_problem(handler, f"A subscription of topic {self.name!r}",
+                                     "wrap it in a def (def handle(event): return "
+                                     "other(event)) and subscribe that."))
             if group is None:
                 subscriptions.add(Subscription(self.name, handler, None))
                 return handler

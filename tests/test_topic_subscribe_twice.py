@@ -5,6 +5,7 @@ replacing the other; broadcast handlers are told apart by name, not by object.""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from django_mysqlq import Topic, topics
+from django_mysqlq import Topic, queue_task, tasks, topics
 from django_mysqlq.exceptions import InvalidTaskOptions
 from django_mysqlq.registry import TaskRegistry
 from django_mysqlq.topics import SubscriptionRegistry, TopicEvent
@@ -97,3 +98,27 @@ def test_a_reloaded_module_replaces_its_handlers_silently(fresh, module) -> None
     (group,) = fresh.groups()
     (broadcast,) = fresh.broadcast()  # once, not twice: it would run twice per message
     assert group.handler is reloaded.bill and broadcast.handler is reloaded.forget
+
+
+class Callable_:
+    def __call__(self, event: TopicEvent) -> None: ...
+
+
+def plain(event: TopicEvent, tag: str = "") -> None: ...
+
+
+@pytest.mark.parametrize("handler", [functools.partial(plain, tag="x"), Callable_()],
+                         ids=["partial", "callable-object"])
+@pytest.mark.parametrize("how", [{"group": "billing"}, {"broadcast": True}])
+def test_a_handler_without_a_name_is_refused_saying_to_wrap_it(handler, how, fresh) -> None:
+    with pytest.raises(InvalidTaskOptions, match=r"topic 'orders'.*has none: wrap it in a def"):
+        Topic("orders").subscribe(**how)(handler)
+    assert fresh.groups() == [] and fresh.broadcast() == []
+
+
+def test_queue_task_refuses_one_without_a_name_unless_given_one(monkeypatch) -> None:
+    monkeypatch.setattr(tasks, "registry", TaskRegistry())
+    with pytest.raises(InvalidTaskOptions, match=r"has none: pass name=\.\.\. to @queue_task"):
+        queue_task(functools.partial(plain, tag="x"))
+    named = queue_task(functools.partial(plain, tag="x"), name="plain.x")
+    assert queue_task(functools.partial(plain, tag="y"), name="plain.x").name == named.name
