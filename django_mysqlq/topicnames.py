@@ -52,3 +52,12 @@ def group_of_queue(queue: str) -> str | None:
 
 def delivery_task_name(topic: str, group: str) -> str:
     return f"{TASK_PREFIX}{topic}:{group}"
+
+
+def delivery_of_task(task_name: str) -> tuple[str, str] | None:
+    """The topic and group of a delivery's task name (neither name has a colon), or None
+    for a name of another form."""
+    if not task_name.startswith(TASK_PREFIX):
+        return None
+    topic, colon, group = task_name[len(TASK_PREFIX):].partition(":")
+    return (topic, group) if topic and colon and group and ":" not in group else None

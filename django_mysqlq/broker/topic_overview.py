@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from ..topicnames import GROUP_QUEUE_PREFIX
+from ..topicnames import GROUP_QUEUE_PREFIX, delivery_of_task
 from .base import MESSAGE_TABLE, aware_utc, connection_for, default_alias, placeholders
 from .deliveries import DELIVERY_TABLE
 from .kept import checked_first
@@ -41,7 +41,8 @@ PUBLISHED_SINCE_SQL = (f"SELECT COUNT(*) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX 
 #: letters included, status being its second column.
 OVERRAN_SQL = f"""
 SELECT id, queue, task_name, worker_id, claimed_at, timeout,
-       TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) / 1e6
+       TIMESTAMPDIFF(MICROSECOND, started_at, UTC_TIMESTAMP(6)) / 1e6,
+       CASE WHEN JSON_VALID(payload) THEN JSON_EXTRACT(payload, '$.kwargs.offset') END
   FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_lease)
  WHERE status = 'claimed' AND queue LIKE %s AND timeout IS NOT NULL
    AND started_at IS NOT NULL
@@ -107,8 +108,10 @@ class Overran:
     timeout: float
     #: Seconds since its handler started (as the worker recorded it).
     running_seconds: float
-    #: The topic, group and offset it delivers (from its mysqlq_topic_delivery link; empty
-    #: and None for a message of a group's queue that is no delivery).
+    #: The topic, group and offset it delivers: from its mysqlq_topic_delivery link, else
+    #: (retention or the archive deleted it) from its task name ``topic:<topic>:<group>``
+    #: and its payload's ``kwargs.offset``; empty and None for a message of a group's
+    #: queue that is no delivery.
     topic: str = ""
     group: str = ""
     offset: int | None = None
@@ -126,5 +129,15 @@ def overran_deliveries(limit: int = 100, alias: str | None = None) -> list[Overr
     # Sorted here: an ORDER BY id would sort every claimed delivery of every group.
     return sorted((Overran(int(r[0]), str(r[1]), str(r[2]), str(r[3] or ""),
                            aware_utc(r[4]) or r[4], float(r[5]), float(r[6]),
-                           *links.get(int(r[0]), ("", "", None)))
+                           *links.get(int(r[0])) or _unlinked(str(r[2]), r[7]))
                    for r in rows), key=lambda found: found.message_id)
+
+
+def _unlinked(task_name: str, offset: Any) -> tuple[str, str, int | None]:
+    """Topic, group and offset of a delivery whose link row is gone, from what its message
+    row still says (a payload changed by hand may give no offset)."""
+    topic, group = delivery_of_task(task_name) or ("", "")
+    if isinstance(offset, bytes):
+        offset = offset.decode(errors="replace")
+    text = str(offset) if offset is not None else ""
+    return topic, group, int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
