@@ -35,6 +35,9 @@ EXIT_DEAD = 3
 FORCED_EXIT_STATUS = 1
 #: Longest a second signal waits for the unstarted claims to be released.
 FORCED_EXIT_SECONDS = 3.0
+#: Longest a stop waits for a broadcast handler running at the signal (within the grace
+#: period, counted from the signal's drain; tasks are waited for meanwhile).
+BROADCAST_FINISH_SECONDS = 5.0
 
 
 def release_unstarted(worker: Worker) -> int:
@@ -90,6 +93,17 @@ def _wait_for_threads(worker: Worker, deadline: float) -> None:
             thread.join(max(0.0, min(deadline, next_beat) - time.monotonic()))
 
 
+def _wait_for_broadcast(worker: Worker, until: float) -> None:
+    """Let a broadcast handler running at the signal finish (the reader starts none after
+    it), up to ``until``: the reader is a daemon thread, killed mid-handler at exit."""
+    reader = worker.topics.reader
+    if reader is None or not reader.is_alive():
+        return
+    if not reader.finish(until - time.monotonic()):
+        logger.warning("A broadcast handler was still running %.0fs after the stop; exiting "
+                       "anyway (it is cut off).", BROADCAST_FINISH_SECONDS)
+
+
 def drain(worker: Worker) -> int:
     """Release unstarted claims, wait for running tasks, deregister; the exit status.
 
@@ -98,7 +112,8 @@ def drain(worker: Worker) -> int:
     on a lock or is gone.
     """
     grace = worker.settings.GRACE_SECONDS
-    deadline = time.monotonic() + grace
+    started = time.monotonic()
+    deadline = started + grace
     broker.finish_by(deadline + STOP_STATEMENT_SECONDS)
     if worker.acker is not None:
         worker.acker.finish_by(deadline + STOP_STATEMENT_SECONDS)
@@ -109,6 +124,7 @@ def drain(worker: Worker) -> int:
     if running:
         logger.info("Waiting up to %.0fs for %d running task(s).", grace, running)
     _wait_for_threads(worker, deadline)
+    _wait_for_broadcast(worker, min(deadline, started + BROADCAST_FINISH_SECONDS))
     release_unstarted(worker)  # what threads took but gave back unstarted meanwhile
     if worker.acker is not None:
         worker.acker.stop()  # ack what finished, before deregistering

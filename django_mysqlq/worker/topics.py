@@ -336,6 +336,13 @@ class BroadcastReader(threading.Thread):
             sequence_at_start(topic, wait=True)
             self.positions[topic] = broker.last_offset(topic)
 
+    def finish(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a handler running when the worker stopped (the stop
+        event is set: none starts after it); whether the reader ended."""
+        if self.is_alive():
+            self.join(max(0.0, seconds))
+        return not self.is_alive()
+
     def run(self) -> None:
         bind_alias(get_settings().DATABASE)  # where topics live, whoever started it
         broker.own_connection()
@@ -349,6 +356,8 @@ class BroadcastReader(threading.Thread):
         the next poll: it holds back none of the others."""
         read = 0
         for topic in list(self.order):
+            if self.stop_event.is_set():
+                break
             try:
                 read += self._read_topic(topic)
             except DatabaseError as exc:
@@ -377,6 +386,8 @@ class BroadcastReader(threading.Thread):
         rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH,
                                  max_bytes=BROADCAST_BYTES)
         for row in rows:
+            if self.stop_event.is_set():
+                break  # the worker stops: no handler starts after its signal
             if row.payload is None:
                 _skip_oversized(topic, row)
             else:
@@ -420,6 +431,8 @@ class BroadcastReader(threading.Thread):
         event = TopicEvent(topic=topic, offset=offset, key=key, payload=args[0],
                            published_at=published_at)
         for listener in listeners:
+            if self.stop_event.is_set():
+                return
             try:
                 awaiting.call(listener.handler, event)
             except BaseException:
