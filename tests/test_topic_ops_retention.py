@@ -322,3 +322,27 @@ def test_a_topic_held_by_a_stranger_does_not_stop_the_others_retention(monkeypat
                                    "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
         assert topic_retention.prune() == {"a_held": 5}
     assert "Retention of topic 'a_held' works again" in caplog.text
+
+
+def test_an_archive_delete_keeps_offsets_a_group_was_reset_back_into() -> None:
+    """The archive plans a batch (every group past it), then a reset moves a group back
+    into it (``first_offset`` still allowed it): the delete must keep those messages."""
+    from django_mysqlq.broker import topic_retention as broker_retention
+
+    billing = group("orders", "billing")
+    publish("orders", 10)
+    age("orders", range(1, 11), days=10)
+    broker.pump(billing, batch=100, window=100)
+    handle(billing, 10)
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    assert broker_retention.archivable_offsets("orders", cut) == (1, 10, 10)
+    ids = list(TopicMessage.objects.filter(topic="orders").order_by("offset")
+               .values_list("id", flat=True))
+    broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=5), OPERATOR)
+    with pytest.raises(broker_retention.GroupMovedBack, match="at offset 4, below archived"):
+        broker_retention.delete_archived("orders", ids)
+    assert kept("orders") == list(range(1, 11))
+    assert TopicState.objects.get(name="orders").first_offset == 1
+    assert TopicDelivery.objects.filter(topic="orders").count() == 10
+    assert broker_retention.delete_archived("orders", ids[:4]) == 4  # what it passed
+    assert kept("orders") == list(range(5, 11))

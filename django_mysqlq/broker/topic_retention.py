@@ -41,6 +41,29 @@ class _GroupMovedBack(Exception):
     """A group's position fell below a retention batch while it deleted: roll it back."""
 
 
+class GroupMovedBack(Exception):
+    """A group of the topic was moved back (a reset, a new group at the earliest) into
+    an archived range after its batch was planned: the range's delete was rolled back,
+    its messages are kept for the group (the batch stays archived, not deleted)."""
+
+    def __init__(self, topic: str, position: int, last: int) -> None:
+        super().__init__(
+            f"a group of topic {topic!r} is at offset {position}, below archived offset "
+            f"{last} (reset back, or a new group starting at the earliest, after the batch "
+            "was planned): its messages were kept, not deleted. The batch stays committed; "
+            "run archive again once every group has passed its offsets.")
+        self.topic, self.position, self.last = topic, position, last
+
+
+def _slowest_below(cursor: Any, topic: str, last: int) -> int | None:
+    """The slowest group's position if it is below ``last`` (its offsets still needed),
+    else None. Read holding the topic row (after ``MOVE_FIRST_SQL``), in READ COMMITTED:
+    a reset still open waits for this commit, then sees ``first_offset`` moved."""
+    cursor.execute(SLOWEST_GROUP_SQL, [topic])
+    slowest = cursor.fetchone()[0]
+    return int(slowest) if slowest is not None and int(slowest) < last else None
+
+
 def topic_names(alias: str | None = None) -> list[str]:
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(TOPIC_NAMES_SQL)
@@ -85,15 +108,10 @@ def prune_topic_batch(topic: str, before: dt.datetime, limit: int, *,
             cursor.execute(DELETE_SQL, [message_id])
             deleted += int(cursor.rowcount)
         cursor.execute(MOVE_FIRST_SQL, [last + 1, topic])
-        if wait_for_groups:
-            # The positions were read before this transaction: a reset (or a new group
-            # starting at the earliest) may have moved one back since. Holding the topic
-            # row now, read them again (READ COMMITTED: what is committed; a reset still
-            # open waits for this commit on the topic row, then sees first_offset moved).
-            cursor.execute(SLOWEST_GROUP_SQL, [topic])
-            slowest = cursor.fetchone()[0]
-            if slowest is not None and int(slowest) < last:
-                raise _GroupMovedBack
+        # The positions were read before this transaction: a reset (or a new group
+        # starting at the earliest) may have moved one back since: read them again.
+        if wait_for_groups and _slowest_below(cursor, topic, last) is not None:
+            raise _GroupMovedBack
         return deleted
 
     try:
@@ -184,7 +202,11 @@ def delete_archived(topic: str, ids: list[int], alias: str | None = None,
     """Delete these archived messages of ``topic`` (a prefix of its kept offsets, in
     offset order) as retention does: by primary key, moving ``first_offset`` past them
     in the same short transaction, then their delivery links. Return how many went
-    (a message already gone, deleted by an earlier run or by retention, counts 0)."""
+    (a message already gone, deleted by an earlier run or by retention, counts 0).
+
+    A group moved back into these offsets since the batch was planned (retention's race)
+    rolls the delete back and raises :class:`GroupMovedBack`: the archive must not mark
+    the batch done, and its messages stay for the group."""
     if not ids:
         return 0
     alias = alias or default_alias()
@@ -197,11 +219,18 @@ def delete_archived(topic: str, ids: list[int], alias: str | None = None,
         for message_id in ids:
             cursor.execute(DELETE_SQL, [message_id])
             deleted += int(cursor.rowcount)
-        if last is not None:
-            cursor.execute(MOVE_FIRST_SQL, [int(last) + 1, topic])
-        return deleted, None if last is None else int(last)
+        if last is None:
+            return deleted, None
+        cursor.execute(MOVE_FIRST_SQL, [int(last) + 1, topic])
+        if (position := _slowest_below(cursor, topic, int(last))) is not None:
+            raise GroupMovedBack(topic, position, int(last))
+        return deleted, int(last)
 
-    deleted, last = in_transaction(alias, body)
+    try:
+        deleted, last = in_transaction(alias, body)
+    except GroupMovedBack as exc:
+        logger.warning("Archive of topic %r: %s", topic, exc)
+        raise
     if last is not None:
         _delete_links(topic, last + 1, links_batch, alias)
     return deleted
