@@ -346,3 +346,27 @@ def test_an_archive_delete_keeps_offsets_a_group_was_reset_back_into() -> None:
     assert TopicDelivery.objects.filter(topic="orders").count() == 10
     assert broker_retention.delete_archived("orders", ids[:4]) == 4  # what it passed
     assert kept("orders") == list(range(5, 11))
+
+
+def test_a_busy_topic_is_pruned_until_caught_up_or_out_of_budget(monkeypatch,
+                                                                   caplog) -> None:
+    """Full batches go on past five per upkeep while the budget lasts; a topic still
+    behind when it runs out is warned about once, and said caught up later."""
+    monkeypatch.setattr(topic_retention, "BATCH", 2)
+    publish("orders", 30)
+    age("orders", range(1, 31), days=2)
+    settings = {"TOPIC_RETENTION_SECONDS": 86400, "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}
+    with override_settings(MYSQLQ=settings):
+        assert topic_retention.prune() == {"orders": 30}  # not 5 batches of 2
+    assert kept("orders") == [] and not topic_retention.behind
+    publish("orders", 25)
+    age("orders", range(31, 56), days=2)
+    monkeypatch.setattr(topic_retention, "PRUNE_BUDGET_SECONDS", 0)
+    with override_settings(MYSQLQ=settings):
+        assert topic_retention.prune() == {"orders": 10}
+        assert topic_retention.prune() == {"orders": 10}
+        assert caplog.text.count("Retention of topic 'orders' is falling behind") == 1
+        assert "caught up" not in caplog.text
+        assert topic_retention.prune() == {"orders": 5}
+    assert "Retention of topic 'orders' caught up with its cut-off" in caplog.text
+    assert not topic_retention.behind

@@ -1,6 +1,7 @@
 """Topic retention, run by the recovery leader beside the queue's (see retention.py):
 ``MYSQLQ['TOPIC_RETENTION_SECONDS']`` (None keeps messages forever) and
-``TOPIC_RETENTION_WAIT_FOR_GROUPS``. A few short batches per topic per call.
+``TOPIC_RETENTION_WAIT_FOR_GROUPS``. Short batches per topic, in turn, while a busy
+topic has more and the call's budget lasts.
 
 Before it, :func:`sequence_unread` gives offsets to the messages of topics that no
 running worker reads: retention, lookup and the statistics go by offset."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
 from django.db import DatabaseError
 
@@ -24,6 +26,15 @@ logger = logging.getLogger("django_mysqlq")
 failing: Failures[str] = Failures()
 #: Topics whose retention failed at the last call (logged the same way).
 pruning: Failures[str] = Failures()
+
+#: Topics whose retention was still behind its cut-off when the budget ran out (warned
+#: once, until a call leaves them caught up).
+behind: set[str] = set()
+
+#: Retention per upkeep: every topic gets ``BATCHES_PER_CALL`` batches of ``BATCH``,
+#: then the topics whose batches all came back full get more, in turn, while this budget
+#: lasts (it runs on the leader's control loop, once per ``LEASE_SECONDS``).
+PRUNE_BUDGET_SECONDS = 2.0
 
 #: Sequencing of topics nobody reads, per upkeep: at most this many rounds of 1,000 per
 #: topic, and after each topic's first round only while this budget lasts (it runs on
@@ -63,37 +74,78 @@ def sequence_unread() -> dict[str, int]:
 
 
 def prune() -> dict[str, int]:
-    """Delete what topic retention allows; return the messages deleted per topic."""
+    """Delete what topic retention allows; return the messages deleted per topic.
+
+    Each topic gets :data:`BATCHES_PER_CALL` batches, taken in turn; a topic whose
+    batches all came back full gets more turns while :data:`PRUNE_BUDGET_SECONDS` last
+    (a busy topic must catch up, not stay 1,000 messages an upkeep behind)."""
     conf = get_settings()
     if conf.TOPIC_RETENTION_SECONDS is None:
         return {}
     before = broker.database_now() - dt.timedelta(seconds=conf.TOPIC_RETENTION_SECONDS)
+    deadline = time.monotonic() + PRUNE_BUDGET_SECONDS
     done: dict[str, int] = {}
-    for topic in broker.topic_names():
-        deleted = 0
-        try:
-            for _ in range(BATCHES_PER_CALL):
-                count = broker.prune_topic_batch(
-                    topic, before, BATCH,
-                    wait_for_groups=conf.TOPIC_RETENTION_WAIT_FOR_GROUPS)
-                deleted += count
-                if count < BATCH:
-                    break
-        except DatabaseError as exc:
-            # One topic's trouble (its row locked by a stranger past the lock wait, a
-            # value changed by hand) must not stop the retention of the others.
-            if pruning.failed(topic, exc):
-                logger.error(
-                    "Retention of topic %r failed: %s. Its old messages stay until it can "
-                    "(%d deleted this round); the other topics go on, and this one is tried "
-                    "again at every upkeep (said again only for a new kind of error). A "
-                    "session holding its row in mysqlq_topic, or a row changed by hand, is "
-                    "the usual cause.", topic, one_line(str(exc)), deleted)
-        else:
-            if pruning.recovered(topic):
-                logger.info("Retention of topic %r works again.", topic)
-        if deleted:
-            done[topic] = deleted
-            logger.info("Retention: deleted %d message(s) of topic %r published before %s "
-                        "UTC.", deleted, topic, f"{before:%Y-%m-%d %H:%M}")
+    pending = names = broker.topic_names()
+    turn = 0
+    while pending and (turn == 0 or time.monotonic() < deadline):
+        pending = [topic for topic in pending
+                   if _turn(topic, before, conf.TOPIC_RETENTION_WAIT_FOR_GROUPS, done,
+                            None if turn == 0 else deadline)]
+        turn += 1
+    _note_behind(set(pending), set(names) - set(pruning.keys()), before)
+    for topic, deleted in done.items():
+        logger.info("Retention: deleted %d message(s) of topic %r published before %s "
+                    "UTC.", deleted, topic, f"{before:%Y-%m-%d %H:%M}")
     return done
+
+
+def _turn(topic: str, before: dt.datetime, wait_for_groups: bool, done: dict[str, int],
+          deadline: float | None) -> bool:
+    """Up to :data:`BATCHES_PER_CALL` batches of ``topic`` (none past ``deadline``);
+    whether it has more (every batch came back full, or the budget ran out first)."""
+    if deadline is not None and time.monotonic() >= deadline:
+        return True
+    deleted = 0
+    full = False
+    try:
+        for _ in range(BATCHES_PER_CALL):
+            count = broker.prune_topic_batch(topic, before, BATCH,
+                                             wait_for_groups=wait_for_groups)
+            deleted += count
+            full = count >= BATCH
+            if not full:
+                break
+    except DatabaseError as exc:
+        full = False
+        # One topic's trouble (its row locked by a stranger past the lock wait, a
+        # value changed by hand) must not stop the retention of the others.
+        if pruning.failed(topic, exc):
+            logger.error(
+                "Retention of topic %r failed: %s. Its old messages stay until it can "
+                "(%d deleted this round); the other topics go on, and this one is tried "
+                "again at every upkeep (said again only for a new kind of error). A "
+                "session holding its row in mysqlq_topic, or a row changed by hand, is "
+                "the usual cause.", topic, one_line(str(exc)), deleted)
+    else:
+        if pruning.recovered(topic):
+            logger.info("Retention of topic %r works again.", topic)
+    if deleted:
+        done[topic] = done.get(topic, 0) + deleted
+    return full
+
+
+def _note_behind(still: set[str], working: set[str], before: dt.datetime) -> None:
+    """Warn once per episode of a topic still holding a full batch past the cut-off when
+    the budget ran out; say when it caught up (a failing topic is said by its error)."""
+    for topic in sorted(still - behind):
+        logger.warning(
+            "Retention of topic %r is falling behind: messages published before %s UTC "
+            "were still left when this upkeep's %.1f s for retention ran out. They go at "
+            "the next upkeeps (every LEASE_SECONDS); if this lasts, the topic is published "
+            "to faster than the recovery leader deletes (docs/streams.md, Retention).",
+            topic, f"{before:%Y-%m-%d %H:%M}", PRUNE_BUDGET_SECONDS)
+    caught_up = (behind - still) & working
+    for topic in sorted(caught_up):
+        logger.info("Retention of topic %r caught up with its cut-off.", topic)
+    behind.difference_update(caught_up)
+    behind.update(still)
