@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 
 from django_mysqlq import broker
@@ -370,3 +370,26 @@ def test_a_busy_topic_is_pruned_until_caught_up_or_out_of_budget(monkeypatch,
         assert topic_retention.prune() == {"orders": 5}
     assert "Retention of topic 'orders' caught up with its cut-off" in caplog.text
     assert not topic_retention.behind
+
+
+def test_a_table_held_by_a_stranger_gives_the_step_up_after_one_wait(caplog) -> None:
+    """LOCK TABLES on the messages holds every topic alike: one wait, then the upkeep step
+    is given up (its one warning), not a wait and an error per topic."""
+    for topic in ("a", "b", "c"):
+        publish(topic, 3)
+        age(topic, range(1, 4), days=2)
+    stranger = raw_connection()
+    try:
+        stranger.cursor().execute("LOCK TABLES mysqlq_topic_message READ")
+        started = time.monotonic()
+        with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
+                                       "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}), \
+                broker.bounded_lock_waits(1), pytest.raises(DatabaseError) as raised:
+            topic_retention.prune()
+        waited = time.monotonic() - started
+    finally:
+        stranger.close()
+    assert broker.is_lock_wait(raised.value)
+    assert waited < 1.9, f"waited per topic: {waited:.1f} s"
+    assert "Retention of topic" not in caplog.text
+    assert kept("a") == kept("b") == kept("c") == [1, 2, 3]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .base import connection_for, default_alias, in_transaction, logger, naive_utc
+from django.db import OperationalError
+
+from .base import connection_for, default_alias, in_transaction, is_lock_wait, logger, naive_utc
 from .kept import kept_bounds
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
@@ -62,6 +64,35 @@ def _slowest_below(cursor: Any, topic: str, last: int) -> int | None:
     cursor.execute(SLOWEST_GROUP_SQL, [topic])
     slowest = cursor.fetchone()[0]
     return int(slowest) if slowest is not None and int(slowest) < last else None
+
+
+#: What a retention batch writes: a stranger's table lock on any holds every topic.
+RETENTION_TABLES = (TOPIC_TABLE, TOPIC_MESSAGE_TABLE, DELIVERY_TABLE)
+#: Writes nothing, but needs the table's write metadata lock (what LOCK TABLES … READ or
+#: WRITE, and an ALTER's exclusive phase, refuse).
+PROBE_WRITE_SQL = "DELETE FROM {table} WHERE FALSE"
+
+
+def tables_held(alias: str | None = None) -> bool:
+    """Whether a stranger holds a table lock on one of :data:`RETENTION_TABLES` (LOCK
+    TABLES, an ALTER): after a lock wait, it tells a table held (every topic would wait
+    the same: give the step up) from one topic's row held (go on with the others). Asked
+    without waiting (MySQL: its shortest wait, a second)."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute("SELECT @@session.lock_wait_timeout")
+        previous = int(cursor.fetchone()[0])
+        cursor.execute("SET SESSION lock_wait_timeout = 0")
+        try:
+            for table in RETENTION_TABLES:
+                try:
+                    cursor.execute(PROBE_WRITE_SQL.format(table=table))
+                except OperationalError as exc:
+                    if is_lock_wait(exc):
+                        return True
+                    raise
+        finally:
+            cursor.execute("SET SESSION lock_wait_timeout = %s", [previous])
+    return False
 
 
 def topic_names(alias: str | None = None) -> list[str]:

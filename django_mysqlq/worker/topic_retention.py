@@ -15,6 +15,7 @@ import time
 from django.db import DatabaseError
 
 from .. import broker
+from ..broker.topic_retention import tables_held
 from ..conf import get_settings
 from ..log import Failures, one_line
 from .retention import BATCH, BATCHES_PER_CALL
@@ -116,6 +117,10 @@ def _turn(topic: str, before: dt.datetime, wait_for_groups: bool, done: dict[str
             if not full:
                 break
     except DatabaseError as exc:
+        if broker.connection_lost() or (broker.is_lock_wait(exc) and tables_held()):
+            # Every topic would fail (or wait) the same: the upkeep step is given up,
+            # with one warning, and tried again next round.
+            raise
         full = False
         # One topic's trouble (its row locked by a stranger past the lock wait, a
         # value changed by hand) must not stop the retention of the others.
