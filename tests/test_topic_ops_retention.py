@@ -14,8 +14,11 @@ from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 
 from django_mysqlq import broker
+from django_mysqlq.conf import get_settings
 from django_mysqlq.models import Message, TopicDelivery, TopicMessage, TopicState
-from django_mysqlq.worker import topic_retention
+from django_mysqlq.worker import topic_retention, troubles
+from django_mysqlq.worker.topics import TopicDuty
+from django_mysqlq.worker.upkeep import Housekeeping
 from tests.conftest import raw_connection
 from tests.operator_support import OPERATOR
 from tests.topic_ops_support import forget_before, group, handle, open_publisher, publish
@@ -318,10 +321,16 @@ def test_a_topic_held_by_a_stranger_does_not_stop_the_others_retention(monkeypat
         stranger.close()
     assert kept("a_held") == [1, 2, 3, 4, 5] and kept("b_free") == []
     assert "Retention of topic 'a_held' failed" in caplog.text
+    # ... and on the worker's row (queuestats, the dashboard) until it works again.
+    duty = TopicDuty([], threading.Event(), get_settings())
+    found = troubles.now(Housekeeping("w1", 5), duty)
+    assert "retention of topic 'a_held' (the recovery leader's) failing since" in found
+    assert "1205" in found and "b_free" not in found
     with override_settings(MYSQLQ={"TOPIC_RETENTION_SECONDS": 86400,
                                    "TOPIC_RETENTION_WAIT_FOR_GROUPS": False}):
         assert topic_retention.prune() == {"a_held": 5}
     assert "Retention of topic 'a_held' works again" in caplog.text
+    assert troubles.now(Housekeeping("w1", 5), duty) == ""
 
 
 def test_an_archive_delete_keeps_offsets_a_group_was_reset_back_into() -> None:

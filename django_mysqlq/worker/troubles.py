@@ -3,8 +3,8 @@
 Each lasting failure is logged once (``log.Failures``). An operator who was not reading
 the log then sees it beside the worker in ``queuestats``, the dashboard and the admin,
 from the worker's next heartbeat until it works again: an upkeep step, a broadcast
-topic's read, a consumer group's pump, the leader's sequencing of a topic nobody reads,
-the rate keys' table held by a stranger.
+topic's read, a consumer group's pump, the leader's sequencing of a topic nobody reads
+and its retention of a topic, the rate keys' table held by a stranger.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def now(housekeeping: Housekeeping, topics: TopicDuty, rates: RateWatch | None =
          topics.trouble.failing),
         (lambda topic: f"offsets for topic {topic!r} (no reader; the recovery leader's)",
          topic_retention.failing),
+        (lambda topic: f"retention of topic {topic!r} (the recovery leader's)",
+         topic_retention.pruning),
     ]
     if topics.reader is not None:
         sources.append((lambda topic: f"the broadcast read of topic {topic!r}",
