@@ -185,14 +185,15 @@ CHUNK_LAST_OFFSET_SQL = (f"SELECT MAX(msg_offset) FROM {TOPIC_MESSAGE_TABLE} "
                          "WHERE topic = %s AND id IN ({ids})")
 
 
-def archivable_offsets(topic: str, before: dt.datetime,
-                       alias: str | None = None) -> tuple[int, int, int] | None:
+def archivable_offsets(topic: str, before: dt.datetime, alias: str | None = None, *,
+                       repair: bool = True) -> tuple[int, int, int] | None:
     """``(first offset, last offset, rows)`` of the prefix of ``topic``'s kept messages
     retention would delete now (published before ``before``, passed by every group), or
-    None when there is none."""
+    None when there is none. ``repair=False`` (a dry run, which changes nothing) leaves a
+    ``first_offset`` that can't be true as it is (read as the lowest kept offset)."""
     alias = alias or default_alias()
     with connection_for(alias).cursor() as cursor:
-        bounds = kept_bounds(cursor, topic, repair=True)
+        bounds = kept_bounds(cursor, topic, repair=repair)
         if bounds is None:
             return None
         first, last = bounds

@@ -124,12 +124,15 @@ def test_topic_messages_every_group_passed_go_to_parquet_by_day_and_topic(
 
 
 def test_dry_run_counts_and_changes_nothing(spark, topics, tmp_path: Path, capsys):
+    # A first_offset that can't be true (by hand): a real run writes it back, not this.
+    TopicState.objects.filter(name="orders").update(first_offset=0)
     call_command("queuepipeline", "archive", "--older-than", "1d", "--to", str(tmp_path),
                  "--source", "history,topics", "--dry-run")
     out = capsys.readouterr().out
     assert "160 topics row(s) published before" in out and "0 history row(s)" in out
     assert TopicMessage.objects.count() == 280
     assert not (tmp_path / "topics").exists()
+    assert TopicState.objects.get(name="orders").first_offset == 0
 
 
 def test_bad_topic_archive_input_is_refused(spark, topics, tmp_path: Path):

@@ -298,7 +298,8 @@ def _dry_counts(kinds: list[str], cutoff: dt.datetime, alias: str) -> dict[str, 
         else:
             counts[kind] = sum(
                 bounds[2] for topic in topic_retention.topic_names(alias)
-                if (bounds := topic_retention.archivable_offsets(topic, cutoff, alias)))
+                if (bounds := topic_retention.archivable_offsets(topic, cutoff, alias,
+                                                                 repair=False)))
     return counts
 
 
