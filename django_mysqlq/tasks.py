@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import sync_to_async
-from django.utils import timezone
 
 from . import awaiting, calls, gating, limits, payload, rating, retries
 from .conf import get_settings
@@ -17,11 +16,18 @@ from .cron import CronError, CronSchedule
 from .cron import declare as cron_declare
 from .exceptions import InvalidTaskOptions, QueueError
 from .handles import MessageHandle
-from .limits import DEDUP_KEY_MAX
 from .limits import QUEUE_NAME_MAX as QUEUE_NAME_MAX  # the admin imports it from here
 from .messages import ClaimedMessage, NewMessage, Runner
 from .registry import qualified_name, registry, unnamed_problem
 from .routing import alias_for_queue
+from .taskoptions import (
+    checked,
+    validate_dedup_key,
+    validate_delay,
+    validate_priority,
+    validate_queue,
+    validate_run_at,
+)
 from .uniqueness import DERIVED_KEY_PREFIX as DERIVED_KEY_PREFIX
 from .uniqueness import derived_dedup_key, validate_unique_for
 
@@ -56,45 +62,6 @@ class TaskCall:
     #: The function these arguments were checked against (by ``.call()``), or None.
     checked_for: Callable[..., Any] | None = dataclasses.field(
         default=None, compare=False, repr=False)
-
-
-def _checked(problem: str | None) -> None:
-    if problem is not None:
-        raise InvalidTaskOptions(problem)
-
-
-def _validate_queue(queue: object) -> str:
-    _checked(limits.queue_problem(queue))
-    assert isinstance(queue, str)
-    return queue
-
-
-def _validate_priority(priority: object) -> int:
-    _checked(limits.priority_problem(priority))
-    assert isinstance(priority, int)
-    return priority
-
-
-def _validate_delay(delay: object) -> float:
-    _checked(limits.delay_problem(delay))
-    assert isinstance(delay, dt.timedelta | int | float)
-    return delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
-
-
-def _validate_run_at(run_at: object) -> dt.datetime:
-    _checked(limits.run_at_problem(run_at, timezone.now()))
-    assert isinstance(run_at, dt.datetime)
-    return run_at
-
-
-def _validate_dedup_key(key: object) -> str:
-    if (not isinstance(key, str) or not key or len(key) > DEDUP_KEY_MAX
-            or not limits.is_utf8(key)):
-        raise InvalidTaskOptions(
-            f"dedup_key must be a non-empty string of at most {DEDUP_KEY_MAX} characters "
-            f"in valid UTF-8 (no lone surrogates), not {key!r}."
-        )
-    return key
 
 
 class AttemptScope(Protocol):
@@ -186,13 +153,13 @@ class QueueTask(Generic[P, R]):
         subject, concurrency_key = gating.check_using(self.gate, self.name, subject,
                                                       concurrency_key)
         options = EnqueueOptions(
-            queue=_validate_queue(queue) if queue is not None else current.queue,
-            priority=_validate_priority(priority) if priority is not None else current.priority,
-            delay=_validate_delay(delay) if delay is not None else (
+            queue=validate_queue(queue) if queue is not None else current.queue,
+            priority=validate_priority(priority) if priority is not None else current.priority,
+            delay=validate_delay(delay) if delay is not None else (
                 None if run_at is not None else current.delay),
-            run_at=_validate_run_at(run_at) if run_at is not None else (
+            run_at=validate_run_at(run_at) if run_at is not None else (
                 None if delay is not None else current.run_at),
-            dedup_key=_validate_dedup_key(dedup_key) if dedup_key is not None
+            dedup_key=validate_dedup_key(dedup_key) if dedup_key is not None
             else current.dedup_key,
             subject=subject if subject is not None or concurrency_key is not None
             else current.subject,
@@ -432,15 +399,15 @@ def queue_task(
         conf = get_settings()
         attempts = conf.MAX_ATTEMPTS if max_attempts is None else max_attempts
         backoff: object = conf.RETRY_BACKOFF if retry_backoff is None else retry_backoff
-        _checked(limits.max_attempts_problem(attempts))
+        checked(limits.max_attempts_problem(attempts))
         schedule: tuple[float, ...] = ()
         if isinstance(backoff, list | tuple):
             schedule = retries.backoff_schedule(backoff)
             backoff = schedule[0]  # what a worker without schedules uses: the first delay
-        _checked(limits.seconds_problem(backoff, "retry_backoff"))
+        checked(limits.seconds_problem(backoff, "retry_backoff"))
         assert isinstance(backoff, int | float)
         if timeout is not None:
-            _checked(limits.seconds_problem(timeout, "timeout", zero=False))
+            checked(limits.seconds_problem(timeout, "timeout", zero=False))
         if not isinstance(atomic, bool):
             raise InvalidTaskOptions(f"atomic must be True or False, not {atomic!r}.")
         if atomic and awaiting.is_async(function):
@@ -449,7 +416,7 @@ def queue_task(
                 "queries run on the worker thread's connection inside the ack's transaction."
             )
         if name is None:
-            _checked(unnamed_problem(function, "A task", "pass name=... to @queue_task, or "
+            checked(unnamed_problem(function, "A task", "pass name=... to @queue_task, or "
                                      "wrap it in a def."))
         task_name = name if name is not None else qualified_name(function)
         if not isinstance(task_name, str) or not task_name or len(task_name) > 255:
@@ -460,8 +427,8 @@ def queue_task(
         task: QueueTask[P, R] = QueueTask(
             func=function,
             name=task_name,
-            queue=_validate_queue(conf.DEFAULT_QUEUE if queue is None else queue),
-            priority=_validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
+            queue=validate_queue(conf.DEFAULT_QUEUE if queue is None else queue),
+            priority=validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
             max_attempts=attempts,
             retry_backoff=float(backoff),
             timeout=None if timeout is None else float(timeout),
