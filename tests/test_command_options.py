@@ -152,3 +152,20 @@ def test_runqueueworker_takes_burst_options_with_burst():
     out, _ = run("runqueueworker", "--burst", "--exit-zero", "--burst-wait", "0",
                  "--queues", "nothing-here", "--json-summary", "-v", "0")
     assert json.loads(out)["processed"] == 0
+
+
+def test_a_worker_run_on_the_callers_thread_leaves_it_as_it_found_it():
+    """Its stop bounded this thread's statements (a lock wait then ended at the stop's
+    deadline: a later test's claim failed with max_statement_time exceeded) and bound
+    the thread to the worker's database."""
+    from django.db import connection
+
+    from django_mysqlq.broker.base import past_deadline
+    from django_mysqlq.routing import bound_alias
+
+    run("runqueueworker", "--burst", "--queues", "nothing-here", "-v", "0")
+    assert bound_alias() is None
+    assert not past_deadline()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@session.max_statement_time")
+        assert float(cursor.fetchone()[0]) == 0.0

@@ -20,6 +20,7 @@ from django.db import OperationalError
 
 from .base import connection_for, default_alias, in_transaction, is_lock_wait, logger, naive_utc
 from .kept import kept_bounds
+from .partitions import LOCK_WAIT_SQL as LOCK_WAIT_SET_SQL
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
@@ -71,6 +72,10 @@ RETENTION_TABLES = (TOPIC_TABLE, TOPIC_MESSAGE_TABLE, DELIVERY_TABLE)
 #: Writes nothing, but needs the table's write metadata lock (what LOCK TABLES … READ or
 #: WRITE, and an ALTER's exclusive phase, refuse).
 PROBE_WRITE_SQL = "DELETE FROM {table} WHERE FALSE"
+#: The session's metadata lock wait, read and set to none for the probe (then given back:
+#: ``partitions.LOCK_WAIT_SQL``).
+LOCK_WAIT_SQL = "SELECT @@session.lock_wait_timeout"
+NO_LOCK_WAIT_SQL = "SET SESSION lock_wait_timeout = 0"
 
 
 def tables_held(alias: str | None = None) -> bool:
@@ -79,9 +84,9 @@ def tables_held(alias: str | None = None) -> bool:
     the same: give the step up) from one topic's row held (go on with the others). Asked
     without waiting (MySQL: its shortest wait, a second)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute("SELECT @@session.lock_wait_timeout")
+        cursor.execute(LOCK_WAIT_SQL)
         previous = int(cursor.fetchone()[0])
-        cursor.execute("SET SESSION lock_wait_timeout = 0")
+        cursor.execute(NO_LOCK_WAIT_SQL)
         try:
             for table in RETENTION_TABLES:
                 try:
@@ -91,7 +96,7 @@ def tables_held(alias: str | None = None) -> bool:
                         return True
                     raise
         finally:
-            cursor.execute("SET SESSION lock_wait_timeout = %s", [previous])
+            cursor.execute(LOCK_WAIT_SET_SQL, [previous])
     return False
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from .. import broker
 from ..exceptions import TaskTimeout
@@ -234,3 +234,13 @@ def exit_now(*workers: Worker) -> None:
         helper.join(max(0.0, deadline - time.monotonic()))
     logging.shutdown()
     os._exit(FORCED_EXIT_STATUS)
+
+
+def lift_bound() -> None:
+    """Lift the stop's bound on this thread's statements once the worker has ended: run
+    on the caller's thread (``call_command('runqueueworker')`` in a script or a test),
+    the thread goes on, and its next lock wait must not end at the stop's deadline."""
+    try:
+        broker.finish_by(None)
+    except (DatabaseError, InterfaceError):  # gone with the server: its session with it
+        broker.close_if_broken()

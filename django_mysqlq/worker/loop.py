@@ -159,6 +159,7 @@ class Worker:
                 self._loop()
             finally:
                 status = draining.drain(self)
+                draining.lift_bound()
         return status
 
     def _start(self) -> None:
