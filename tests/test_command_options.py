@@ -158,12 +158,18 @@ def test_a_worker_run_on_the_callers_thread_leaves_it_as_it_found_it():
     """Its stop bounded this thread's statements (a lock wait then ended at the stop's
     deadline: a later test's claim failed with max_statement_time exceeded) and bound
     the thread to the worker's database."""
+    import threading
+
     from django.db import connection
 
+    import tests.testapp.broadcast_handlers  # noqa: F401 (a broadcast reader to start)
     from django_mysqlq.broker.base import past_deadline
     from django_mysqlq.routing import bound_alias
 
     run("runqueueworker", "--burst", "--queues", "nothing-here", "-v", "0")
+    # Its broadcast reader ended with it (a --burst run's end set no stop event: the
+    # reader read on in this process, and a later test's publish ran its handler).
+    assert not [t for t in threading.enumerate() if t.name == "mysqlq-broadcast"]
     assert bound_alias() is None
     assert not past_deadline()
     with connection.cursor() as cursor:

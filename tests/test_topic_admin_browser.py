@@ -17,6 +17,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MESSAGES = "/admin/django_mysqlq/topicmessage/"
 
 
+def submit(driver: Any, form: Any) -> None:
+    """Submit ``form`` and wait for the next page: read before it, the list was the old
+    page's (a stale element on a fast machine)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    form.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(form))
+
+
 def listed_offsets(driver: Any) -> list[int]:
     from selenium.webdriver.common.by import By
 
@@ -34,7 +45,7 @@ def look_up(driver: Any, **fields: str) -> None:
         box.clear()
         if fields.get(name):
             box.send_keys(fields[name])
-    form.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    submit(driver, form)
 
 
 def test_the_lookup_form_finds_by_offset_key_or_time(live_server, browser, orders):  # noqa: F811
@@ -66,7 +77,7 @@ def test_reset_and_replay_from_the_group_page(live_server, browser, orders):  # 
     reset = browser.find_element(By.ID, "reset-form")
     Select(reset.find_element(By.NAME, "to")).select_by_value("offset")
     reset.find_element(By.NAME, "value").send_keys("5")
-    reset.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    submit(browser, reset)
     said = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
     assert "position 6 -> 4" in said, said
     row.refresh_from_db()
@@ -75,7 +86,7 @@ def test_reset_and_replay_from_the_group_page(live_server, browser, orders):  # 
     replay = browser.find_element(By.ID, "replay-form")
     replay.find_element(By.NAME, "first").send_keys("1")
     replay.find_element(By.NAME, "last").send_keys("2")
-    replay.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    submit(browser, replay)
     said = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
     assert "Replayed offsets 1..2 into group billing: 2 new deliveries." in said, said
     assert TopicDelivery.objects.filter(group_name="billing", offset=1).count() == 2

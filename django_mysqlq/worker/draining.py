@@ -99,6 +99,7 @@ def _wait_for_broadcast(worker: Worker, until: float) -> None:
     reader = worker.topics.reader
     if reader is None or not reader.is_alive():
         return
+    reader.halted.set()  # (a --burst run's end sets no stop event)
     if not reader.finish(until - time.monotonic()):
         logger.warning("A broadcast handler was still running %.0fs after the stop; exiting "
                        "anyway (it is cut off).", BROADCAST_FINISH_SECONDS)

@@ -304,6 +304,9 @@ class BroadcastReader(threading.Thread):
         for listener in listeners:
             self.listeners.setdefault(listener.topic, []).append(listener)
         self.stop_event = stop
+        #: Set when the worker ends (``halt``): a ``--burst`` run ends without its stop
+        #: event, and a worker run in-process would leave the reader reading on.
+        self.halted = threading.Event()
         self.poll = poll
         self.positions: dict[str, int] = {}
         #: The order a poll reads the topics in: one whose read left no connection goes
@@ -336,6 +339,9 @@ class BroadcastReader(threading.Thread):
             sequence_at_start(topic, wait=True)
             self.positions[topic] = broker.last_offset(topic)
 
+    def stopping(self) -> bool:
+        return self.stop_event.is_set() or self.halted.is_set()
+
     def finish(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a handler running when the worker stopped (the stop
         event is set: none starts after it); whether the reader ended."""
@@ -346,7 +352,7 @@ class BroadcastReader(threading.Thread):
     def run(self) -> None:
         bind_alias(get_settings().DATABASE)  # where topics live, whoever started it
         broker.own_connection()
-        while not self.stop_event.is_set():
+        while not self.stopping():
             if not self.read_once():
                 self.stop_event.wait(self.poll)
 
@@ -356,7 +362,7 @@ class BroadcastReader(threading.Thread):
         the next poll: it holds back none of the others."""
         read = 0
         for topic in list(self.order):
-            if self.stop_event.is_set():
+            if self.stopping():
                 break
             try:
                 read += self._read_topic(topic)
@@ -386,7 +392,7 @@ class BroadcastReader(threading.Thread):
         rows = broker.read_after(topic, self.positions[topic], BROADCAST_BATCH,
                                  max_bytes=BROADCAST_BYTES)
         for row in rows:
-            if self.stop_event.is_set():
+            if self.stopping():
                 break  # the worker stops: no handler starts after its signal
             if row.payload is None:
                 _skip_oversized(topic, row)
@@ -431,7 +437,7 @@ class BroadcastReader(threading.Thread):
         event = TopicEvent(topic=topic, offset=offset, key=key, payload=args[0],
                            published_at=published_at)
         for listener in listeners:
-            if self.stop_event.is_set():
+            if self.stopping():
                 return
             try:
                 awaiting.call(listener.handler, event)
