@@ -20,7 +20,7 @@ from django.db import OperationalError
 
 from .base import connection_for, default_alias, in_transaction, is_lock_wait, logger, naive_utc
 from .kept import kept_bounds
-from .partitions import LOCK_WAIT_SQL as LOCK_WAIT_SET_SQL
+from .lockwait import bounded_lock_waits
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
@@ -72,10 +72,6 @@ RETENTION_TABLES = (TOPIC_TABLE, TOPIC_MESSAGE_TABLE, DELIVERY_TABLE)
 #: Writes nothing, but needs the table's write metadata lock (what LOCK TABLES … READ or
 #: WRITE, and an ALTER's exclusive phase, refuse).
 PROBE_WRITE_SQL = "DELETE FROM {table} WHERE FALSE"
-#: The session's metadata lock wait, read and set to none for the probe (then given back:
-#: ``partitions.LOCK_WAIT_SQL``).
-LOCK_WAIT_SQL = "SELECT @@session.lock_wait_timeout"
-NO_LOCK_WAIT_SQL = "SET SESSION lock_wait_timeout = 0"
 
 
 def tables_held(alias: str | None = None) -> bool:
@@ -83,20 +79,15 @@ def tables_held(alias: str | None = None) -> bool:
     TABLES, an ALTER): after a lock wait, it tells a table held (every topic would wait
     the same: give the step up) from one topic's row held (go on with the others). Asked
     without waiting (MySQL: its shortest wait, a second)."""
-    with connection_for(alias or default_alias()).cursor() as cursor:
-        cursor.execute(LOCK_WAIT_SQL)
-        previous = int(cursor.fetchone()[0])
-        cursor.execute(NO_LOCK_WAIT_SQL)
-        try:
-            for table in RETENTION_TABLES:
-                try:
-                    cursor.execute(PROBE_WRITE_SQL.format(table=table))
-                except OperationalError as exc:
-                    if is_lock_wait(exc):
-                        return True
-                    raise
-        finally:
-            cursor.execute(LOCK_WAIT_SET_SQL, [previous])
+    alias = alias or default_alias()
+    with bounded_lock_waits(0, alias), connection_for(alias).cursor() as cursor:
+        for table in RETENTION_TABLES:
+            try:
+                cursor.execute(PROBE_WRITE_SQL.format(table=table))
+            except OperationalError as exc:
+                if is_lock_wait(exc):
+                    return True
+                raise
     return False
 
 
