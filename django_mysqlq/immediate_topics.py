@@ -73,9 +73,13 @@ def _deliver_all(topic: str, rows: list[tuple[str | None, str]], published_at: d
         for group in groups:
             error = _run_group(group, offset, key, text, published_at)
             first_error = first_error or error
-        for listener in listeners:
-            error = _run_broadcast(listener, offset, key, text, published_at, event)
-            first_error = first_error or error
+        if listeners:  # one event for them all, as a worker's broadcast reader makes it
+            [value], _ = payload.decode(f'{{"args":[{text}]}}')
+            heard = event(topic=topic, offset=offset, key=key, payload=value,
+                          published_at=published_at)
+            for listener in listeners:
+                error = _run_broadcast(listener, heard)
+                first_error = first_error or error
     if first_error is not None and get_settings().IMMEDIATE_RAISE:
         raise first_error
 
@@ -98,21 +102,17 @@ def _run_group(group: Subscription, offset: int, key: str | None, text: str,
     return immediate.run_one(task, message, record)
 
 
-def _run_broadcast(listener: Subscription, offset: int, key: str | None, text: str,
-                   published_at: dt.datetime, event: Callable[..., Any]
-                   ) -> BaseException | None:
-    """One broadcast handler's call, as a worker's broadcast reader makes it."""
-    [value], _ = payload.decode(f'{{"args":[{text}]}}')
+def _run_broadcast(listener: Subscription, heard: Any) -> BaseException | None:
+    """One broadcast handler's call of the message's event ``heard``."""
     try:
-        awaiting.call(listener.handler, event(topic=listener.topic, offset=offset, key=key,
-                                              payload=value, published_at=published_at))
+        awaiting.call(listener.handler, heard)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the handler's boundary, as on a worker
         if not get_settings().IMMEDIATE_RAISE:
             logger.error("Broadcast handler %s failed on %s@%d (immediate mode).",
                          getattr(listener.handler, "__qualname__", listener.handler),
-                         listener.topic, offset, exc_info=exc)
+                         heard.topic, heard.offset, exc_info=exc)
         return exc
     return None
 
