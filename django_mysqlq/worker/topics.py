@@ -304,8 +304,8 @@ class BroadcastReader(threading.Thread):
         for listener in listeners:
             self.listeners.setdefault(listener.topic, []).append(listener)
         self.stop_event = stop
-        #: Set when the worker ends (``halt``): a ``--burst`` run ends without its stop
-        #: event, and a worker run in-process would leave the reader reading on.
+        #: Set by the worker's drain: a ``--burst`` run ends without its stop event, and a
+        #: worker run in-process would leave the reader reading on.
         self.halted = threading.Event()
         self.poll = poll
         self.positions: dict[str, int] = {}
@@ -343,8 +343,8 @@ class BroadcastReader(threading.Thread):
         return self.stop_event.is_set() or self.halted.is_set()
 
     def finish(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a handler running when the worker stopped (the stop
-        event is set: none starts after it); whether the reader ended."""
+        """Wait up to ``seconds`` for a handler running when the worker stopped (it is
+        :meth:`stopping`: none starts after it); whether the reader ended."""
         if self.is_alive():
             self.join(max(0.0, seconds))
         return not self.is_alive()
