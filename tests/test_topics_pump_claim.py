@@ -167,6 +167,16 @@ def test_a_woken_member_claims_the_ready_deliveries_first_and_keeps_the_window()
     assert broker.position("wokenwait", "billing") == 4
 
 
+def woken_pump_while_held(made: broker.GroupSpec) -> tuple[broker.Pumped, list]:
+    """A woken member's pump while another session holds its topic's row."""
+    stranger = holding_topic_row(made.topic)
+    try:
+        return broker.pump_claiming(made, 500, 1000, claim_for(10), sequence=True,
+                                    woken=True)
+    finally:
+        stranger.release()
+
+
 def test_a_woken_member_pumps_what_is_sequenced_while_another_holds_the_topic_row() -> None:
     """Another member stamping the topic (its row held) doesn't send a woken member to
     wait: it claims the offsets already given, in order, and leaves the new ones."""
@@ -175,19 +185,9 @@ def test_a_woken_member_pumps_what_is_sequenced_while_another_holds_the_topic_ro
     feed.publish_many([{"n": n} for n in range(3)])
     broker.sequence("wokenheld")
     feed.publish({"n": 3})  # not stamped yet
-    stranger = holding_topic_row("wokenheld")
-    try:
-        pumped, claimed = broker.pump_claiming(made, 500, 1000, claim_for(10), sequence=True,
-                                               woken=True)
-    finally:
-        stranger.release()
+    pumped, claimed = woken_pump_while_held(made)
     assert [offset_of(m.id) for m in claimed] == [1, 2, 3]
     assert pumped.made == 3 and broker.last_offset("wokenheld") == 3
     # With nothing sequenced left and the row still held, it says the row is busy.
-    stranger = holding_topic_row("wokenheld")
-    try:
-        pumped, claimed = broker.pump_claiming(made, 500, 1000, claim_for(10), sequence=True,
-                                               woken=True)
-    finally:
-        stranger.release()
+    pumped, claimed = woken_pump_while_held(made)
     assert (pumped.made, pumped.busy, claimed) == (0, True, [])
