@@ -87,13 +87,13 @@ def _deliver_all(topic: str, rows: list[tuple[str | None, str]], published_at: d
 def _run_group(group: Subscription, offset: int, key: str | None, text: str,
                published_at: dt.datetime) -> BaseException | None:
     """One delivery to ``group``, run as its worker runs one (one attempt)."""
-    from .broker.deliveries import _payload
+    from .broker.deliveries import delivery_payload
 
     task = group.task
     assert task is not None
     message = NewMessage(
         task_name=task.name, queue=task.queue, priority=0,
-        payload=_payload(text, offset, key, published_at), run_at=None, delay=0.0,
+        payload=delivery_payload(text, offset, key, published_at), run_at=None, delay=0.0,
         max_attempts=task.max_attempts, retry_backoff=task.retry_backoff,
         timeout=task.timeout, dedup_key=None)
     record = immediate.ImmediateRecord(id=immediate.new_id(), task_name=task.name,

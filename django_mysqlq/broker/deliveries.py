@@ -183,7 +183,7 @@ def position(topic: str, group: str, alias: str | None = None) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _payload(value: str, offset: int, key: str | None, published_at: dt.datetime | None
+def delivery_payload(value: str, offset: int, key: str | None, published_at: dt.datetime | None
              ) -> str:
     """The delivery's task payload: the message's JSON as the one argument (not parsed
     again: a row changed by hand into bad JSON fails its delivery, not the pump). A
@@ -201,7 +201,7 @@ def delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
     offset, key, value, published_at = int(row[0]), row[1], str(row[2]), row[3]
     return NewMessage(
         task_name=spec.task_name, queue=spec.queue, priority=0,
-        payload=_payload(value, offset, key, published_at), run_at=None, delay=0.0,
+        payload=delivery_payload(value, offset, key, published_at), run_at=None, delay=0.0,
         max_attempts=spec.max_attempts, retry_backoff=spec.retry_backoff,
         timeout=spec.timeout, dedup_key=None,
         # One ordered subject per key and topic within the group's queue.
