@@ -43,6 +43,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``kept``       a topic's first kept offset, checked (one set by hand past the last)
 ``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
+``delivery_insert`` the pump's INSERT of deliveries (the first few claimed by its member)
 ``dead_letter`` a group's dead deliveries: listed, requeued
 ``topic_problems`` why a group's pump can't go on, kept on its row for operators
 
@@ -82,7 +83,6 @@ from .dead_letter import dead_deliveries, requeue_dead
 from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
-    PumpClaim,
     Pumped,
     create_group,
     group_behind,
@@ -92,6 +92,7 @@ from .deliveries import (
     pump_claims_supported,
     pump_group,
 )
+from .delivery_insert import PumpClaim
 from .enqueue import enqueue
 from .held import (
     Holder,
