@@ -10,8 +10,13 @@ in one transaction: each offset becomes a delivery of each group exactly once. A
 transaction; a group that has every sequenced message may stamp its topic's new ones
 in that same transaction (``pump_group(sequence=True)``, see ``topics.py``).
 
+The window bounds what waits in the queue table, not running: the look counts the
+group's ready and scheduled deliveries (a failing group's retries wait too) up to the
+window, and its blocked ones up to ``BLOCKED_WINDOWS`` windows (a held or hot key); the
+pump waits at either bound, and the backlog stays in the topic.
+
 A member with room to run more (``pump_claiming``) pumps, when no delivery of the group
-waits, only what it takes itself and inserts those deliveries already claimed by it (its
+is ready, only what it takes itself and inserts those deliveries already claimed by it (its
 token, connection and lease, attempt 1): the same row a claim would leave, without the
 claim's ``UPDATE`` (which moves each row in six indexes and steps over the delete-marked
 entries of the rows claimed before it).
@@ -57,8 +62,22 @@ from .topics import (
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
-#: The queue's claim index (``models.CLAIM_INDEX``): counts a group's ready deliveries.
+#: The queue's claim index (``models.CLAIM_INDEX``: queue, status, priority, id): counts
+#: a group's deliveries by status, reading the index alone.
 CLAIM_INDEX = "mysqlq_msg_claim"
+#: A group's blocked deliveries (keyed ones behind their key's earlier delivery: a hot key,
+#: or one held by a dead delivery with ``on_dead="hold"``) stop its pump at this many
+#: windows: other keys go on past one held key for a while, and the rows stay bounded.
+BLOCKED_WINDOWS = 10
+#: How many of a group's deliveries of some statuses there are, counted up to a bound
+#: (``%s``: the queue, the bound): a range of the claim index, read up to the bound.
+_COUNTED = (f"(SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
+            " WHERE queue = %s AND status {statuses} LIMIT %s) AS counted)")
+_PENDING = _COUNTED.format(statuses="IN ('ready', 'scheduled')")
+_SCHEDULED = _COUNTED.format(statuses="= 'scheduled'")
+_BLOCKED = _COUNTED.format(statuses="= 'blocked'")
+_NONE_READY = (f"NOT EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
+               " WHERE queue = %s AND status = 'ready')")
 
 #: Create a group where it has no row yet: latest starts after the last offset given
 #: out, earliest before the first one kept (the parameter: ``kept.kept_bounds``, never
@@ -76,25 +95,27 @@ GROUP_EXISTS_SQL = f"SELECT 1 FROM {GROUP_TABLE} WHERE topic = %s AND group_name
 #: The pump's lock: one member at a time; the others skip it.
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
-#: A woken member's pump takes the lock only while no delivery of the group is ready
-#: (the subquery is a plain read: it locks no message): ready ones are claimed first,
-#: and the window is the look's to keep (the pump then looks as usual).
-LOCK_GROUP_IF_NONE_READY_SQL = (
-    f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s AND NOT "
-    f"EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND "
-    "status = 'ready') FOR UPDATE SKIP LOCKED")
+#: A woken member's pump takes the lock only while no delivery of the group is ready and
+#: its window has room: its scheduled ones under the window, its blocked ones under their
+#: bound (the subqueries are plain reads: they lock no message). Ready ones are claimed
+#: first, and a full window is the look's to say (the pump then looks as usual).
+LOCK_GROUP_IF_ROOM_SQL = (
+    f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s AND"
+    f" {_NONE_READY} AND {_SCHEDULED} < %s"
+    f" AND {_BLOCKED} < %s FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
-#: behind its topic's last offset, its ready deliveries counted up to the window, and
-#: (only when it is not behind: the look walks the offset index's NULL end, slow while
-#: purge lags behind the stamping) whether committed messages lack an offset.
-#: Most looks of a busy member end here, one statement instead of a transaction. Last,
-#: whether the group's row carries a note of a pump problem (``topic_problems``).
+#: behind its topic's last offset, its deliveries ready or scheduled (retries) counted up
+#: to the window, and (only when it is not behind: the look walks the offset index's NULL
+#: end, slow while purge lags behind the stamping) whether committed messages lack an
+#: offset. Most looks of a busy member end here, one statement instead of a transaction.
+#: Then whether the group's row carries a note of a pump problem (``topic_problems``),
+#: whether none of its deliveries is ready, and its blocked ones counted up to their
+#: bound (``BLOCKED_WINDOWS`` windows).
 LOOK_SQL = (
-    f"SELECT g.position < t.last_offset, (SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE}"
-    f" FORCE INDEX ({CLAIM_INDEX}) WHERE queue = %s AND status = 'ready' LIMIT %s) AS waiting),"
+    f"SELECT g.position < t.last_offset, {_PENDING},"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
     f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
-    " g.position, t.last_offset, g.pump_problem <> ''"
+    f" g.position, t.last_offset, g.pump_problem <> '', {_NONE_READY}, {_BLOCKED}"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -190,9 +211,10 @@ def delivery(spec: GroupSpec, row: Sequence[Any]) -> NewMessage:
 def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
          least: int = 1) -> int:
     """Turn up to ``batch`` messages after the group's position into deliveries; return
-    how many. Nothing when another member is pumping, or ``window`` deliveries wait, or
-    deliveries wait and there is room for fewer than ``least`` more (a draining member
-    then pumps one big batch now and then, not a few rows every round)."""
+    how many. Nothing when another member is pumping, or ``window`` deliveries wait
+    (ready, or scheduled for a retry), or ``BLOCKED_WINDOWS * window`` are blocked behind
+    their key, or deliveries wait and there is room for fewer than ``least`` more (a
+    draining member then pumps one big batch now and then, not a few rows every round)."""
     return pump_group(spec, batch, window, alias, least).made
 
 
@@ -258,46 +280,53 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
                   ) -> tuple[Pumped, list[ClaimedMessage]]:
     """:func:`pump_group` for a member with room to run ``claim.count`` deliveries now.
 
-    When no delivery of the group waits, it pumps only that many and inserts them already
-    claimed by the member (a keyed one blocked behind its key's earlier delivery stays
-    blocked); they are read back like a claim's batch and returned. While deliveries
-    wait, it pumps by the window as before and claims nothing: the member's claim takes
-    the waiting ones first. A pump that took all it could while the group is still
-    behind wakes another member (one parked would not hear of the rest otherwise).
+    When no delivery of the group is ready, it pumps only that many (within the window's
+    room) and inserts them already claimed by the member (a keyed one blocked behind its
+    key's earlier delivery stays blocked); they are read back like a claim's batch and
+    returned. While deliveries are ready, it pumps by the window as before and claims
+    nothing: the member's claim takes the ready ones first. Either way nothing while
+    ``window`` deliveries are ready or scheduled (retries: a failing group's are not
+    running either), or ``BLOCKED_WINDOWS`` times that many are blocked. A pump that
+    took all it could while the group is still behind wakes another member (one parked
+    would not hear of the rest otherwise).
 
     ``woken`` (a member just woken from its park, by a publish most likely): straight
     into the transaction that stamps and claims, without the look (a statement less
-    between a publish and its handler), unless a delivery of the group is ready; one
-    that finds nothing to do so looks as usual."""
+    between a publish and its handler), unless a delivery of the group is ready or its
+    window is full; one that finds nothing to do so looks as usual."""
     alias = alias or default_alias()
     if woken and sequence and claim is not None and claim.count > 0 \
             and pump_claims_supported(alias):
         take = min(claim.count, batch)
         made, claimed, oversized = _pump(
-            spec, take, alias, sequence_first=True, keep=keep, woken=True,
+            spec, take, alias, sequence_first=True, keep=keep, woken=window,
             claim=PumpClaim(take, claim.worker_id, claim.lease_seconds))
         if made > 0 or oversized is not None:
             return Pumped(made, True, oversized=oversized), claimed
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(LOOK_SQL, [spec.queue, window, spec.topic, spec.group])
+        cursor.execute(LOOK_SQL, [spec.queue, window, spec.queue, spec.queue,
+                                  BLOCKED_WINDOWS * window, spec.topic, spec.group])
         look = cursor.fetchone()
     if look is None:
         return (_missing(spec, alias) if recreate else Pumped(0, False)), []
-    if look[0] is None or look[1] is None:
+    if None in (look[0], look[1], look[6], look[7]):
         # A producer's wake-up (KILL QUERY) that lands in the look's subquery can make
         # MariaDB answer NULL instead of error 1317 (seen in a chaos run): nothing is
         # known, so say "behind" and the worker looks again instead of parking.
         return Pumped(0, True), []
-    behind, waiting, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
-    noted = bool(look[5])
+    behind, pending, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
+    noted, none_ready, blocked = bool(look[5]), bool(look[6]), int(look[7])
     if int(look[3]) > int(look[4]):
         return Pumped(0, False, ahead=(int(look[3]), int(look[4])), noted=noted), []
+    room = window - pending
     take = 0
-    if claim is not None and claim.count > 0 and not waiting and pump_claims_supported(alias):
-        take = min(claim.count, batch)
-    elif waiting >= window or (waiting and window - waiting < least):
+    if room <= 0 or blocked >= BLOCKED_WINDOWS * window:
         return Pumped(0, behind, noted=noted), []
-    wanted = take or min(batch, window - waiting)
+    if claim is not None and claim.count > 0 and none_ready and pump_claims_supported(alias):
+        take = min(claim.count, batch, room)
+    elif pending and room < least:
+        return Pumped(0, behind, noted=noted), []
+    wanted = take or min(batch, room)
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
                 if take and claim is not None else None)
     if behind:
@@ -328,7 +357,7 @@ def _missing(spec: GroupSpec, alias: str) -> Pumped:
 
 def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False,
           keep: int = 0, claim: PumpClaim | None = None, sequence_if_empty: bool = False,
-          woken: bool = False) -> tuple[int, list[ClaimedMessage], Oversized | None]:
+          woken: int = 0) -> tuple[int, list[ClaimedMessage], Oversized | None]:
     """The pump's transaction: up to ``wanted`` deliveries (-1 when it found the topic's
     row held), those it claimed for ``claim``, and the message it stopped before because
     its delivery would not fit in a statement (see oversized.py).
@@ -339,9 +368,9 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
     it had not had; messages deleted or ``last_offset`` raised by hand). Such a group
     used to wait for another reader, or the recovery leader's next upkeep, to stamp its
     new messages. Its position stays: a raised ``last_offset`` put back later finds it
-    where it was. ``woken`` (see :func:`pump_claiming`): nothing when a delivery of the
-    group is ready, and a topic row another member holds doesn't end the pump: it reads
-    what is sequenced (-1 only if nothing is)."""
+    where it was. ``woken`` (the window, see :func:`pump_claiming`): nothing when a
+    delivery of the group is ready or the window is full, and a topic row another member
+    holds doesn't end the pump: it reads what is sequenced (-1 only if nothing is)."""
     token = uuid.uuid4().hex
     room = row_room(alias)
     oversized: list[Oversized] = []
@@ -349,7 +378,9 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
     def body(cursor: Any) -> tuple[int, list[str], list[ClaimedMessage]]:
         oversized.clear()
         if woken:
-            cursor.execute(LOCK_GROUP_IF_NONE_READY_SQL, [spec.topic, spec.group, spec.queue])
+            cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
+                spec.topic, spec.group, spec.queue, spec.queue, woken, woken, spec.queue,
+                BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()

@@ -1,0 +1,139 @@
+"""The pump's window bounds what a group keeps in the queue table, not running: its ready
+and scheduled deliveries (a failing group's retries) up to ``TOPIC_WINDOW``, its blocked
+ones (a hot key, or one held by a dead delivery) up to ``BLOCKED_WINDOWS`` windows. A
+group far behind keeps its backlog in the topic (the review's cases: a failing handler's
+group, and a held key, pumped their whole backlog into ``mysqlq_message``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_mysqlq import Topic, broker
+from django_mysqlq.broker.deliveries import BLOCKED_WINDOWS
+from django_mysqlq.messages import AttemptResult, ClaimedMessage
+from django_mysqlq.models import Message
+from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests.operator_support import RUNNER
+from tests.topic_ops_support import claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WINDOW = 6
+BATCH = 4
+
+
+def made_group(topic: str, name: str, on_dead: str = "skip") -> broker.GroupSpec:
+    made = broker.GroupSpec(topic=topic, group=name, queue=group_queue(name),
+                            task_name=delivery_task_name(topic, name), on_dead=on_dead,
+                            max_attempts=50, retry_backoff=0.1, timeout=None,
+                            start="earliest")
+    broker.ensure_topic(topic)
+    broker.create_group(made)
+    return made
+
+
+def claim_for(count: int) -> broker.PumpClaim:
+    return broker.PumpClaim(count, RUNNER.worker_id, lease_seconds=30)
+
+
+def fail(messages: list[ClaimedMessage], *, retry: bool = True) -> None:
+    """The handler fails: a retry in an hour (or dead at once)."""
+    for message in messages:
+        broker.fail(message, RUNNER, AttemptResult(
+            started_at=broker.database_now(), error_class="RuntimeError",
+            error_message="handler broke", traceback="..."), retry=retry, retry_in=3600)
+
+
+def ack(messages: list[ClaimedMessage]) -> None:
+    for message in messages:
+        assert broker.ack(message, RUNNER, AttemptResult(started_at=broker.database_now()))
+
+
+def statuses(made: broker.GroupSpec) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for status in Message.objects.filter(queue=made.queue).values_list("status", flat=True):
+        found[status] = found.get(status, 0) + 1
+    return found
+
+
+def test_a_failing_groups_retries_fill_its_window_and_the_backlog_stays_in_the_topic() -> None:
+    """Each round the member pumps (claiming for itself while none is ready, or by the
+    window) and every delivery fails fast into a retry: the retries are not running
+    either, so the pump stops once the window holds them."""
+    feed = Topic("failwin")
+    made = made_group("failwin", "billing")
+    feed.publish_many([{"n": n} for n in range(200)])
+    broker.sequence("failwin")
+    for _ in range(30):
+        _, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(3))
+        fail(claimed)
+        broker.pump_group(made, BATCH, WINDOW)
+        fail(claim(made, 100))
+        # A member woken by a publish goes straight into the pump: the full window
+        # stops it too.
+        _, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(3), sequence=True,
+                                          woken=True)
+        fail(claimed)
+    assert statuses(made) == {"scheduled": WINDOW}
+    assert broker.position("failwin", "billing") == WINDOW
+    # A retry that ends (acked) makes room for one more.
+    retry = Message.objects.filter(queue=made.queue).order_by("id").first()
+    assert retry is not None
+    Message.objects.filter(pk=retry.pk).update(status="ready")
+    ack(claim(made, 1))
+    assert broker.pump_group(made, BATCH, WINDOW).made == 1
+    assert broker.position("failwin", "billing") == WINDOW + 1
+
+
+def hold_key(feed: Topic, made: broker.GroupSpec, key: str) -> None:
+    """The key's first message fails for good: with ``on_dead="hold"`` its later ones wait."""
+    feed.publish({"n": -1}, key=key)
+    broker.sequence(feed.name)
+    assert broker.pump_group(made, BATCH, WINDOW).made == 1
+    fail(claim(made, 1), retry=False)
+    assert statuses(made) == {"dead": 1}
+
+
+def test_a_held_key_stops_the_pump_at_its_bound_and_other_keys_go_on_until_then() -> None:
+    feed = Topic("heldwin")
+    made = made_group("heldwin", "billing", on_dead="hold")
+    hold_key(feed, made, "hot")
+    # Every other message is the held key's; the others each have their own key.
+    count = 4 * BLOCKED_WINDOWS * WINDOW
+    feed.publish_many([{"n": n} for n in range(count)],
+                      keys=["hot" if n % 2 == 0 else f"k{n}" for n in range(count)])
+    broker.sequence("heldwin")
+    handled = 0
+    for _ in range(count):
+        made_now = broker.pump_group(made, BATCH, WINDOW).made
+        taken = claim(made, 100)
+        ack(taken)
+        handled += len(taken)
+        if not made_now and not taken:
+            break
+    bound = BLOCKED_WINDOWS * WINDOW
+    blocked = statuses(made).get("blocked", 0)
+    # The pump stopped at the bound (passed by at most one batch) with most of the
+    # backlog still in the topic...
+    assert bound <= blocked <= bound + BATCH
+    assert broker.position("heldwin", "billing") <= 1 + 2 * (bound + BATCH) < count
+    # ...and until then the other keys were handled (one for each blocked delivery).
+    assert handled >= bound - BATCH
+    assert broker.pump_group(made, BATCH, WINDOW).made == 0
+    # A member with room claims nothing more of it either (none is ready).
+    pumped, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(3))
+    assert (pumped.made, claimed) == (0, [])
+
+
+def test_blocked_deliveries_do_not_fill_the_window_of_ready_ones() -> None:
+    """Under the blocked bound, a held key doesn't stop the group's other keys: the
+    window counts ready and scheduled deliveries only."""
+    feed = Topic("heldroom")
+    made = made_group("heldroom", "billing", on_dead="hold")
+    hold_key(feed, made, "hot")
+    feed.publish_many([{"n": n} for n in range(2 * WINDOW)], keys=["hot"] * (2 * WINDOW))
+    feed.publish_many([{"n": n} for n in range(WINDOW)], keys=[f"k{n}" for n in range(WINDOW)])
+    broker.sequence("heldroom")
+    while broker.pump_group(made, BATCH, WINDOW).made:
+        pass
+    assert statuses(made) == {"dead": 1, "blocked": 2 * WINDOW, "ready": WINDOW}
