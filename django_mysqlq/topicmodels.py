@@ -110,6 +110,11 @@ class TopicGroup(models.Model):
     #: Operator changes of the position (reset, replay): when and who.
     changed_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=200, blank=True, default="")
+    #: The last reset that moved the position forward (it skipped the offsets between):
+    #: when and who. A replay or a reset backwards skips nothing and leaves these; a
+    #: lookup's trace blames a move only on them.
+    moved_forward_at = models.DateTimeField(null=True, blank=True)
+    moved_forward_by = models.CharField(max_length=200, blank=True, default="", db_default="")
     #: Why the group's pump can't go on, as its members last said (a failing statement, a
     #: message too big for a delivery, a position past the topic's end), and since when.
     #: Cleared by the next pump that moves the position, and by a reset.

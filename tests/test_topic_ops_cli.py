@@ -500,8 +500,12 @@ def test_lookup_names_a_group_past_an_offset_with_no_delivery_of_it_on_record() 
     assert [(n["group"], n["reason"]) for n in message["no_delivery"]] == [
         ("billing", "no delivery record (its link row is missing)"),
         ("late", "never delivered: the group started after it (start latest)")]
-    # Moved by an operator after offset 2 was given: a reset may have skipped it.
+    # A reset that moves nothing forward (billing is at 3) skips nothing.
     broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=4), OPERATOR)
+    assert "  billing: no delivery record (its link row is missing)\n" in run(
+        "lookup", "--topic", "orders", "--offset", "2")
+    # Moved forward by an operator after offset 2 was given: a reset may have skipped it.
+    broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=5), OPERATOR)
     moved = run("lookup", "--topic", "orders", "--offset", "2")
     assert (f"  billing: no delivery record: its position was moved past it by "
             f"{OPERATOR.name}") in moved and "or its link row is missing" in moved

@@ -86,7 +86,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     actions = [_bulk_reset("earliest"), _bulk_reset("latest")]
     change_form_template = "admin/django_mysqlq/topicgroup/change_form.html"
     fields = ("topic", "group_name", "queue", "start", "position", "created_at",
-              "pumped_at", "pump_problem", "pump_problem_at", "changed_at", "changed_by")
+              "pumped_at", "pump_problem", "pump_problem_at", "changed_at", "changed_by",
+              "moved_forward_at", "moved_forward_by")
     readonly_fields = fields
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -58,7 +58,8 @@ SELECT message_id, id, attempt, outcome, started_at, finished_at, worker_id, hos
 """
 
 TRACE_GROUPS_SQL = f"""
-SELECT group_name, start, position, created_at, changed_at, changed_by FROM {GROUP_TABLE}
+SELECT group_name, start, position, created_at, moved_forward_at, moved_forward_by
+  FROM {GROUP_TABLE}
  WHERE topic = %s ORDER BY group_name
 """
 
@@ -243,8 +244,10 @@ def without_delivery(topic: str, sequenced: dict[int, dt.datetime | None],
                      alias: str | None = None) -> dict[int, list[NoDelivery]]:
     """For each offset of ``sequenced`` (offset: when it got it), the groups past it that
     ``traces`` shows no delivery of it to, each with why: a ``latest`` group made after
-    the offset was given never had it; an operator's move after it may have skipped it;
-    else its link row (``mysqlq_topic_delivery``) is gone, and with it the way to its
+    the offset was given never had it (a replay or a reset since does not change that);
+    a reset that moved the group forward after it (``moved_forward_at``: a replay or a
+    reset backwards skips nothing and is not recorded there) may have skipped it; else
+    its link row (``mysqlq_topic_delivery``) is gone, and with it the way to its
     delivery's history: the trace says so rather than nothing."""
     result: dict[int, list[NoDelivery]] = {offset: [] for offset in sequenced}
     if not result:
@@ -252,16 +255,16 @@ def without_delivery(topic: str, sequenced: dict[int, dt.datetime | None],
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(TRACE_GROUPS_SQL, [topic])
         rows = cursor.fetchall()
-    for name, start, position, created, changed, changed_by in rows:
-        created_at, changed_at = aware_utc(created), aware_utc(changed)
+    for name, start, position, created, moved, moved_by in rows:
+        created_at, moved_at = aware_utc(created), aware_utc(moved)
         for offset, sequenced_at in sequenced.items():
             if int(position) < offset or any(d.group == name for d in traces.get(offset, [])):
                 continue
-            if start == LATEST and changed_at is None and _since(created_at, sequenced_at):
+            if start == LATEST and _since(created_at, sequenced_at):
                 reason = STARTED_AFTER
-            elif _since(changed_at, sequenced_at):
-                reason = MOVED_OR_MISSING.format(by=changed_by or "an operator",
-                                                 at=f"{changed_at:%Y-%m-%d %H:%M:%S}")
+            elif _since(moved_at, sequenced_at):
+                reason = MOVED_OR_MISSING.format(by=moved_by or "an operator",
+                                                 at=f"{moved_at:%Y-%m-%d %H:%M:%S}")
             else:
                 reason = LINK_MISSING
             result[offset].append(NoDelivery(str(name), reason))

@@ -137,7 +137,11 @@ WAITING_DELIVERIES_SQL = f"""
 SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
  WHERE task_name = %s AND status IN ('ready', 'scheduled', 'blocked')
 """
-MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, changed_at = UTC_TIMESTAMP(6), "
+#: (A move forward is recorded apart, set before ``position`` changes: a trace blames only
+#: it for a skipped offset. Params: new position thrice, operator, operator, group id.)
+MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET moved_forward_at = IF(%s > position, "
+                  "UTC_TIMESTAMP(6), moved_forward_at), moved_forward_by = IF(%s > position, "
+                  "%s, moved_forward_by), position = %s, changed_at = UTC_TIMESTAMP(6), "
                   "changed_by = %s, pump_problem = '', pump_problem_at = NULL WHERE id = %s")
 
 # ------------------------------------------------------------------ groups, lag
@@ -465,7 +469,8 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
         new, none_found = _new_position(cursor, topic, target, said)
         cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
         waiting = [int(found[0]) for found in cursor.fetchall()]
-        cursor.execute(MOVE_GROUP_SQL, [new, operator.name[:200], group_id])
+        who = operator.name[:200]
+        cursor.execute(MOVE_GROUP_SQL, [new, new, who, new, who, group_id])
         return old, new, waiting
 
     old, new, waiting = in_transaction(alias, body)
