@@ -150,6 +150,9 @@ class TopicDelivery(models.Model):
     group_name = models.CharField(max_length=64)
     offset = models.BigIntegerField(db_column="msg_offset")
     created_at = models.DateTimeField()
+    #: Made by an operator's replay (``queuetopic replay``, the admin's replay form); not
+    #: set on the pump's deliveries, a reset's re-deliveries included.
+    replay = models.BooleanField(default=False, db_default=False)
 
     objects = BoundManager["TopicDelivery"]()
 

@@ -85,13 +85,6 @@ def replay(topic: str, group: str, first: int, last: int,
             "ordered subject takes): see queuetopic lookup, and replay around it.") from exc
 
 
-def is_replay(deliveries: list[broker.topic_lookup.DeliveryTrace],
-              delivery: broker.topic_lookup.DeliveryTrace) -> bool:
-    """Whether an earlier delivery of the same offset went to the same group."""
-    return any(other.group == delivery.group and other.message_id < delivery.message_id
-               for other in deliveries)
-
-
 def no_match(topic: str, offset: int | None) -> str:
     """What a lookup that found nothing says: for an offset, whether retention deleted it
     or it was not given out yet (or the topic is unknown)."""

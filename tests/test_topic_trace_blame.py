@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 
 from django_mysqlq import broker
-from django_mysqlq.models import TopicDelivery, TopicGroup
+from django_mysqlq.models import TopicDelivery, TopicGroup, TopicMessage
 from tests.operator_support import OPERATOR
 from tests.topic_ops_support import group, handle, publish
 
@@ -80,3 +80,33 @@ def test_a_reset_backwards_is_not_blamed_for_a_missing_link() -> None:
     assert row.changed_at is not None and row.moved_forward_at is None
     out = run("lookup", "--topic", "orders", "--offset", "2")
     assert "  billing: no delivery record (its link row is missing)\n" in out, out
+
+
+def test_a_resets_redelivery_is_not_marked_as_a_replay_only_a_replay_is(root) -> None:
+    """Any later delivery of an offset to the same group was marked "(replay)" (JSON
+    ``"replay": true``, the admin's trace too), a reset backwards' re-delivery included,
+    though no replay ran."""
+    billing = group("orders", "billing")
+    publish("orders", 10)
+    broker.pump(billing, batch=100, window=100)
+    handle(billing, 10)
+    run("reset", "billing", "--topic", "orders", "--to-offset", "8")  # 10 -> 7
+    broker.pump(billing, batch=100, window=100)  # 8-10 again
+    assert TopicDelivery.objects.filter(group_name="billing", offset=9).count() == 2
+    text = run("lookup", "--topic", "orders", "--offset", "9")
+    assert "(replay)" not in text and text.count("  billing: #") == 2, text
+    [message] = json.loads(run("lookup", "--topic", "orders", "--offset", "9",
+                                "--json"))["messages"]
+    assert [d["replay"] for d in message["deliveries"]] == [False, False]
+    row = TopicMessage.objects.get(topic="orders", offset=9)
+    page = root.get(f"/admin/django_mysqlq/topicmessage/{row.pk}/change/").content.decode()
+    assert 'id="topic-trace"' in page and "(replay)" not in page
+    # A replay's delivery is marked, wherever it comes among them.
+    run("replay", "--topic", "orders", "--group", "billing", "--from-offset", "9",
+        "--to-offset", "9")
+    [message] = json.loads(run("lookup", "--topic", "orders", "--offset", "9",
+                                "--json"))["messages"]
+    assert [d["replay"] for d in message["deliveries"]] == [False, False, True]
+    assert run("lookup", "--topic", "orders", "--offset", "9").count("billing (replay): #") == 1
+    page = root.get(f"/admin/django_mysqlq/topicmessage/{row.pk}/change/").content.decode()
+    assert page.count("<strong>(replay)</strong>") == 1

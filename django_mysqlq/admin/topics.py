@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .. import broker, topicops
+from .. import broker
 from ..limits import row_id
 from ..models import TopicMessage, TopicState
 from . import payloads
@@ -124,7 +124,7 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
         if message is not None and message.offset is not None:
             traces = broker.trace(message.topic, [message.offset])
             found = traces.get(message.offset, [])
-            deliveries = [{"d": d, "replay": topicops.is_replay(found, d)} for d in found]
+            deliveries = [{"d": d, "replay": d.replay} for d in found]
             sequenced = {message.offset: message.sequenced_at}
             missing = broker.without_delivery(message.topic, sequenced, traces)[message.offset]
         return {"deliveries": deliveries, "no_delivery": missing}

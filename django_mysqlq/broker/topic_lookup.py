@@ -43,7 +43,7 @@ BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDE
                "AND published_at < %s AND msg_offset IS NOT NULL "
                "ORDER BY published_at, id LIMIT %s")
 TRACE_DELIVERIES_SQL = f"""
-SELECT message_id, group_name, msg_offset, created_at FROM {DELIVERY_TABLE}
+SELECT message_id, group_name, msg_offset, created_at, replay FROM {DELIVERY_TABLE}
  WHERE topic = %s AND msg_offset IN ({{offsets}}) ORDER BY msg_offset, group_name, message_id
 """
 TRACE_CURRENT_SQL = f"""
@@ -153,6 +153,8 @@ class DeliveryTrace:
     attempts: list[AttemptRow] = dataclasses.field(default_factory=list)
     #: When a scheduled delivery (a retry) runs next; None otherwise.
     next_try_at: dt.datetime | None = None
+    #: Made by an operator's replay (its link row says so), not by the pump.
+    replay: bool = False
 
     @property
     def last_error(self) -> str:
@@ -209,7 +211,7 @@ def trace(topic: str, offsets: Sequence[int],
         cursor.execute(TRACE_DELIVERIES_SQL.format(offsets=placeholders(len(result))),
                        [topic, *result])
         deliveries = {int(r[0]): DeliveryTrace(int(r[0]), str(r[1]), int(r[2]),
-                                               aware_utc(r[3]) or r[3])
+                                               aware_utc(r[3]) or r[3], replay=bool(r[4]))
                       for r in cursor.fetchall()}
         if deliveries:
             ids = list(deliveries)

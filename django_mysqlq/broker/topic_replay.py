@@ -1,12 +1,13 @@
 """Replay a range of a topic into one consumer group.
 
 Each offset of the range becomes a **new** delivery of that group only (a queue message
-built as the pump builds one, with its ``mysqlq_topic_delivery`` link), so the trace of
-the offset lists the original delivery and the replay side by side. The group's
-position does not move: replay re-delivers what the group already had; messages after
-its position come from the pump as usual. A replayed message with a key passes the
-same ordered subject as the group's other deliveries of that key: the replays of one
-key run in offset order, after the deliveries of that key already waiting.
+built as the pump builds one, with its ``mysqlq_topic_delivery`` link marked
+``replay``), so the trace of the offset lists the original delivery and the replay side
+by side. The group's position does not move: replay re-delivers what the group already
+had; messages after its position come from the pump as usual. A replayed message with
+a key passes the same ordered subject as the group's other deliveries of that key: the
+replays of one key run in offset order, after the deliveries of that key already
+waiting.
 """
 
 from __future__ import annotations
@@ -19,21 +20,25 @@ from django.db import DatabaseError
 from ..log import one_line
 from ..models import MessageStatus
 from .base import connection_for, default_alias, in_transaction, logger
-from .deliveries import LINK_SQL, GroupSpec, delivery
+from .deliveries import GroupSpec, delivery
 from .enqueue import gate_statuses, insert_rows
 from .kept import kept_bounds
 from .operate import Operator
 from .oversized import READ_UP_TO_SQL, Oversized, fitting
 from .packets import row_room
 from .park import wake
-from .topic_ops import GROUP_TABLE, TopicOffsetError
+from .topic_ops import DELIVERY_TABLE, GROUP_TABLE, TopicOffsetError
 
 #: Offsets one replay takes at most (split a wider range into several replays).
 REPLAY_MAX = 100_000
 #: Deliveries per transaction.
 REPLAY_CHUNK = 500
 
-_LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
+#: A replay's links say so (``replay``): the trace marks a replay by it, not by an earlier
+#: delivery of the offset to the group (a reset backwards makes one too).
+_LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6), 1)"
+REPLAY_LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
+                   "created_at, replay) VALUES {rows}")
 GROUP_POSITION_SQL = (f"SELECT id, position FROM {GROUP_TABLE} "
                       "WHERE topic = %s AND group_name = %s")
 RECORD_SQL = (f"UPDATE {GROUP_TABLE} SET changed_at = UTC_TIMESTAMP(6), changed_by = %s "
@@ -126,7 +131,7 @@ def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
         params: list[Any] = []
         for message_id, row in zip(ids, rows, strict=True):
             params.extend((message_id, spec.topic, spec.group, int(row[0])))
-        cursor.execute(LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
+        cursor.execute(REPLAY_LINK_SQL.format(rows=", ".join([_LINK_ROW] * len(ids))), params)
         cursor.execute(RECORD_SQL, [operator.name[:200], group_id])
         ready = [m.queue for m, status in zip(messages, statuses, strict=True)
                  if status != MessageStatus.BLOCKED]

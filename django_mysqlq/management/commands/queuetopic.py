@@ -167,7 +167,7 @@ class Command(cli.SaysDatabaseErrors):
                                  "handled_at": d.handled_at.isoformat() if d.handled_at
                                  else None, "attempts": len(d.runs),
                                  "operator_actions": [_action_json(a) for a in d.actions],
-                                 "replay": topicops.is_replay(traces[m.offset or 0], d),
+                                 "replay": d.replay,
                                  "error": d.last_error or None,
                                  "next_try_at": d.next_try_at.isoformat() if d.next_try_at
                                  else None}
@@ -184,7 +184,7 @@ class Command(cli.SaysDatabaseErrors):
             self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published {published} "
                               f"payload={m.payload[:200]}")
             for d in traces.get(m.offset or 0, []):
-                mark = " (replay)" if topicops.is_replay(traces[m.offset or 0], d) else ""
+                mark = " (replay)" if d.replay else ""
                 when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
                 then = (f", next try at {d.next_try_at:%Y-%m-%d %H:%M:%S}"
                         if d.next_try_at else "")
