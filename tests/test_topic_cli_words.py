@@ -61,8 +61,9 @@ def test_queuestats_shows_each_topic_s_last_publish_and_a_rate_of_two_decimals()
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("lookup", "--topic", "orders"), "an offset (--offset), a key (--key) or a time "
-     "range (--since and/or --until)"),
+    (("lookup", "--topic", "orders"), "an offset (--offset), a key (--key, with "
+     "--since/--until or --before-offset to go back further) or a time range (--since "
+     "and/or --until)"),
     (("lookup", "--topic", "orders", "--offset", "1", "--key", "k"), "Look messages up by "
      "one of:"),
     (("lookup", "--topic", "orders", "--offset", "1", "--limit", "5000"),
@@ -98,7 +99,8 @@ def _lookup_options() -> set[str]:
 
 
 @pytest.mark.parametrize("given", [[], ["--offset", "1", "--key", "k"],
-                                   ["--key", "k", "--since", "1h"]])
+                                   ["--offset", "1", "--since", "1h"],
+                                   ["--since", "1h", "--before-offset", "5"]])
 def test_lookup_s_refusal_names_only_the_options_lookup_has(given: list[str]) -> None:
     """It said ``--offset, with --to-offset for a range``: lookup has no --to-offset."""
     import re

@@ -30,14 +30,22 @@ from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE
 
 #: Messages one lookup returns at most (a wider range says "more").
 LOOKUP_MAX = 1000
+#: Past every offset (a BIGINT's largest): "below it" is no bound.
+OFFSET_END = 2**63 - 1
 
 _MESSAGE_COLUMNS = "id, topic, msg_offset, msg_key, payload, published_at, sequenced_at"
 BY_OFFSET_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                  f"({OFFSET_INDEX}) WHERE topic = %s AND msg_offset >= %s AND msg_offset <= %s "
                  "ORDER BY msg_offset LIMIT %s")
+#: A key's messages, newest first, below an offset (``--before-offset``: the next page).
 BY_KEY_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
               "(mysqlq_tmsg_key) WHERE topic = %s AND msg_key = %s AND msg_offset IS NOT NULL "
-              "ORDER BY msg_offset DESC LIMIT %s")
+              "AND msg_offset < %s ORDER BY msg_offset DESC LIMIT %s")
+#: The same published in [since, until): the key's index range, its rows filtered.
+BY_KEY_AND_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                       "(mysqlq_tmsg_key) WHERE topic = %s AND msg_key = %s "
+                       "AND msg_offset IS NOT NULL AND msg_offset < %s AND published_at >= %s "
+                       "AND published_at < %s ORDER BY msg_offset DESC LIMIT %s")
 BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
                "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
                "AND published_at < %s AND msg_offset IS NOT NULL "
@@ -99,27 +107,35 @@ def _rows(cursor: Any) -> list[TopicMessageRow]:
 
 def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = None,
            key: str | None = None, since: dt.datetime | None = None,
-           until: dt.datetime | None = None, limit: int = 100,
-           alias: str | None = None) -> Lookup:
+           until: dt.datetime | None = None, before_offset: int | None = None,
+           limit: int = 100, alias: str | None = None) -> Lookup:
     """Messages of ``topic`` by offset (or an offset range to ``to_offset``), by key
-    (newest first), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX),
-    each one index range read."""
+    (newest first; only those below ``before_offset`` and/or published in [since, until)
+    when given), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX), each
+    one index range read."""
     if not 1 <= limit <= LOOKUP_MAX:
         raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages (--limit), not "
                          f"{limit}.")
-    ways = [offset is not None, key is not None, since is not None or until is not None]
-    if sum(ways) != 1:
-        raise ValueError("Look messages up by one of: an offset (--offset), a key (--key) "
-                         "or a time range (--since and/or --until).")
+    timed = since is not None or until is not None
+    if (offset is not None) == (key is not None or timed):  # one way: offset, or the others
+        raise ValueError("Look messages up by one of: an offset (--offset), a key (--key, "
+                         "with --since/--until or --before-offset to go back further) or a "
+                         "time range (--since and/or --until).")
+    if before_offset is not None and key is None:
+        raise ValueError("--before-offset pages through a key's messages: give --key too.")
+    low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+    below = OFFSET_END if before_offset is None else before_offset
     with connection_for(alias or default_alias()).cursor() as cursor:
         if offset is not None:
             end = offset if to_offset is None else to_offset
             cursor.execute(BY_OFFSET_SQL, [topic, offset, end, limit + 1])
+        elif key is not None and timed:
+            cursor.execute(BY_KEY_AND_TIME_SQL, [topic, key, below, naive_utc(low),
+                                                 naive_utc(high), limit + 1])
         elif key is not None:
-            cursor.execute(BY_KEY_SQL, [topic, key, limit + 1])
+            cursor.execute(BY_KEY_SQL, [topic, key, below, limit + 1])
         else:
-            low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-            high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
             cursor.execute(BY_TIME_SQL, [topic, naive_utc(low), naive_utc(high), limit + 1])
         found = _rows(cursor)
     return Lookup(found[:limit], len(found) > limit)

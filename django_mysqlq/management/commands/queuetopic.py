@@ -55,6 +55,29 @@ def _action_json(row: broker.topic_lookup.AttemptRow) -> dict[str, Any]:
             "note": row.error}
 
 
+def _more(found: broker.Lookup, options: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """What a lookup that matched more than ``--limit`` says, and the options of its next
+    page (``next`` in ``--json``): older messages of a key below the oldest shown, later
+    ones of a time range from the last shown's publish time. ("", None) when it didn't."""
+    if not found.truncated or not found.messages:
+        return "", None
+    shown, last = len(found.messages), found.messages[-1]
+    limit = (f", or raise --limit (up to {broker.topic_lookup.LOOKUP_MAX})"
+             if shown < broker.topic_lookup.LOOKUP_MAX else "")
+    if options["key"] is not None and last.offset is not None:
+        return (f"More messages of key {options['key']!r} match: only the newest {shown} "
+                f"are shown, down to offset {last.offset}. For the older ones, run the same "
+                f"lookup with --before-offset {last.offset}{limit}."), {
+                    "before_offset": last.offset}
+    if options["offset"] is None and last.published_at is not None:
+        since = last.published_at.isoformat()
+        return (f"More messages match: only the first {shown} published in the range are "
+                f"shown, up to {since}. For the later ones, run the same lookup with "
+                f"--since {since} (a message published at that instant shows again){limit}, "
+                "or narrow the range."), {"since": since}
+    return f"More messages match: only the first {shown} are shown{limit}.", None
+
+
 class Command(cli.SaysDatabaseErrors):
     help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
             "letter), 'reset' a group's position, 'replay' a range into one group, "
@@ -87,7 +110,11 @@ class Command(cli.SaysDatabaseErrors):
         lookup = sub.add_parser("lookup", help="Messages by offset, key or time, traced.")
         lookup.add_argument("--topic", required=True)
         lookup.add_argument("--offset", type=int, default=None)
-        lookup.add_argument("--key", default=None)
+        lookup.add_argument("--key", default=None, help="Its messages, newest first; with "
+                            "--since/--until, those published then.")
+        lookup.add_argument("--before-offset", type=int, default=None,
+                            help="With --key: only its messages below this offset (the "
+                            "next page back, as a lookup that matched more says).")
         lookup.add_argument("--since", default=None, help="ISO time or a duration ago (2h).")
         lookup.add_argument("--until", default=None, help="ISO time or a duration ago.")
         lookup.add_argument("--limit", type=int, default=100,
@@ -152,14 +179,20 @@ class Command(cli.SaysDatabaseErrors):
         if options["offset"] is not None and options["offset"] < 1:
             raise CommandError(f"--offset must be 1 or more (offsets start at 1), not "
                                f"{options['offset']}.")
+        if options["before_offset"] is not None and options["before_offset"] < 2:
+            raise CommandError(f"--before-offset must be 2 or more (offsets start at 1: "
+                               f"none is below {options['before_offset']}).")
         topic = options["topic"]
         found = broker.lookup(topic, offset=options["offset"], key=options["key"],
-                              since=since, until=until, limit=options["limit"])
+                              since=since, until=until, before_offset=options["before_offset"],
+                              limit=options["limit"])
+        more, next_page = _more(found, options)
         traces = broker.trace(topic, [m.offset for m in found.messages if m.offset is not None])
         sequenced = {m.offset: m.sequenced_at for m in found.messages if m.offset is not None}
         missing = broker.without_delivery(topic, sequenced, traces)
         if options["json"]:
-            self.stdout.write(json.dumps({"truncated": found.truncated, "messages": [
+            self.stdout.write(json.dumps({"truncated": found.truncated, "next": next_page,
+                                          "messages": [
                 {"offset": m.offset, "key": m.key, "payload": m.payload,
                  "published_at": m.published_at.isoformat() if m.published_at else None,
                  "deliveries": [{"group": d.group, "message_id": d.message_id,
@@ -193,6 +226,5 @@ class Command(cli.SaysDatabaseErrors):
                                   f" by {d.handled_by or '-'} ({_attempts(d)}){then}{error}")
             for n in missing.get(m.offset or 0, []):
                 self.stdout.write(f"  {n.group}: {n.reason}")
-        if found.truncated:
-            self.stdout.write(f"More messages match: only the first {options['limit']} are "
-                              "shown. Narrow the range or raise --limit.")
+        if more:
+            self.stdout.write(more)

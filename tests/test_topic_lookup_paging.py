@@ -1,0 +1,91 @@
+"""``queuetopic lookup`` past its limit: a key's older messages (``--before-offset``, or
+``--key`` with ``--since``/``--until``) and a time range's later ones, as it says."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_mysqlq import Topic, broker
+from django_mysqlq.broker import topic_lookup
+from django_mysqlq.models import TopicMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEY = "customer-42"
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("queuetopic", "lookup", "--topic", "orders", *args, stdout=out)
+    return out.getvalue()
+
+
+def offsets(*args: str) -> list[int]:
+    return [m["offset"] for m in json.loads(run(*args, "--json"))["messages"]]
+
+
+@pytest.fixture
+def keyed() -> None:
+    """Offsets 1-12 of key customer-42, 13-14 of another key."""
+    Topic("orders").publish_many([{"n": i} for i in range(14)],
+                                 keys=[KEY] * 12 + ["other"] * 2)
+    broker.sequence("orders")
+
+
+def test_a_keys_older_messages_past_the_largest_limit_are_reached(keyed, monkeypatch) -> None:
+    """A key with more messages than LOOKUP_MAX showed the newest ones only and said
+    "Narrow the range or raise --limit" though --limit was at its largest and --key
+    with --since/--until was refused: the older ones could not be looked up."""
+    monkeypatch.setattr(topic_lookup, "LOOKUP_MAX", 5)
+    first = run("--key", KEY, "--limit", "5")
+    assert [line.split()[0] for line in first.splitlines()[:5]] == [
+        f"orders@{n}" for n in (12, 11, 10, 9, 8)]
+    assert (f"More messages of key '{KEY}' match: only the newest 5 are shown, down to "
+            "offset 8. For the older ones, run the same lookup with --before-offset 8.") in first
+    assert "raise --limit" not in first  # it is at its largest
+    assert json.loads(run("--key", KEY, "--limit", "5", "--json"))["next"] == {
+        "before_offset": 8}
+    assert offsets("--key", KEY, "--limit", "5", "--before-offset", "8") == [7, 6, 5, 4, 3]
+    last = run("--key", KEY, "--limit", "5", "--before-offset", "3")
+    assert [line.split()[0] for line in last.splitlines()] == ["orders@2", "orders@1"]
+    below_limit = run("--key", KEY, "--limit", "3")
+    assert "--before-offset 10, or raise --limit (up to 5)." in below_limit
+    data = json.loads(run("--key", KEY, "--limit", "3", "--before-offset", "2", "--json"))
+    assert ([m["offset"] for m in data["messages"]], data["truncated"], data["next"]) == (
+        [1], False, None)
+
+
+def test_a_key_with_a_time_range(keyed) -> None:
+    TopicMessage.objects.filter(topic="orders", offset__lte=6).update(
+        published_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=2))
+    assert offsets("--key", KEY, "--until", "1d") == [6, 5, 4, 3, 2, 1]
+    assert offsets("--key", KEY, "--since", "1d") == [12, 11, 10, 9, 8, 7]
+    assert offsets("--key", KEY, "--since", "3d", "--until", "1d", "--limit", "4") == [
+        6, 5, 4, 3]
+    assert offsets("--key", KEY, "--until", "1d", "--before-offset", "3") == [2, 1]
+    assert offsets("--key", "other", "--until", "1d") == []
+
+
+def test_a_time_ranges_later_messages_are_reached_from_the_last_shown(keyed) -> None:
+    text = run("--since", "1h", "--limit", "10")
+    data = json.loads(run("--since", "1h", "--limit", "10", "--json"))
+    since = data["next"]["since"]
+    assert data["truncated"] and since == data["messages"][-1]["published_at"]
+    assert f"For the later ones, run the same lookup with --since {since}" in text
+    later = offsets("--since", since)
+    assert later[-1] == 14 and 10 in later  # the last shown comes again, then the rest
+
+
+def test_before_offset_needs_a_key_and_a_lower_bound_above_1(keyed) -> None:
+    with pytest.raises(CommandError, match="--before-offset pages through a key"):
+        run("--since", "1h", "--before-offset", "5")
+    with pytest.raises(CommandError, match="--before-offset must be 2 or more"):
+        run("--key", KEY, "--before-offset", "1")
+    with pytest.raises(CommandError, match="one of"):
+        run("--offset", "3", "--key", KEY)
