@@ -85,6 +85,20 @@ def replay(topic: str, group: str, first: int, last: int,
             "ordered subject takes): see queuetopic lookup, and replay around it.") from exc
 
 
+def replay_shortfall(done: broker.ReplayResult) -> str:
+    """When a replay made fewer deliveries than its range has offsets (their messages
+    deleted while it ran, by retention, or before it by hand): how many offsets were
+    missing and the first kept offset now; empty otherwise. Said by the command and the
+    admin alike, after the count of deliveries."""
+    if not done.missing:
+        return ""
+    kept = ("" if done.first_kept is None
+            else f"; the topic keeps offsets from {done.first_kept} now")
+    return (f"{done.missing} of the {done.last - done.first + 1} offsets had no message to "
+            f"replay (deleted while the replay ran, by retention, or before it by hand), so "
+            f"they got no delivery{kept}.")
+
+
 def no_match(topic: str, offset: int | None) -> str:
     """What a lookup that found nothing says: for an offset, whether retention deleted it
     or it was not given out yet (or the topic is unknown)."""

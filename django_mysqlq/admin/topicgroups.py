@@ -195,9 +195,11 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
             if post.get("op") == "replay":
                 done = topicops.replay(row.topic, row.group_name, *_range(
                     post.get("first", ""), post.get("last", "")), actions.who(request))
+                shortfall = topicops.replay_shortfall(done)
                 self.message_user(request, f"Replayed offsets {done.first}..{done.last} into "
-                                  f"group {done.group}: {done.replayed} new deliveries.",
-                                  messages.SUCCESS)
+                                  f"group {done.group}: {done.replayed} new deliveries."
+                                  + (f" {shortfall}" if shortfall else ""),
+                                  messages.WARNING if shortfall else messages.SUCCESS)
             else:
                 self.reset(request, row, _target(post.get("to", ""), post.get("value", "")))
         except (ValueError, LookupError) as exc:

@@ -57,8 +57,16 @@ class ReplayResult:
     group: str
     first: int
     last: int
-    #: Deliveries made (one per offset of the range).
+    #: Deliveries made (one per offset of the range whose message was found).
     replayed: int
+    #: The topic's first kept offset once the replay ended, read when offsets of the
+    #: range were not found (retention, or a hand delete, removed them meanwhile).
+    first_kept: int | None = None
+
+    @property
+    def missing(self) -> int:
+        """Offsets of the range with no message to replay (no delivery made)."""
+        return max(0, self.last - self.first + 1 - self.replayed)
 
 
 def _check(cursor: Any, spec: GroupSpec, first: int, last: int) -> int:
@@ -160,9 +168,18 @@ def replay_range(spec: GroupSpec, first: int, last: int, operator: Operator,
         raise _incomplete(spec, first, last, operator, done, start, start,
                           one_line(str(exc))) from exc
     _wake(spec, queues, alias)
+    result = ReplayResult(spec.topic, spec.group, first, last, done)
+    if result.missing:  # deleted since the check (retention), or by hand
+        with connection_for(alias).cursor() as cursor:
+            kept = kept_bounds(cursor, spec.topic)
+        result = dataclasses.replace(result, first_kept=kept[0] if kept else None)
+        logger.warning("Replay of offsets %d..%d of topic %r into group %r for %s: %d "
+                       "offsets had no message (the topic keeps offsets from %s now).",
+                       first, last, spec.topic, spec.group, operator.name, result.missing,
+                       result.first_kept)
     logger.warning("Replayed offsets %d..%d of topic %r into group %r for %s: %d "
                    "deliveries.", first, last, spec.topic, spec.group, operator.name, done)
-    return ReplayResult(spec.topic, spec.group, first, last, done)
+    return result
 
 
 def _incomplete(spec: GroupSpec, first: int, last: int, operator: Operator, done: int,

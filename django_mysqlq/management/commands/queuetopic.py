@@ -167,6 +167,9 @@ class Command(cli.SaysDatabaseErrors):
         self.stdout.write(f"Replayed offsets {done.first}..{done.last} of topic "
                           f"{done.topic!r} into group {done.group!r}: {done.replayed} new "
                           "deliveries.")
+        shortfall = topicops.replay_shortfall(done)
+        if shortfall:
+            self.stdout.write(f"WARNING: {shortfall}")
 
     def do_lookup(self, options: dict[str, Any]) -> None:
         since = ops.parse_since(options["since"]) if options["since"] is not None else None
