@@ -18,6 +18,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from ..log import one_line
+from ..routing import on_alias
 from ..topicnames import delivery_task_name
 from .base import (
     MESSAGE_TABLE,
@@ -475,8 +476,9 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
 
     old, new, waiting = in_transaction(alias, body)
     try:
-        cancelled = (cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING)
-                     if waiting else [])
+        with on_alias(alias):  # the reset's database, whatever this thread is bound to
+            cancelled = (cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING)
+                         if waiting else [])
     except DatabaseError as exc:
         text = (f"Consumer group {group!r} of topic {topic!r}: position moved {old} -> {new}, "
                 f"but its {len(waiting)} waiting deliveries could not be cancelled "
