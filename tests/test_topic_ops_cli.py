@@ -523,11 +523,12 @@ def test_a_lookup_that_can_match_nothing_is_refused_saying_why() -> None:
     assert [line.split()[0] for line in found.splitlines()] == ["orders@1", "orders@2"]
 
 
-def test_a_reset_whose_cancel_fails_says_the_position_moved_and_to_run_it_again(
+def test_a_reset_whose_cancel_fails_is_rolled_back_and_says_to_run_it_again(
         monkeypatch) -> None:
-    """The position's move commits first; the waiting deliveries are cancelled after.
-    A failed cancel showed only a database error: the operator could not know that
-    the position had moved and the deliveries would still run."""
+    """The waiting deliveries are cancelled in the reset's own transaction: a failed
+    cancel (a lock wait) rolls the position's move back with it, and the operator is told
+    so instead of a bare database error. (It used to commit the move first: a failed
+    cancel left the position moved and the deliveries to run.)"""
     from django.db import OperationalError
 
     from django_mysqlq.broker import topic_ops
@@ -539,14 +540,15 @@ def test_a_reset_whose_cancel_fails_says_the_position_moved_and_to_run_it_again(
     def locked(*args: object, **kwargs: object) -> list[int]:
         raise OperationalError(1205, "Lock wait timeout exceeded")
 
-    monkeypatch.setattr(topic_ops, "cancel", locked)
-    with pytest.raises(CommandError, match=r"position moved 4 -> 1, but its 4 waiting "
-                                           r"deliveries could not be cancelled"):
+    monkeypatch.setattr(topic_ops, "cancel_within", locked)
+    with pytest.raises(CommandError, match=r"'billing' of topic 'orders' was not reset: its "
+                                           r"4 waiting deliveries could not be cancelled"):
         run("reset", "billing", "--topic", "orders", "--to-offset", "2")
-    assert TopicGroup.objects.get(group_name="billing").position == 1
+    assert TopicGroup.objects.get(group_name="billing").position == 4
+    assert Message.objects.filter(queue=made.queue, status=MessageStatus.READY).count() == 4
     monkeypatch.undo()
     out = run("reset", "billing", "--topic", "orders", "--to-offset", "2")
-    assert "position 1 -> 1" in out and "4 waiting deliveries cancelled" in out
+    assert "position 4 -> 1" in out and "4 waiting deliveries cancelled" in out
 
 
 def test_a_replay_the_server_refuses_says_why_instead_of_a_traceback() -> None:

@@ -147,17 +147,46 @@ Change = Callable[[Any, list[subjects.Target], Gates], list[tuple[int, str]]]
 
 
 def _gates_of(alias: str, ids: Sequence[int]) -> set[subjects.GateRef]:
+    refs: set[subjects.GateRef] = set()
     with connection_for(alias).cursor() as cursor:
-        cursor.execute(GATES_OF_SQL.format(ids=placeholders(len(ids))), list(ids))
-        return {ref for queue, key, mode in cursor.fetchall()
-                if (ref := subjects.GateRef.of(str(queue), mode, key)) is not None}
+        for start in range(0, len(ids), OPERATOR_CHUNK):
+            chunk = list(ids[start:start + OPERATOR_CHUNK])
+            cursor.execute(GATES_OF_SQL.format(ids=placeholders(len(chunk))), chunk)
+            refs.update(ref for queue, key, mode in cursor.fetchall()
+                        if (ref := subjects.GateRef.of(str(queue), mode, key)) is not None)
+    return refs
+
+
+def _lock_and_record(cursor: Any, ids: Sequence[int], refs: set[subjects.GateRef],
+                     operator: Operator, outcome: str, note: str, keep_payload: bool,
+                     statuses: Sequence[str]) -> tuple[list[subjects.Target], Gates]:
+    """In the caller's transaction: lock the gates ``refs``, then the rows among ``ids``
+    in ``statuses`` (``OPERATOR_CHUNK`` a statement), and record ``outcome`` for each."""
+    gates = subjects.lock_or_create(cursor, refs, {}) if refs else {}
+    locked: list[subjects.Target] = []
+    for start in range(0, len(ids), OPERATOR_CHUNK):
+        chunk = list(ids[start:start + OPERATOR_CHUNK])
+        cursor.execute(_LOCK_OPERABLE_SQL.format(ids=placeholders(len(chunk)),
+                                                 statuses=placeholders(len(statuses))),
+                       [*chunk, *statuses])
+        locked.extend(subjects.Target(int(row[0]), str(row[1]), str(row[2]),
+                                      subjects.GateRef.of(str(row[1]), row[4], row[3]), row[4])
+                      for row in cursor.fetchall())
+    for start in range(0, len(locked), OPERATOR_CHUNK):
+        part = [target.id for target in locked[start:start + OPERATOR_CHUNK]]
+        cursor.execute(OPERATOR_HISTORY_SQL.format(ids=placeholders(len(part))),
+                       [outcome, operator.host[:255], operator.pid, note, keep_payload,
+                        operator.name[:200], *part])
+    if any(target.gate is not None and target.gate not in gates for target in locked):
+        raise DatabaseError("A message's gate changed while it was being locked.")
+    return locked, gates
 
 
 def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
              change: Change, *, keep_payload: bool = False,
              statuses: Sequence[str] = OPERABLE_STATUSES) -> list[int]:
     """Lock the operable rows among ``ids`` (their gates first), record ``outcome`` for
-    each, apply ``change``.
+    each, apply ``change``: one transaction per ``OPERATOR_CHUNK`` ids.
 
     Returns the ids changed; the others were gone, running or in another status.
     """
@@ -172,26 +201,10 @@ def _operate(ids: Sequence[int], operator: Operator, outcome: str, note: str,
 
         def body(cursor: Any, chunk: list[int] = chunk,
                  refs: set[subjects.GateRef] = refs) -> list[subjects.Target]:
-            gates = subjects.lock_or_create(cursor, refs, {}) if refs else {}
-            cursor.execute(
-                _LOCK_OPERABLE_SQL.format(ids=placeholders(len(chunk)),
-                                          statuses=placeholders(len(statuses))),
-                [*chunk, *statuses],
-            )
-            locked = [subjects.Target(int(row[0]), str(row[1]), str(row[2]),
-                                      subjects.GateRef.of(str(row[1]), row[4], row[3]), row[4])
-                      for row in cursor.fetchall()]
-            if not locked:
-                return []
-            locked_ids = [target.id for target in locked]
-            cursor.execute(
-                OPERATOR_HISTORY_SQL.format(ids=placeholders(len(locked_ids))),
-                [outcome, operator.host[:255], operator.pid, note, keep_payload,
-                 operator.name[:200], *locked_ids],
-            )
-            if any(target.gate is not None and target.gate not in gates for target in locked):
-                raise DatabaseError("A message's gate changed while it was being locked.")
-            promoted.extend(change(cursor, locked, gates))
+            locked, gates = _lock_and_record(cursor, chunk, refs, operator, outcome, note,
+                                             keep_payload, statuses)
+            if locked:
+                promoted.extend(change(cursor, locked, gates))
             return locked
 
         for target in in_transaction(alias, body):
@@ -244,14 +257,32 @@ def cancel(ids: Sequence[int], operator: Operator, *, note: str = "cancelled",
                          "cancelled, "
                          f"not {sorted(set(statuses) - set(CANCELLABLE_STATUSES))}.")
 
-    def change(cursor: Any, locked: list[subjects.Target], gates: Gates
-               ) -> list[tuple[int, str]]:
-        cursor.execute(CANCEL_SQL.format(ids=placeholders(len(locked))),
-                       [target.id for target in locked])
-        return subjects.after_cancel(cursor, locked, gates)
+    return _operate(ids, operator, Outcome.CANCELLED, note, _cancel_locked,
+                    keep_payload=True, statuses=statuses)
 
-    return _operate(ids, operator, Outcome.CANCELLED, note, change, keep_payload=True,
-                    statuses=statuses)
+
+def _cancel_locked(cursor: Any, locked: list[subjects.Target], gates: Gates
+                   ) -> list[tuple[int, str]]:
+    for start in range(0, len(locked), OPERATOR_CHUNK):
+        part = [target.id for target in locked[start:start + OPERATOR_CHUNK]]
+        cursor.execute(CANCEL_SQL.format(ids=placeholders(len(part))), part)
+    return subjects.after_cancel(cursor, locked, gates)
+
+
+def cancel_within(cursor: Any, alias: str, ids: Sequence[int], operator: Operator, *,
+                  note: str, statuses: Sequence[str]) -> tuple[list[int], list[tuple[int, str]]]:
+    """:func:`cancel` inside the caller's transaction on ``alias`` (``cursor`` is its), all
+    of ``ids`` at once: no other session sees any of them claimable or promoted before
+    the caller commits, and a gate's slot freed by one of them promotes none that is
+    itself cancelled here. Returns the ids cancelled and the messages promoted (pass them
+    to ``subjects.wake_promoted`` once committed)."""
+    unique = sorted({int(i) for i in ids})
+    if not unique:
+        return [], []
+    refs = _gates_of(alias, unique)
+    locked, gates = _lock_and_record(cursor, unique, refs, operator, Outcome.CANCELLED, note,
+                                     True, statuses)
+    return [target.id for target in locked], _cancel_locked(cursor, locked, gates)
 
 
 def set_priority(ids: Sequence[int], priority: int, operator: Operator) -> list[int]:

@@ -2,10 +2,10 @@
 
 A **reset** moves a group's position under the group's row lock (the pump takes that
 lock with ``SKIP LOCKED``, so it simply skips a round) and records who and when. The
-group's *waiting* deliveries (ready, scheduled, blocked) are collected in that
-transaction and cancelled after it (history keeps them, note :data:`RESET_NOTE`), so
-that after a reset each offset past the new position becomes exactly one new delivery:
-a reset backwards does not run the waiting ones twice, a reset forwards skips them. A
+group's *waiting* deliveries (ready, scheduled, blocked) are cancelled together in that
+transaction (history keeps them, note :data:`RESET_NOTE`): none is claimed or promoted
+after the move. Each offset past the new position becomes exactly one new delivery: a
+reset backwards does not run the waiting ones twice, a reset forwards skips them. A
 delivery already running finishes; dead ones stay in the dead letter.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 from django.db import DatabaseError
 
 from ..log import one_line
-from ..routing import on_alias
 from ..topicnames import delivery_task_name
+from . import subjects
 from .base import (
     MESSAGE_TABLE,
     NOW_SQL,
@@ -32,7 +32,7 @@ from .base import (
     placeholders,
 )
 from .kept import checked_first, kept_bounds
-from .operate import Operator, cancel
+from .operate import Operator, cancel_within
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 GROUP_TABLE = "mysqlq_topic_group"
@@ -56,8 +56,8 @@ class TopicOffsetError(ValueError):
 
 
 class ResetIncomplete(ValueError):
-    """A reset moved the group's position, but cancelling its waiting deliveries failed:
-    they would still run (twice after a reset backwards). Running it again cancels them."""
+    """Cancelling a reset's waiting deliveries failed (a lock wait): the whole reset was
+    rolled back, the position is where it was. Running it again resets the group."""
 
 
 # ------------------------------------------------------------------ statements
@@ -457,9 +457,12 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
     task_name = delivery_task_name(topic, group)
     said = names or TARGET_NAMES
     none_found = False
+    cancelling: list[int] = []  # how many waiting, once the cancel began
+    promoted: list[tuple[int, str]] = []
 
     def body(cursor: Any) -> tuple[int, int, list[int]]:
         nonlocal none_found
+        cancelling.clear()
         cursor.execute(LOCK_GROUP_SQL, [topic, group])
         row = cursor.fetchone()
         if row is None:
@@ -472,20 +475,22 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
         waiting = [int(found[0]) for found in cursor.fetchall()]
         who = operator.name[:200]
         cursor.execute(MOVE_GROUP_SQL, [new, new, who, new, who, group_id])
-        return old, new, waiting
+        cancelling.append(len(waiting))  # here: once it commits none is claimable any more
+        cancelled, promoted[:] = cancel_within(cursor, alias, waiting, operator,
+                                               note=RESET_NOTE, statuses=WAITING)
+        return old, new, cancelled
 
-    old, new, waiting = in_transaction(alias, body)
     try:
-        with on_alias(alias):  # the reset's database, whatever this thread is bound to
-            cancelled = (cancel(waiting, operator, note=RESET_NOTE, statuses=WAITING)
-                         if waiting else [])
+        old, new, cancelled = in_transaction(alias, body)
     except DatabaseError as exc:
-        text = (f"Consumer group {group!r} of topic {topic!r}: position moved {old} -> {new}, "
-                f"but its {len(waiting)} waiting deliveries could not be cancelled "
-                f"({one_line(str(exc))}); they would still run. Run the same reset again: "
-                "it cancels them (and sets the position again).")
+        if not cancelling:
+            raise
+        text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its {cancelling[0]} "
+                f"waiting deliveries could not be cancelled ({one_line(str(exc))}), so its "
+                "position stays where it was. Run the same reset again.")
         logger.error("%s", text)
         raise ResetIncomplete(text) from exc
+    subjects.wake_promoted(alias, promoted)
     logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
                    "%d waiting deliveries cancelled.", group, topic, target.describe(),
                    operator.name, old, new, len(cancelled))
