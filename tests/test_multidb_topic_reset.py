@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from django_mysqlq import broker, routing
-from django_mysqlq.broker import topic_ops
+from django_mysqlq.broker import topic_reset
 from django_mysqlq.models import Attempt, Message, TopicGroup
 from tests import multidb_support as mdb
 from tests.operator_support import OPERATOR
@@ -56,7 +56,7 @@ def test_a_reset_given_an_alias_cancels_there_whatever_the_thread_is_bound_to() 
     # The group's own waiting deliveries are cancelled, on the reset's database ...
     assert not Message.objects.filter(queue=made.queue).exists()
     assert Attempt.objects.filter(task_name=made.task_name, outcome="cancelled",
-                                  error_message=topic_ops.RESET_NOTE).count() == 3
+                                  error_message=topic_reset.RESET_NOTE).count() == 3
     # ... and B's messages with the same ids are left alone.
     assert mdb.query(B, "SELECT id, status FROM mysqlq_message ORDER BY id") == [
         (message_id, "ready") for message_id in ids]

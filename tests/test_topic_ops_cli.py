@@ -531,7 +531,7 @@ def test_a_reset_whose_cancel_fails_is_rolled_back_and_says_to_run_it_again(
     cancel left the position moved and the deliveries to run.)"""
     from django.db import OperationalError
 
-    from django_mysqlq.broker import topic_ops
+    from django_mysqlq.broker import topic_reset
 
     made = group("orders", "billing")
     publish("orders", 4)
@@ -540,7 +540,7 @@ def test_a_reset_whose_cancel_fails_is_rolled_back_and_says_to_run_it_again(
     def locked(*args: object, **kwargs: object) -> list[int]:
         raise OperationalError(1205, "Lock wait timeout exceeded")
 
-    monkeypatch.setattr(topic_ops, "cancel_within", locked)
+    monkeypatch.setattr(topic_reset, "cancel_within", locked)
     with pytest.raises(CommandError, match=r"'billing' of topic 'orders' was not reset: its "
                                            r"4 waiting deliveries could not be cancelled"):
         run("reset", "billing", "--topic", "orders", "--to-offset", "2")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from django_mysqlq import broker
-from django_mysqlq.broker import operate, topic_ops
+from django_mysqlq.broker import operate, topic_reset
 from django_mysqlq.messages import AttemptResult
 from django_mysqlq.models import Attempt, Gate, Message, MessageStatus, TopicDelivery
 from tests.operator_support import OPERATOR, RUNNER
@@ -51,7 +51,7 @@ def test_a_member_claims_no_waiting_delivery_once_the_reset_commits(monkeypatch)
     publish("orders", 5)
     broker.pump(made, batch=100, window=100)
     claimed: list[int] = []
-    claiming_after(monkeypatch, topic_ops, made, claimed)
+    claiming_after(monkeypatch, topic_reset, made, claimed)
     claiming_after(monkeypatch, operate, made, claimed)
     done = broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=2), OPERATOR)
     # Before: the member right after the move claimed offsets 1..5, and the reset
@@ -60,7 +60,7 @@ def test_a_member_claims_no_waiting_delivery_once_the_reset_commits(monkeypatch)
     assert (done.old_position, done.new_position, done.cancelled) == (5, 1, 5)
     assert not Message.objects.filter(queue=made.queue).exists()
     assert Attempt.objects.filter(task_name=made.task_name, outcome="cancelled",
-                                  error_message=topic_ops.RESET_NOTE).count() == 5
+                                  error_message=topic_reset.RESET_NOTE).count() == 5
     # Each offset past the new position comes once: 2..5 again, nothing else waits.
     monkeypatch.undo()
     assert broker.pump(made, batch=100, window=100) == 4
@@ -83,7 +83,7 @@ def test_a_reset_promotes_no_old_blocked_delivery_of_a_key(monkeypatch) -> None:
                   ) == [MessageStatus.BLOCKED, MessageStatus.BLOCKED, MessageStatus.SCHEDULED]
     monkeypatch.setattr(operate, "OPERATOR_CHUNK", 1)
     claimed: list[int] = []
-    claiming_after(monkeypatch, topic_ops, made, claimed)
+    claiming_after(monkeypatch, topic_reset, made, claimed)
     claiming_after(monkeypatch, operate, made, claimed)
     done = broker.reset_group("orders", "billing", broker.ResetTarget(edge="earliest"),
                               OPERATOR)
@@ -94,7 +94,7 @@ def test_a_reset_promotes_no_old_blocked_delivery_of_a_key(monkeypatch) -> None:
     assert not Message.objects.filter(queue=made.queue).exists()
     assert not Gate.objects.filter(queue=made.queue).exists()  # nothing left in the key
     assert Attempt.objects.filter(task_name=made.task_name, outcome="cancelled",
-                                  error_message=topic_ops.RESET_NOTE).count() == 3
+                                  error_message=topic_reset.RESET_NOTE).count() == 3
     # The key's new deliveries run in offset order: 1 first, 2 and 3 behind it.
     monkeypatch.undo()
     assert broker.pump(made, batch=100, window=100) == 3

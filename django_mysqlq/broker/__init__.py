@@ -35,7 +35,8 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``unique``     dedup keys kept taken for a period after success (``unique_for``)
 ``rates``      global rate limits: rate keys' rows, the claim of throttled messages
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
-``topic_ops``  topics for operators: positions and lag, reset
+``topic_ops``  topics for operators: positions and lag
+``topic_reset`` topics for operators: reset a group's position
 ``topic_lookup``  topics for operators: lookup and trace
 ``topic_replay`` replay a range of a topic into one group
 ``topic_retention`` deletes a topic's oldest messages in short batches
@@ -183,19 +184,11 @@ from .settle import (
 )
 from .subjects import GateRef
 from .topic_lookup import Lookup, NoDelivery, lookup, trace, without_delivery
-from .topic_ops import (
-    GroupState,
-    ResetIncomplete,
-    ResetResult,
-    ResetTarget,
-    TopicOffsetError,
-    groups,
-    reset_group,
-    topic_bounds,
-)
+from .topic_ops import GroupState, TopicOffsetError, groups, topic_bounds
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
 from .topic_problems import clear_pump_problem, note_pump_problem
 from .topic_replay import ReplayIncomplete, ReplayResult, replay_range
+from .topic_reset import ResetIncomplete, ResetResult, ResetTarget, reset_group
 from .topic_retention import prune_topic_batch, topic_names
 from .topics import (
     ensure_topic,

@@ -1,0 +1,209 @@
+"""Operators and topics: resetting a group's position.
+
+A **reset** moves a group's position under the group's row lock (the pump takes that
+lock with ``SKIP LOCKED``, so it simply skips a round) and records who and when. The
+group's *waiting* deliveries (ready, scheduled, blocked) are cancelled together in that
+transaction (history keeps them, note :data:`RESET_NOTE`): none is claimed or promoted
+after the move. Each offset past the new position becomes exactly one new delivery: a
+reset backwards does not run the waiting ones twice, a reset forwards skips them. A
+delivery already running finishes; dead ones stay in the dead letter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from django.db import DatabaseError
+
+from ..log import one_line
+from ..topicnames import delivery_task_name
+from . import subjects
+from .base import MESSAGE_TABLE, default_alias, in_transaction, logger, naive_utc
+from .kept import kept_bounds
+from .operate import Operator, cancel_within
+from .topic_ops import EARLIEST, GROUP_TABLE, LATEST, TARGET_NAMES, TopicOffsetError
+from .topics import TOPIC_MESSAGE_TABLE
+
+#: The history note of the waiting deliveries a reset cancels.
+RESET_NOTE = "topic group reset"
+#: The statuses of the deliveries a reset cancels.
+WAITING = ("ready", "scheduled", "blocked")
+
+
+class ResetIncomplete(ValueError):
+    """Cancelling a reset's waiting deliveries failed (a lock wait): the whole reset was
+    rolled back, the position is where it was. Running it again resets the group."""
+
+
+LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
+                  " FOR UPDATE")
+#: The first message published at or after a time (along mysqlq_tmsg_published), and
+#: when it was sequenced.
+OFFSET_AT_TIME_SQL = f"""
+SELECT msg_offset, sequenced_at FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
+ WHERE topic = %s AND published_at >= %s AND msg_offset IS NOT NULL
+ ORDER BY published_at, id LIMIT 1
+"""
+#: The lowest offset of the messages published in a span. Offsets follow commits, and
+#: ``published_at`` is the insert's time: a message published later than the first one
+#: of the span, in a shorter transaction, may have the lower offset. Each such message
+#: was published before that first one was sequenced, which bounds the span.
+LOWEST_OFFSET_PUBLISHED_SQL = f"""
+SELECT MIN(msg_offset) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
+ WHERE topic = %s AND published_at >= %s AND published_at <= %s AND msg_offset IS NOT NULL
+"""
+WAITING_DELIVERIES_SQL = f"""
+SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
+ WHERE task_name = %s AND status IN ('ready', 'scheduled', 'blocked')
+"""
+#: (A move forward is recorded apart, set before ``position`` changes: a trace blames only
+#: it for a skipped offset. Params: new position thrice, operator, operator, group id.)
+MOVE_GROUP_SQL = (f"UPDATE {GROUP_TABLE} SET moved_forward_at = IF(%s > position, "
+                  "UTC_TIMESTAMP(6), moved_forward_at), moved_forward_by = IF(%s > position, "
+                  "%s, moved_forward_by), position = %s, changed_at = UTC_TIMESTAMP(6), "
+                  "changed_by = %s, pump_problem = '', pump_problem_at = NULL WHERE id = %s")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetTarget:
+    """Where to move a group: ``to_offset`` (the next offset it gets), ``to_time`` (the
+    first message published at or after it), or ``earliest`` / ``latest``."""
+
+    to_offset: int | None = None
+    to_time: dt.datetime | None = None
+    edge: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [self.to_offset is not None, self.to_time is not None, self.edge is not None]
+        if sum(given) != 1:
+            raise ValueError("Give exactly one of: an offset, a time, earliest or latest.")
+        if self.edge is not None and self.edge not in (EARLIEST, LATEST):
+            raise ValueError(f"Reset to 'earliest' or 'latest', not {self.edge!r}.")
+        if self.to_time is not None and self.to_time.tzinfo is None:
+            raise ValueError("A reset time needs a time zone (UTC if none is meant).")
+
+    def describe(self) -> str:
+        if self.to_offset is not None:
+            return f"offset {self.to_offset}"
+        if self.to_time is not None:
+            return f"time {self.to_time.isoformat()}"
+        return str(self.edge)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetResult:
+    topic: str
+    group: str
+    old_position: int
+    new_position: int
+    #: Waiting deliveries cancelled (their offsets come again from the new position).
+    cancelled: int
+    #: A reset to a time at or after which no message (with an offset) was published yet:
+    #: the group was set to the latest offset, and gets what is published from now on.
+    none_at_or_after_time: bool = False
+
+
+def _offsets_to(first: int, last: int) -> str:
+    """The offsets a reset may target, in words."""
+    if first > last:  # nothing kept
+        return f"to offset {last + 1} (only new messages)"
+    return f"to an offset from {first} to {last + 1} ({last + 1}: only new messages)"
+
+
+def _new_position(cursor: Any, topic: str, target: ResetTarget,
+                  names: dict[str, str]) -> tuple[int, bool]:
+    """The new position, and whether a time target found no message (the latest then)."""
+    # Under a shared lock: a retention batch deleting offsets this reset may target
+    # commits first (the reset then sees them gone) or waits for this one (and then
+    # sees the group's new position: see topic_retention.py).
+    first, last = kept_bounds(cursor, topic, locking=True) or (1, 0)
+    if target.edge == EARLIEST:
+        return first - 1, False
+    if target.edge == LATEST:
+        return last, False
+    if target.to_time is not None:
+        since = naive_utc(target.to_time)
+        cursor.execute(OFFSET_AT_TIME_SQL, [topic, since])
+        found = cursor.fetchone()
+        if found is None:
+            return last, True  # nothing published since: the group gets what comes next
+        lowest = int(found[0])
+        if found[1] is not None:  # (None: changed by hand; that message's offset, then)
+            cursor.execute(LOWEST_OFFSET_PUBLISHED_SQL, [topic, since, found[1]])
+            lowest = min(lowest, int(cursor.fetchone()[0] or lowest))
+        return max(lowest, first) - 1, False
+    offset = int(target.to_offset or 0)
+    earliest = (f"Reset to {names[EARLIEST]}, or {_offsets_to(first, last)}."
+                if first <= last else f"Reset {_offsets_to(first, last)}.")
+    if offset < 1:
+        deleted = ""
+        if first > 1:
+            kept = "the earliest kept" if first <= last else "none is kept"
+            deleted = f", and retention deleted the messages before offset {first} ({kept})"
+        raise TopicOffsetError(
+            f"Topic {topic!r} has no offset {offset}: offsets start at 1{deleted}. "
+            f"{earliest}")
+    if offset < first:
+        kept = "the earliest kept" if first <= last else "none is kept"
+        raise TopicOffsetError(
+            f"Topic {topic!r} no longer keeps offset {offset}: retention deleted the "
+            f"messages before offset {first} ({kept}). {earliest}")
+    if offset > last + 1:
+        raise TopicOffsetError(
+            f"Topic {topic!r} has no offset {offset} yet: its last offset is {last}. Reset "
+            f"{_offsets_to(first, last)}, or to {names[LATEST]}.")
+    return offset - 1, False
+
+
+def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
+                alias: str | None = None, *,
+                names: dict[str, str] | None = None) -> ResetResult:
+    """Move the group's position so that the next message it gets is ``target``'s; cancel
+    its waiting deliveries (see the module's note). Raises :class:`LookupError` for an
+    unknown group, :class:`TopicOffsetError` for an offset the topic doesn't keep (its
+    message names the other targets as ``names`` says: :data:`TARGET_NAMES` if None)."""
+    alias = alias or default_alias()
+    task_name = delivery_task_name(topic, group)
+    said = names or TARGET_NAMES
+    none_found = False
+    cancelling: list[int] = []  # how many waiting, once the cancel began
+    promoted: list[tuple[int, str]] = []
+
+    def body(cursor: Any) -> tuple[int, int, list[int]]:
+        nonlocal none_found
+        cancelling.clear()
+        cursor.execute(LOCK_GROUP_SQL, [topic, group])
+        row = cursor.fetchone()
+        if row is None:
+            raise LookupError(
+                f"Topic {topic!r} has no consumer group {group!r} (a group is created by "
+                "the first worker that runs its handler).")
+        group_id, old = int(row[0]), int(row[1])
+        new, none_found = _new_position(cursor, topic, target, said)
+        cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
+        waiting = [int(found[0]) for found in cursor.fetchall()]
+        who = operator.name[:200]
+        cursor.execute(MOVE_GROUP_SQL, [new, new, who, new, who, group_id])
+        cancelling.append(len(waiting))  # here: once it commits none is claimable any more
+        cancelled, promoted[:] = cancel_within(cursor, alias, waiting, operator,
+                                               note=RESET_NOTE, statuses=WAITING)
+        return old, new, cancelled
+
+    try:
+        old, new, cancelled = in_transaction(alias, body)
+    except DatabaseError as exc:
+        if not cancelling:
+            raise
+        text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its {cancelling[0]} "
+                f"waiting deliveries could not be cancelled ({one_line(str(exc))}), so its "
+                "position stays where it was. Run the same reset again.")
+        logger.error("%s", text)
+        raise ResetIncomplete(text) from exc
+    subjects.wake_promoted(alias, promoted)
+    logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
+                   "%d waiting deliveries cancelled.", group, topic, target.describe(),
+                   operator.name, old, new, len(cancelled))
+    return ResetResult(topic, group, old, new, len(cancelled), none_found)
