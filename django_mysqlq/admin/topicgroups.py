@@ -29,7 +29,7 @@ from .. import broker, ops, topicops
 from ..limits import row_id
 from ..models import TopicGroup
 from ..topicnames import delivery_task_name
-from . import actions
+from . import actions, databases
 from .databases import DatabaseMixin
 from .readonly import ReadOnlyAdminMixin
 from .topics import TopicFilter, can_view
@@ -168,7 +168,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         return {
             "state": found[0] if found else None,
             "can_operate": actions.allowed(request, CHANGE_GROUP),
-            "operate_url": reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk]),
+            "operate_url": reverse("admin:django_mysqlq_topicgroup_operate", args=[row.pk])
+            + databases.suffix(request),
             "dead_url": reverse("admin:django_mysqlq_deadmessage_changelist") + "?" + urlencode(
                 {"task": delivery_task_name(row.topic, row.group_name)}),
             "messages_url": reverse("admin:django_mysqlq_topicmessage_changelist") + "?"
@@ -183,13 +184,19 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         return row
 
     def operate(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """POST op=reset (to=offset|time|earliest|latest, value) or op=replay (first, last)."""
+        """POST op=reset (to=offset|time|earliest|latest, value) or op=replay (first, last),
+        with the page's database bound (``?database=``, else ``MYSQLQ['DATABASE']``): the
+        group's row is read and reset there, as the page showed it."""
+        return databases.within(request, lambda: self._operate(request, object_id))
+
+    def _operate(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not (self.has_view_permission(request) and actions.allowed(request, CHANGE_GROUP)):
             raise PermissionDenied
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         row = self._row(object_id)
-        back = reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk])
+        back = reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]) \
+            + databases.suffix(request)
         post = request.POST
         try:
             if post.get("op") == "replay":
