@@ -104,6 +104,54 @@ def test_the_lookup_form_s_blank_fields_are_no_lookup(root, orders) -> None:
     assert "offset=&amp;" not in page.content.decode()  # nor in its links
 
 
+def test_the_lookup_reads_a_naive_publish_time_as_utc_as_the_cli_does(root, orders,
+                                                                       settings) -> None:
+    """With TIME_ZONE = "Europe/Paris", ``published_at__gte=2026-11-24 08:00`` was 07:00
+    UTC (the changelist's reading) where ``queuetopic lookup --since 2026-11-24T08:00`` and
+    the group page's reset read 08:00 UTC: an hour apart. The lookup reads it as UTC now,
+    takes a duration ago too, and refuses anything else saying why."""
+    import datetime as dt
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_mysqlq.models import TopicMessage
+
+    settings.TIME_ZONE = "Europe/Paris"
+    base = dt.datetime(2026, 11, 24, 7, 0, tzinfo=dt.UTC)
+    for offset in range(1, 7):  # 07:15, 07:30, ... 08:30 UTC
+        TopicMessage.objects.filter(topic="orders", offset=offset).update(
+            published_at=base + dt.timedelta(minutes=15 * offset))
+
+    def offsets(**query: str) -> tuple[list[int], str]:
+        response = root.get(MESSAGES + "?" + urlencode({"topic": "orders", **query}),
+                            follow=True)
+        assert response.status_code == 200, response.redirect_chain
+        return [m.offset for m in response.context["cl"].result_list], \
+            response.content.decode()
+
+    out = StringIO()
+    call_command("queuetopic", "lookup", "--topic", "orders", "--since", "2026-11-24T08:00",
+                 "--json", stdout=out)
+    cli = sorted(m["offset"] for m in json.loads(out.getvalue())["messages"])
+    assert cli == [4, 5, 6]
+    assert offsets(published_at__gte="2026-11-24 08:00")[0] == cli
+    found, page = offsets(published_at__gte="2026-11-24T08:00",
+                          published_at__lt="2026-11-24 08:30")
+    assert found == [4, 5]
+    assert 'value="2026-11-24 08:00:00+00:00"' in page  # the form says what it read
+    # A time with its offset is that time (09:00 in Paris is 08:00 UTC).
+    assert offsets(published_at__gte="2026-11-24 09:00+01:00")[0] == cli
+    TopicMessage.objects.filter(topic="orders", offset=6).update(
+        published_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    assert offsets(published_at__gte="2h")[0] == [6]  # a duration ago, as the CLI's
+    assert offsets(published_at__lt="2h")[0] == [1, 2, 3, 4, 5]
+    found, page = offsets(published_at__gte="yesterday")
+    assert found == [6, 5, 4, 3, 2, 1]  # not applied, and said so
+    assert "Published from &#x27;yesterday&#x27; is not applied: expected a duration" in page
+
+
 def test_reset_and_replay_from_the_group_page(root, orders) -> None:
     row = TopicGroup.objects.get(group_name="billing")
     page = root.get(reverse("admin:django_mysqlq_topicgroup_change", args=[row.pk]))

@@ -4,16 +4,17 @@ groups handled it, when, on which worker, with which outcome (replays marked).""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .. import broker
+from .. import broker, ops
 from ..limits import row_id
 from ..models import TopicMessage, TopicState
 from . import payloads
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     _MessageBase = admin.ModelAdmin[TopicMessage]
 else:  # ModelAdmin is generic for the type checker only
     _TopicBase = _MessageBase = admin.ModelAdmin
+
+
+#: The lookup's publish-time fields and what the page calls them.
+TIME_FIELDS = {"published_at__gte": "Published from", "published_at__lt": "until"}
 
 
 def can_view(request: HttpRequest) -> bool:
@@ -94,7 +99,10 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Drop the form's blank fields before the changelist reads them as filters (here,
         not in the page, so a hand-written ``?offset=&key=k`` works too)."""
-        request.GET = without_blank(request.GET, self.lookup_fields)  # type: ignore[assignment]
+        params, refused = utc_times(without_blank(request.GET, self.lookup_fields))
+        for message in refused:
+            self.message_user(request, message, messages.ERROR)
+        request.GET = params  # type: ignore[assignment]
         return super().changelist_view(request, extra_context)
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
@@ -128,3 +136,24 @@ class TopicMessageAdmin(DatabaseMixin, ReadOnlyAdminMixin, _MessageBase):
             sequenced = {message.offset: message.sequenced_at}
             missing = broker.without_delivery(message.topic, sequenced, traces)[message.offset]
         return {"deliveries": deliveries, "no_delivery": missing}
+
+
+def utc_times(params: QueryDict) -> tuple[QueryDict, list[str]]:
+    """``params`` with its publish times read as ``queuetopic lookup --since`` reads them
+    (a duration ago, ``2h``, or an ISO time, UTC without an offset) and written with
+    their offset, ``+00:00``; and what was refused, each dropped from the lookup. The
+    changelist would read a naive time in ``TIME_ZONE``: an hour or more from the CLI's."""
+    if not any(name in params for name in TIME_FIELDS):
+        return params, []
+    kept, refused = params.copy(), []
+    for name, label in TIME_FIELDS.items():
+        if name not in params:
+            continue
+        value = str(params.get(name, "")).strip()
+        try:
+            kept[name] = ops.parse_since(value).astimezone(dt.UTC).isoformat(sep=" ")
+        except ValueError as exc:
+            kept.pop(name)
+            refused.append(f"{label} {value!r} is not applied: {exc}.")
+    kept._mutable = False
+    return kept, refused
