@@ -379,3 +379,20 @@ def test_a_consumer_group_queue_on_another_database_is_refused(settings: Any) ->
     assert "django_mysqlq.E012" in {e.id for e in run_checks()}
     settings.MYSQLQ = {**settings.MYSQLQ, "QUEUES": {QUEUE_B: {"DATABASE": B}}}
     assert "django_mysqlq.E012" not in {e.id for e in run_checks()}
+
+
+def test_the_search_reads_keys_on_the_page_s_database(root: Client) -> None:
+    """Which key a search term is (dedup, ordered subject, rate-limit) is decided on the
+    list's database: a key only B's messages have finds them on B's list."""
+    on_b = tasks.record.using(queue=QUEUE_B).enqueue("keyed on b").id
+    other = tasks.record.using(queue=QUEUE_B).enqueue("rated on b").id
+    same_id_on_default(on_b)
+    same_id_on_default(other)
+    mdb.query(B, "UPDATE mysqlq_message SET dedup_key='dedup-b', gate_key='subject-b' "
+              "WHERE id=%s", [on_b])
+    mdb.query(B, "UPDATE mysqlq_message SET rate_key='rate-b' WHERE id=%s", [other])
+    for term, wanted in (("dedup-b", on_b), ("subject-b", on_b), ("rate-b", other)):
+        response = root.get(f"{ADMIN}/message/?database={B}&q={term}")
+        assert response.status_code == 200
+        assert [m.pk for m in response.context["cl"].result_list] == [wanted], term
+        assert not root.get(f"{ADMIN}/message/?q={term}").context["cl"].result_list
