@@ -3,7 +3,8 @@
 ``drain()`` runs what waits in the real MySQL queue, in the test's own process and on its
 own connection, through the worker's code: the same claim, the same executor (signals,
 leak check, ``atomic=True``), the same ack, retry and dead-letter statements and history
-rows. Only the worker's threads, heartbeats and wake-ups are left out.
+rows, and the same pump for the consumer groups this process knows (``testing_topics``).
+Only the worker's threads, heartbeats, wake-ups and broadcast reader are left out.
 
 ``immediate()`` switches the test mode on (``MYSQLQ['IMMEDIATE']``) for a block, a test
 or a test class: enqueued tasks run in-process after the commit, with no queue table.
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.test.utils import override_settings
@@ -28,6 +29,9 @@ from .conf import get_settings
 from .exceptions import MessageDoesNotExist, QueueError, UnknownTask
 from .messages import ClaimedMessage, Runner
 from .signals import task_finished
+
+if TYPE_CHECKING:
+    from .testing_topics import GroupPumps
 
 #: Pause between two looks at the queue while ``wait_seconds`` waits for a retry.
 WAIT_STEP_SECONDS = 0.05
@@ -94,8 +98,15 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
           raise_errors: bool = True, wait_seconds: float = 0.0) -> DrainResult:
     """Run the queued messages in this process, one at a time, until none is ready.
 
+    Topic messages are delivered to this process's consumer groups as a worker does
+    (their rows made at their ``start`` before any offset is given, so a ``latest`` group
+    gets what had no offset yet; then pumped when nothing else is ready), and the
+    deliveries run like any message. Broadcast handlers are not run.
+
     ``queues``: a list of the queues to take from, in that order (default: every queue holding
-    messages); paused queues are left alone, as a worker leaves them. ``max_messages``:
+    messages, and every group's); a group is delivered to when its queue,
+    ``group:<group>``, is among them. Paused queues are left alone, as a worker leaves
+    them. ``max_messages``:
     stop after that many attempts. ``wait_seconds``: also wait for scheduled messages
     (retries, delays) that fall due within that many seconds, and run them; rate-limited
     messages run at their limit's pace, so draining several needs ``wait_seconds`` too.
@@ -128,6 +139,12 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
                 f"drain() runs the real queue, but the queue database {alias!r} is not "
                 "MySQL/MariaDB. On other databases use the test mode, MYSQLQ['IMMEDIATE'] "
                 "(django_mysqlq.testing.immediate()).")
+    from .testing_topics import GroupPumps
+
+    # The consumer groups to deliver to: their queues live on the topics' database.
+    pumps = GroupPumps(conf.DATABASE, queues) if conf.DATABASE in aliases else None
+    if pumps is not None and not pumps.specs:
+        pumps = None
     runner = Runner(worker_id=f"drain:{socket.gethostname()}:{os.getpid()}:"
                               f"{uuid.uuid4().hex[:8]}",
                     host=socket.gethostname(), pid=os.getpid(),
@@ -140,7 +157,8 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
             waiting = False
             for alias in aliases:
                 with routing.on_alias(alias):
-                    message, pending = _claim_one(alias, queues, runner, conf, deadline)
+                    message, pending = _claim_one(alias, queues, runner, conf, deadline,
+                                                  pumps if alias == conf.DATABASE else None)
                     if message is None:
                         waiting = waiting or pending
                         continue
@@ -165,25 +183,46 @@ def drain(queues: Sequence[str] | None = None, *, max_messages: int | None = Non
 
 
 def _claim_one(alias: str, queues: Sequence[str] | None, runner: Runner, conf: Any,
-               deadline: float) -> tuple[ClaimedMessage | None, bool]:
+               deadline: float, pumps: GroupPumps | None = None
+               ) -> tuple[ClaimedMessage | None, bool]:
     """One message of ``alias``'s queues (claimed for ``runner``), or None and whether a
-    scheduled one falls due before ``deadline`` (worth waiting for)."""
-    from . import broker, routing
+    scheduled one falls due before ``deadline`` (worth waiting for). With nothing to
+    claim, ``pumps`` turns the topics' messages into deliveries first, as a worker's
+    pump does, and the claim looks again."""
+    from . import broker
 
     broker.promote_due(alias=alias)
     paused = broker.paused_queues(alias)
-    names = [name for name in (queues if queues is not None else broker.queue_names())
-             if name not in paused and routing.alias_for_queue(name) == alias]
+    names = _names(alias, queues, paused)
+    claimed = _take(names, runner, conf, alias)
+    if not claimed and pumps is not None and pumps.pump():
+        names = _names(alias, queues, paused)  # (its queues may hold messages only now)
+        claimed = _take(names, runner, conf, alias)
+    if claimed:
+        return claimed[0], False
+    remaining = deadline - time.monotonic()
+    return None, bool(names) and remaining > 0 and broker.has_pending(names, remaining)
+
+
+def _names(alias: str, queues: Sequence[str] | None, paused: set[str]) -> list[str]:
+    """The queues to claim from on ``alias``: those asked for (default: every queue
+    holding messages), less the paused ones."""
+    from . import broker, routing
+
+    return [name for name in (queues if queues is not None else broker.queue_names())
+            if name not in paused and routing.alias_for_queue(name) == alias]
+
+
+def _take(names: list[str], runner: Runner, conf: Any, alias: str) -> list[ClaimedMessage]:
+    from . import broker
+
     if not names:
-        return None, False
+        return []
     claimed = broker.claim(names, 1, runner.worker_id, conf.LEASE_SECONDS, alias)
     if not claimed:  # rate-limited messages, at their keys' pace
         claimed = broker.claim_throttled(names, 1, runner.worker_id, conf.LEASE_SECONDS,
                                          alias)
-    if claimed:
-        return claimed[0], False
-    remaining = deadline - time.monotonic()
-    return None, remaining > 0 and broker.has_pending(names, remaining)
+    return claimed
 
 
 @contextmanager

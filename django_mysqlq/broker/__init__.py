@@ -198,6 +198,7 @@ from .topics import (
     publish,
     sequence,
     sequence_unread,
+    topic_exists,
     try_sequence,
 )
 from .unique import free_unique_keys, purge_unique_keys_batch
@@ -371,6 +372,7 @@ __all__ = [
     "stuck_messages",
     "sync_schedules",
     "topic_bounds",
+    "topic_exists",
     "topic_names",
     "topic_volumes",
     "trace",

@@ -229,6 +229,13 @@ def ensure_topic(topic: str, alias: str | None = None) -> None:
             cursor.execute(CREATE_TOPIC_SQL, [topic])
 
 
+def topic_exists(topic: str, alias: str | None = None) -> bool:
+    """Whether the topic has its row (a plain read: never waits for a lock on it)."""
+    with connection_for(alias or default_alias()).cursor() as cursor:
+        cursor.execute(TOPIC_EXISTS_SQL, [topic])
+        return cursor.fetchone() is not None
+
+
 def has_unsequenced(topic: str, alias: str | None = None, up_to_id: int | None = None
                     ) -> bool:
     """Whether committed messages of ``topic`` (up to the id ``up_to_id``) lack an offset

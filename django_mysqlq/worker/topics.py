@@ -107,7 +107,8 @@ class Claimer(Protocol):
         """The pump claimed ``messages`` of the ``reserved`` (or raised: ``[]``)."""
 
 
-def _spec(subscription: Subscription) -> broker.GroupSpec:
+def group_spec(subscription: Subscription) -> broker.GroupSpec:
+    """What the pump needs of a group subscription (its task's options)."""
     task = subscription.task
     assert task is not None and subscription.group is not None
     return broker.GroupSpec(
@@ -122,7 +123,7 @@ class TopicDuty:
     def __init__(self, queues: Sequence[str], stop: threading.Event,
                  settings: QueueSettings, keep: int = 0, broadcast: bool = True) -> None:
         served = [s for s in subscriptions.groups() if s.queue in set(queues)]
-        self.specs = [_spec(s) for s in served]
+        self.specs = [group_spec(s) for s in served]
         self.topics = sorted({spec.topic for spec in self.specs})
         self.settings = settings
         #: Deliveries a pump leaves to this worker's next claim (its claim batch) rather
