@@ -111,6 +111,8 @@ from .leader import resign as resign_recovery_lead
 from .leaks import (
     Mark,
     activity_marks,
+    close_broken_connections,
+    close_open_transactions,
     initialized_connections,
     transaction_left_open,
     unchanged_since,
@@ -271,7 +273,9 @@ __all__ = [
     "claim_throttled",
     "claims_held",
     "clear_pump_problem",
+    "close_broken_connections",
     "close_if_broken",
+    "close_open_transactions",
     "connection_identity",
     "connection_lost",
     "connection_session",

@@ -14,10 +14,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from django.db import OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .base import connection_for, error_code
+from .base import close_if_broken, connection_for, error_code, only_test_transactions
 
 #: Whether the session has a transaction open, and whether autocommit is on (MariaDB).
 SESSION_TRANSACTION_SQL = "SELECT @@in_transaction, @@autocommit"
@@ -143,3 +143,61 @@ def transaction_left_open(alias: str, via: str | None = None,
                 return True
             raise
     return False
+
+
+def close_open_transactions(marks: dict[str, Mark] | None = None) -> list[str]:
+    """Roll back what user code (a task, a broadcast handler) left open, so the next one on
+    this thread starts clean.
+
+    Code that enters ``transaction.atomic()`` without leaving it, turns autocommit off, or
+    sends ``START TRANSACTION`` / ``SET autocommit = 0`` through a raw cursor would
+    otherwise hold its locks and swallow the writes of everything later on the thread
+    (the broker's own statements included: a broadcast reader's locking read of a topic's
+    row would be held for good). Django can't see the raw cases, so the server is asked.
+    Closing the connection rolls its work back; forgetting the wrapper drops Django's
+    atomic state. Returns the aliases that had a transaction open. ``marks`` (taken
+    before the user code) spare the question on connections it sent nothing to.
+    """
+    left_open = []
+    for connection in initialized_connections():
+        if _left_open(connection, (marks or {}).get(connection.alias)):
+            left_open.append(connection.alias)
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - the connection is being thrown away anyway
+                pass
+            del connections[connection.alias]
+    return left_open
+
+
+def _left_open(connection: BaseDatabaseWrapper, mark: Mark | None) -> bool:
+    if connection.connection is None:
+        return False  # never connected, or closed: nothing can be open
+    if connection.in_atomic_block:
+        # Only a TestCase's own transactions (testing.drain() inside a test): they are
+        # not the user code's, and the server can't tell its raw one from them.
+        return not only_test_transactions(connection)
+    if not connection.autocommit:
+        return True
+    if connection.vendor != "mysql":
+        return False
+    raw = connection.connection
+    if unchanged_since(raw, mark):
+        # Sent nothing since the mark: no transaction; autocommit turned off by the
+        # driver's own call shows in the status of the server's last reply.
+        return not raw.get_autocommit()
+    try:
+        return transaction_left_open(connection.alias)
+    except DatabaseError:
+        # Can't ask: the connection is broken, and with it whatever was open.
+        close_if_broken(connection.alias)
+        return False
+
+
+def close_broken_connections() -> None:
+    """Close this thread's connections, to any database, that a failed statement left
+    unusable (the server restarted, the session was killed): the next use reconnects
+    instead of failing with "server has gone away" until the process restarts."""
+    for connection in initialized_connections():
+        if connection.connection is not None and connection.errors_occurred:
+            close_if_broken(connection.alias)

@@ -10,11 +10,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import InterfaceError, OperationalError, transaction
 
 from .. import awaiting, broker, payload, retries
-from ..broker.base import only_test_transactions
 from ..conf import get_settings
 from ..context import TaskContext
 from ..exceptions import PayloadDecodeError, TransactionLeftOpen, UnknownTask
@@ -49,54 +47,6 @@ def _describe(exc: BaseException, started_at: dt.datetime) -> AttemptResult:
         error_message=storable(message[:10_000]),
         traceback=storable(trace[-60_000:]),
     )
-
-
-def _close_open_transactions(marks: dict[str, broker.Mark] | None = None) -> list[str]:
-    """Roll back what a task left open, so the next task on this thread starts clean.
-
-    A task that enters ``transaction.atomic()`` without leaving it, turns autocommit off,
-    or sends ``START TRANSACTION`` / ``SET autocommit = 0`` through a raw cursor would
-    otherwise hold its locks and swallow the writes of every later task on the thread
-    (or, with ``ACK_BATCH_SIZE=1``, have them committed by the next ack). Django can't see
-    the raw cases, so the server is asked. Closing the connection rolls its work back;
-    forgetting the wrapper drops Django's atomic state. Returns the aliases that had a
-    transaction open. ``marks`` (taken before the task) spare the question on connections
-    the task sent nothing to.
-    """
-    left_open = []
-    for connection in broker.initialized_connections():
-        if _left_open(connection, (marks or {}).get(connection.alias)):
-            left_open.append(connection.alias)
-            try:
-                connection.close()
-            except Exception:  # noqa: BLE001 - the connection is being thrown away anyway
-                pass
-            del connections[connection.alias]
-    return left_open
-
-
-def _left_open(connection: BaseDatabaseWrapper, mark: broker.Mark | None) -> bool:
-    if connection.connection is None:
-        return False  # never connected, or closed: nothing can be open
-    if connection.in_atomic_block:
-        # Only a TestCase's own transactions (testing.drain() inside a test): they are
-        # not the task's, and the server can't tell a task's raw one from them.
-        return not only_test_transactions(connection)
-    if not connection.autocommit:
-        return True
-    if connection.vendor != "mysql":
-        return False
-    raw = connection.connection
-    if broker.unchanged_since(raw, mark):
-        # Sent nothing since the mark: no transaction; autocommit turned off by the
-        # driver's own call shows in the status of the server's last reply.
-        return not raw.get_autocommit()
-    try:
-        return broker.transaction_left_open(connection.alias)
-    except DatabaseError:
-        # Can't ask: the connection is broken, and with it whatever was open.
-        broker.close_if_broken(connection.alias)
-        return False
 
 
 def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -218,11 +168,11 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         line.stop_clock()
         # Settled inside the handler, so task_finished receivers see the exception as
         # sys.exc_info() (Django's own task logging prints the traceback from there).
-        _close_open_transactions(marks)
+        broker.close_open_transactions(marks)
         broker.close_if_broken()
         return _failed(task, scope, message, runner, exc, started_at, give_up, line)
     line.stop_clock()
-    left_open = _close_open_transactions(marks)
+    left_open = broker.close_open_transactions(marks)
     if left_open:
         # Its uncommitted writes (and an atomic task's ack) were just rolled back.
         try:

@@ -440,14 +440,32 @@ class BroadcastReader(threading.Thread):
         for listener in listeners:
             if self.stopping():
                 return
+            name = getattr(listener.handler, "__qualname__", listener.handler)
+            marks = broker.activity_marks()
             try:
                 awaiting.call(listener.handler, event)
             except BaseException:
                 # (BaseException: a handler's SystemExit, or an async one's CancelledError,
                 # would end the reader's thread, and the process would hear no more.)
-                logger.exception("Broadcast handler %s failed on %s@%d.",
-                                 getattr(listener.handler, "__qualname__", listener.handler),
-                                 topic, offset)
+                logger.exception("Broadcast handler %s failed on %s@%d.", name, topic, offset)
+            _clean_up_after(name, topic, offset, marks)
+
+
+def _clean_up_after(name: object, topic: str, offset: int,
+                    marks: dict[str, broker.Mark]) -> None:
+    """What a task thread does after each task, after each broadcast handler: a
+    transaction it left open (on any database) is rolled back and logged, and a
+    connection it left broken is closed. Left as it was, an open one on the topics'
+    database would hold the reader's next locking read of a topic's row (and its
+    stamps) uncommitted for the life of the process: no reader or member anywhere could
+    give that topic an offset again; a broken one would fail every later handler."""
+    left_open = broker.close_open_transactions(marks)
+    if left_open:
+        logger.error("Broadcast handler %s returned from %s@%d with a transaction still "
+                     "open on database(s) %s: its uncommitted writes were rolled back. "
+                     "Leave every transaction.atomic() block you enter and don't turn "
+                     "autocommit off.", name, topic, offset, ", ".join(left_open))
+    broker.close_broken_connections()
 
 
 def _skip_oversized(topic: str, row: broker.ReadMessage) -> None:
