@@ -1,6 +1,7 @@
 """What a broadcast handler does to its thread's connections stays with it, as a task's does:
-a transaction it leaves open is rolled back, a connection it leaves broken is closed. (The
-reader runs in-process here, on the test's connection, as in tests/test_broadcast_reader.py.)"""
+a transaction it leaves open is rolled back, a connection it leaves broken is closed, and it
+runs at the site's isolation level, not the broker's READ COMMITTED. (The reader runs
+in-process here, on the test's connection, as in tests/test_broadcast_reader.py.)"""
 
 from __future__ import annotations
 
@@ -157,3 +158,44 @@ def test_a_connection_a_handler_broke_on_another_database_is_dropped() -> None:
     assert reader.read_once() == 2
     assert seen[1] == "failed"
     assert isinstance(seen[2], int) and seen[2] != session
+
+
+def test_broadcast_handlers_run_at_the_site_s_isolation_level() -> None:
+    """The reader's thread made its session the broker's (READ COMMITTED), so a site at
+    REPEATABLE READ ran its broadcast handlers at READ COMMITTED while its tasks and
+    group handlers kept its level. Now they see the site's level; the reader's own
+    transactions (its sequencing) set READ COMMITTED for themselves, as the broker's do on
+    a task's connection (isolation.transaction_prelude)."""
+    result: list[Any] = []
+
+    def run() -> None:
+        default = connections["default"]
+        options = {**default.settings_dict["OPTIONS"], "isolation_level": "repeatable read"}
+        connections["default"] = type(default)({**default.settings_dict, "OPTIONS": options},
+                                               alias="default")
+        stop = threading.Event()
+        levels: list[str] = []
+
+        def level(event: TopicEvent) -> None:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT @@tx_isolation")
+                levels.append(str(cursor.fetchone()[0]))
+            stop.set()
+
+        try:
+            reader = reader_for("levelled", level, stop)
+            Topic("levelled").publish("x")
+            reader.run()  # (as the worker's thread does; the handler stops it)
+            result.append(levels)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    [levels] = result
+    assert levels == ["REPEATABLE-READ"]
+    assert committed_offsets("levelled") == [1]

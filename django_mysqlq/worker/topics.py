@@ -351,8 +351,11 @@ class BroadcastReader(threading.Thread):
         return not self.is_alive()
 
     def run(self) -> None:
-        bind_alias(get_settings().DATABASE)  # where topics live, whoever started it
-        broker.own_connection()
+        # Where topics live, whoever started it. The session is not made the broker's
+        # (READ COMMITTED, broker.own_connection): the handlers run on it at the site's
+        # level, as tasks do; the broker's transactions here set their level for
+        # themselves (isolation.transaction_prelude).
+        bind_alias(get_settings().DATABASE)
         while not self.stopping():
             if not self.read_once():
                 self.stop_event.wait(self.poll)
