@@ -322,6 +322,18 @@ def in_transaction(alias: str, body: Callable[[Any], T]) -> T:
     return with_lock_retry(alias, explicit)
 
 
+def all_or_none(alias: str, statements: int, body: Callable[[], T]) -> T:
+    """``body()``, which sends ``statements`` writes to ``alias`` (a long multi-row insert
+    split to fit the packet): in one transaction of its own when there are several and
+    the caller has none. In autocommit each would commit on its own, and one failing
+    after the first would leave those before it written (and delivered) while the call
+    raised. Inside the caller's transaction, it is left to that transaction."""
+    connection = connection_for(alias)
+    if statements < 2 or connection.in_atomic_block or not connection.get_autocommit():
+        return body()
+    return in_transaction(alias, lambda _cursor: body())
+
+
 
 def rows_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
     """A derived table of parameter rows, ``(SELECT %s AS a, %s AS b UNION ALL …)``, and

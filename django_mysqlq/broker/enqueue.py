@@ -20,6 +20,7 @@ from ..signals import message_enqueued
 from .base import (
     DEADLOCK,
     MESSAGE_TABLE,
+    all_or_none,
     connection_for,
     error_code,
     in_transaction,
@@ -183,30 +184,38 @@ def _insert_one(alias: str, message: NewMessage, statuses: Statuses = None) -> i
 
 
 def _insert_many(alias: str, messages: Sequence[NewMessage], statuses: Statuses = None,
-                 sizes: Sequence[int] | None = None) -> list[int]:
+                 sizes: Sequence[int] | None = None, whole: bool = False) -> list[int]:
+    """Insert in as few statements as fit. ``whole``: the caller has no transaction of
+    the broker's open (Django may not know of one: the explicit ones of ``in_transaction``),
+    so several statements go in one transaction of their own unless the user's
+    (:func:`all_or_none`)."""
     connection = connection_for(alias)
     if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
         # MySQL has no INSERT … RETURNING: insert one by one to learn every id.
-        return [_insert_one(alias, message, None if statuses is None else [statuses[i]])
-                for i, message in enumerate(messages)]
+        return all_or_none(alias, len(messages) if whole else 1, lambda: [
+            _insert_one(alias, message, None if statuses is None else [statuses[i]])
+            for i, message in enumerate(messages)])
     columns = extra_columns(messages)
     sql = with_extras(INSERT_RETURNING_SQL if statuses is None
                       else GATED_INSERT_RETURNING_SQL, columns)
-    ids: list[int] = []
-    with connection.cursor() as cursor:
-        for chunk in _chunks(list(range(len(messages))), messages, statement_room(alias),
-                             sizes):
-            params: list[Any] = []
-            rows: list[str] = []
-            for index in chunk:
-                row, row_params = _extended_row(
-                    messages[index], *_row_for(messages[index], statuses, index), columns)
-                rows.append(row)
-                params.extend(row_params)
-            values = ", ".join(rows)
-            execute_escaped(cursor, sql.format(rows=values), params)
-            ids.extend(int(row[0]) for row in cursor.fetchall())
-    return ids
+    chunks = _chunks(list(range(len(messages))), messages, statement_room(alias), sizes)
+
+    def insert() -> list[int]:
+        ids: list[int] = []
+        with connection.cursor() as cursor:
+            for chunk in chunks:
+                params: list[Any] = []
+                rows: list[str] = []
+                for index in chunk:
+                    row, row_params = _extended_row(
+                        messages[index], *_row_for(messages[index], statuses, index), columns)
+                    rows.append(row)
+                    params.extend(row_params)
+                execute_escaped(cursor, sql.format(rows=", ".join(rows)), params)
+                ids.extend(int(row[0]) for row in cursor.fetchall())
+        return ids
+
+    return all_or_none(alias, len(chunks) if whole else 1, insert)
 
 
 def sent_size(message: NewMessage) -> int:
@@ -453,7 +462,7 @@ def _insert_on(alias: str, messages: Sequence[NewMessage]
     elif len(messages) == 1:
         ids = new_ids = [_insert_one(alias, messages[0])]
     else:
-        ids = new_ids = _insert_many(alias, messages)
+        ids = new_ids = _insert_many(alias, messages, whole=True)
     return ids, new_ids, queues
 
 

@@ -40,6 +40,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from ..conf import get_settings
 from ..signals import topic_published
 from .base import (
+    all_or_none,
     aware_utc,
     connection_for,
     connection_lost,
@@ -133,9 +134,10 @@ _group_queues: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
 
 def publish(topic: str, rows: Sequence[tuple[str | None, str]],
             wake_queues: Sequence[str] = ()) -> int:
-    """Insert ``(key, payload JSON)`` rows in the caller's transaction (if any); return
-    the id of the first row. After commit, wake the workers of ``wake_queues`` (the
-    groups this process knows subscribe to the topic) and send ``topic_published``."""
+    """Insert ``(key, payload JSON)`` rows in the caller's transaction (if any; else in one
+    of their own when they take several statements); return the id of the first row.
+    After commit, wake the workers of ``wake_queues`` (the groups this process knows
+    subscribe to the topic) and send ``topic_published``."""
     if not rows:
         return 0
     # Topics live on MYSQLQ["DATABASE"] only (their pumps and broadcast readers read
@@ -145,15 +147,21 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
     sizes = [escaped_size(payload) + 4 * len(key or "") + PUBLISH_ROW_BYTES
              for key, payload in rows]
     _check_packet(topic, [escaped_size(payload) for _, payload in rows], alias)
-    first = 0
-    with connection_for(alias).cursor() as cursor:
-        for chunk in split_by_size(list(rows), sizes, statement_room(alias), PUBLISH_CHUNK):
-            params: list[Any] = []
-            for key, payload in chunk:
-                params.extend((topic, key, payload))
-            cursor.execute(PUBLISH_SQL.format(rows=", ".join([_PUBLISH_ROW] * len(chunk))),
-                           params)
-            first = first or int(cursor.lastrowid)
+    chunks = split_by_size(list(rows), sizes, statement_room(alias), PUBLISH_CHUNK)
+
+    def insert() -> int:
+        first = 0
+        with connection_for(alias).cursor() as cursor:
+            for chunk in chunks:
+                params: list[Any] = []
+                for key, payload in chunk:
+                    params.extend((topic, key, payload))
+                cursor.execute(PUBLISH_SQL.format(rows=", ".join([_PUBLISH_ROW] * len(chunk))),
+                               params)
+                first = first or int(cursor.lastrowid)
+        return first
+
+    first = all_or_none(alias, len(chunks), insert)  # (several INSERTs: all, or none)
     count = len(rows)
     transaction.on_commit(lambda: _after_publish(topic, count, wake_queues, alias),
                           using=alias)

