@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from . import limits, payload, retries
 from .conf import get_settings
 from .exceptions import InvalidTaskOptions
@@ -267,6 +269,16 @@ class Topic:
                 "one key (or None) per payload.")
         self._publish(list(zip(key_list, texts, strict=True)))
         return len(texts)
+
+    async def apublish(self, value: Any, *, key: str | int | None = None) -> int:
+        """:meth:`publish` from async code (through ``sync_to_async``): it commits at once
+        unless it runs inside a transaction, as ``aenqueue`` does."""
+        return await sync_to_async(self.publish)(value, key=key)
+
+    async def apublish_many(self, values: Iterable[Any], *,
+                            keys: Iterable[str | int | None] | None = None) -> int:
+        """:meth:`publish_many` from async code (through ``sync_to_async``)."""
+        return await sync_to_async(self.publish_many)(values, keys=keys)
 
     def _publish(self, rows: list[tuple[str | None, str]]) -> int:
         """Write checked rows, or, in the test mode (``MYSQLQ['IMMEDIATE']``), run them

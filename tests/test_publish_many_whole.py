@@ -57,3 +57,23 @@ def test_enqueue_many_whose_second_statement_fails_writes_none_of_them(monkeypat
     assert not Message.objects.exists()
     assert len(tasks.record.enqueue_many([("a",), ("b",), ("c",)])) == 3
     assert Message.objects.count() == 3
+
+
+def test_apublish_and_apublish_many_from_async_code() -> None:
+    from asgiref.sync import async_to_sync
+
+    from django_mysqlq import Topic
+
+    orders = Topic("async-orders")
+
+    async def scenario() -> tuple[int, int]:
+        first = await orders.apublish({"id": 1}, key="c1")
+        count = await orders.apublish_many([{"id": 2}, {"id": 3}], keys=["c1", 7])
+        return first, count
+
+    first, count = async_to_sync(scenario)()
+    rows = list(TopicMessage.objects.filter(topic="async-orders").order_by("id")
+                .values_list("id", "key", "payload"))
+    assert count == 2 and rows[0][0] == first
+    assert [(key, text) for _, key, text in rows] == [
+        ("c1", '{"id":1}'), ("c1", '{"id":2}'), ("7", '{"id":3}')]
