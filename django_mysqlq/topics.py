@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -261,12 +262,15 @@ class Topic:
             None if keys is None else _many_problem("keys", keys)))
         limit = get_settings().MAX_PAYLOAD_BYTES
         texts = [payload.encode_published(self.name, value, limit) for value in values]
-        key_list = [None] * len(texts) if keys is None else [
-            _key(self.name, key) for key in keys]
-        if len(key_list) != len(texts):
+        # (One key past the values at most: an endless iterable must not hang the call.)
+        given = [None] * len(texts) if keys is None else list(
+            itertools.islice(keys, len(texts) + 1))
+        if len(given) != len(texts):
+            counted = len(given) if len(given) < len(texts) else f"more than {len(texts)}"
             raise InvalidTaskOptions(
-                f"publish_many() got {len(texts)} payloads but {len(key_list)} keys: give "
+                f"publish_many() got {len(texts)} payloads but {counted} keys: give "
                 "one key (or None) per payload.")
+        key_list = [_key(self.name, key) for key in given]
         self._publish(list(zip(key_list, texts, strict=True)))
         return len(texts)
 

@@ -77,3 +77,21 @@ def test_apublish_and_apublish_many_from_async_code() -> None:
     assert count == 2 and rows[0][0] == first
     assert [(key, text) for _, key, text in rows] == [
         ("c1", '{"id":1}'), ("c1", '{"id":2}'), ("7", '{"id":3}')]
+
+
+def test_publish_many_refuses_an_endless_keys_iterable() -> None:
+    """The keys were all read before their count was compared with the values': an
+    endless iterable (itertools.count()) hung the call, taking memory as it went."""
+    import itertools
+
+    from django_mysqlq import Topic
+    from django_mysqlq.exceptions import InvalidTaskOptions
+
+    with pytest.raises(InvalidTaskOptions, match="2 payloads but more than 2 keys"):
+        Topic("keyed").publish_many([1, 2], keys=itertools.count())
+    with pytest.raises(InvalidTaskOptions, match="2 payloads but more than 2 keys"):
+        Topic("keyed").publish_many([1, 2], keys=iter(["a", "b", "c"]))
+    with pytest.raises(InvalidTaskOptions, match="3 payloads but 2 keys"):
+        Topic("keyed").publish_many([1, 2, 3], keys=(k for k in ["a", "b"]))
+    assert not TopicMessage.objects.filter(topic="keyed").exists()
+    assert Topic("keyed").publish_many([1, 2], keys=iter(["a", 7])) == 2
