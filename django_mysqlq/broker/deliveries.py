@@ -79,11 +79,20 @@ _BLOCKED = _COUNTED.format(statuses="= 'blocked'")
 _NONE_READY = (f"NOT EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
                " WHERE queue = %s AND status = 'ready')")
 
-#: Create a group where it has no row yet: latest starts after the last offset given
-#: out, earliest before the first one kept (the parameter: ``kept.kept_bounds``, never
-#: past the last offset); a group whose row was deleted while it had deliveries (their
-#: links are kept) goes on after the last of them.
+#: Create a group where it has no row yet, at its start: latest starts after the last
+#: offset given out, earliest before the first one kept (the parameter:
+#: ``kept.kept_bounds``, never past the last offset). Links of an older group of that name
+#: (its row deleted by hand, as an abandoned group's was) are not read: a group
+#: subscribed again starts where its ``start`` says.
 CREATE_GROUP_SQL = (
+    f"INSERT IGNORE INTO {GROUP_TABLE} (topic, group_name, queue, start, position, "
+    f"created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT IF(%s = 'earliest', "
+    f"%s, last_offset) FROM {TOPIC_TABLE} WHERE name = %s), 0), UTC_TIMESTAMP(6), ''"
+)
+#: Make the row again of a group whose row was deleted while its members ran (a member's
+#: pump found none: ``_missing``): it goes on after the last of its deliveries (their
+#: links are kept), or at its start if it had none.
+RESUME_GROUP_SQL = (
     f"INSERT IGNORE INTO {GROUP_TABLE} (topic, group_name, queue, start, position, "
     f"created_at, changed_by) SELECT %s, %s, %s, %s, COALESCE((SELECT MAX(msg_offset) FROM "
     f"{DELIVERY_TABLE} WHERE topic = %s AND group_name = %s), (SELECT IF(%s = 'earliest', "
@@ -157,19 +166,29 @@ class GroupSpec:
     start: str = "latest"
 
 
-def create_group(spec: GroupSpec, alias: str | None = None) -> bool:
+def create_group(spec: GroupSpec, alias: str | None = None, *, resume: bool = False) -> bool:
     """Give the group a row (and its position) unless it has one; return whether it made
     one. A row that exists is only read (``INSERT IGNORE`` would wait for a lock a
-    stranger holds on it: a worker's start must not)."""
+    stranger holds on it: a worker's start must not).
+
+    The position is the group's start; with ``resume`` (a running member whose group's
+    row was deleted under it), after the group's last delivery if it has one. Without it
+    the links of an older group of that name are not read: they were a retired group's,
+    and a group subscribed again under its name took them over (``latest`` handled every
+    kept message since that group's last delivery, ``earliest`` skipped those before)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(GROUP_EXISTS_SQL, [spec.topic, spec.group])
         if cursor.fetchone() is not None:
             return False
         bounds = kept_bounds(cursor, spec.topic) if spec.start == EARLIEST else None
         earliest = bounds[0] - 1 if bounds is not None else 0
-        cursor.execute(CREATE_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
-                                          spec.topic, spec.group, spec.start, earliest,
-                                          spec.topic])
+        if resume:
+            cursor.execute(RESUME_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
+                                              spec.topic, spec.group, spec.start, earliest,
+                                              spec.topic])
+        else:
+            cursor.execute(CREATE_GROUP_SQL, [spec.topic, spec.group, spec.queue, spec.start,
+                                              spec.start, earliest, spec.topic])
         return int(cursor.rowcount) == 1
 
 
@@ -345,7 +364,7 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
 def _missing(spec: GroupSpec, alias: str) -> Pumped:
     """The look found no row of the group (or of its topic): a member makes the group's
     again (its row deleted by hand while it runs), after its last delivery."""
-    if not create_group(spec, alias):
+    if not create_group(spec, alias, resume=True):
         return Pumped(0, False)  # (its topic has no row: a sequencing round makes it)
     logger.warning(
         "Group %r of topic %r had no row in %s (deleted while its members ran?): made it "
