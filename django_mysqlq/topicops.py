@@ -1,7 +1,8 @@
 """Operator operations on topics, shared by ``manage.py queuetopic`` and the admin.
 
 Reset and replay change a group (through the broker, recorded on the group's row as
-``changed_at``/``changed_by`` and logged); lookups and traces are reads.
+``changed_at``/``changed_by`` and logged), drop retires one (logged); lookups and traces
+are reads.
 """
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ def reset(topic: str, group: str, target: broker.ResetTarget, who: Operator,
     """Reset the group; a refusal names the other targets as ``names`` says (the
     admin's words by default, ``broker.topic_ops.CLI_NAMES`` for the command)."""
     return broker.reset_group(topic, group, target, who, names=names)
+
+
+def drop(topic: str, group: str, who: Operator) -> broker.DropResult:
+    """Retire the group: its waiting and dead deliveries cancelled, its links and row
+    deleted (running ones finish)."""
+    return broker.drop_group(topic, group, who)
+
+
+def drop_summary(done: broker.DropResult) -> str:
+    """What a drop did, said by the command."""
+    running = (f"; {done.running} running deliveries left to finish (one that fails "
+               "afterwards waits for a retry with no handler: cancel it)"
+               if done.running else "; none was running")
+    return (f"Dropped group {done.group!r} of topic {done.topic!r} (position "
+            f"{done.position}): {done.cancelled_waiting} waiting deliveries cancelled, "
+            f"{done.cancelled_dead} dead deliveries cancelled, {done.links_deleted} delivery "
+            f"links deleted{running}. A worker still running its subscription makes the "
+            "group again at its start: remove the subscription from the code and deploy "
+            "first.")
 
 
 def reset_summary(done: broker.ResetResult, target: broker.ResetTarget) -> str:

@@ -5,13 +5,19 @@ and acks are called the way a worker calls them)."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from django_mysqlq import broker
-from django_mysqlq.models import TopicDelivery, TopicGroup
-from tests.topic_ops_support import forget_before, group, handle, publish, spec
+from django_mysqlq.messages import AttemptResult
+from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup
+from tests.operator_support import RUNNER
+from tests.topic_ops_support import claim, forget_before, group, handle, publish, spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,3 +58,112 @@ def test_a_row_deleted_while_its_members_run_is_still_made_again_after_its_last_
         assert broker.pump_group(member, batch=10, window=10, recreate=True).made == 0
     assert broker.position("events", "billing") == 6
     assert "made it again at position 6" in caplog.text
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("queuetopic", *args, stdout=out)
+    return out.getvalue()
+
+
+def statuses(queue: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for status in Message.objects.filter(queue=queue).values_list("status", flat=True):
+        found[status] = found.get(status, 0) + 1
+    return found
+
+
+def test_drop_cancels_waiting_and_dead_deliveries_deletes_links_and_row_leaves_running(
+        ) -> None:
+    billing = group("orders", "billing")
+    audit = group("orders", "audit")
+    publish("orders", 6)
+    publish("orders", 3, key="k", start=6)
+    assert broker.pump(billing, batch=100, window=100) == 9
+    assert broker.pump(audit, batch=100, window=100) == 9
+    handle(billing, 1)  # offset 1 handled
+    handle(billing, 1, fail=True)  # offset 2 dead
+    [retried] = claim(billing, 1)  # offset 3 fails, its retry scheduled
+    broker.fail(retried, RUNNER, AttemptResult(
+        started_at=broker.database_now(), error_class="RuntimeError",
+        error_message="try again", traceback="..."), retry=True, retry_in=3600)
+    [running] = claim(billing, 1)  # offset 4 running
+    assert statuses(billing.queue) == {"ready": 3, "scheduled": 1, "blocked": 2, "dead": 1,
+                                       "claimed": 1}
+    out = run("drop", "billing", "--topic", "orders")
+    assert ("Dropped group 'billing' of topic 'orders' (position 9): 6 waiting deliveries "
+            "cancelled, 1 dead deliveries cancelled, 9 delivery links deleted; 1 running "
+            "deliveries left to finish") in out
+    assert not TopicGroup.objects.filter(topic="orders", group_name="billing").exists()
+    assert not TopicDelivery.objects.filter(topic="orders", group_name="billing").exists()
+    assert statuses(billing.queue) == {"claimed": 1}
+    assert Attempt.objects.filter(task_name=billing.task_name, outcome="cancelled",
+                                  error_message="topic group dropped").count() == 7
+    assert [g.group for g in broker.groups("orders")] == ["audit"]  # retention: audit only
+    assert TopicDelivery.objects.filter(topic="orders", group_name="audit").count() == 9
+    assert statuses(audit.queue) == {"ready": 7, "blocked": 2}
+    # The running delivery finishes: its ack needs no link and no group row.
+    broker.ack(running, RUNNER, AttemptResult(started_at=broker.database_now()))
+    assert not Message.objects.filter(queue=billing.queue).exists()
+    assert Attempt.objects.filter(message_id=running.id, outcome="succeeded").exists()
+
+
+def test_drop_refuses_an_unknown_group_and_a_group_dropped_already() -> None:
+    group("orders", "billing")
+    with pytest.raises(CommandError, match="Topic 'orders' has no consumer group 'nobody'"):
+        run("drop", "nobody", "--topic", "orders")
+    with pytest.raises(CommandError, match="has no consumer group 'billing'"):
+        run("drop", "billing", "--topic", "elsewhere")
+    assert json.loads(run("drop", "billing", "--topic", "orders", "--json")) == {
+        "topic": "orders", "group": "billing", "position": 0, "cancelled_waiting": 0,
+        "cancelled_dead": 0, "links_deleted": 0, "running": 0}
+    with pytest.raises(CommandError, match="no consumer group 'billing'"):
+        run("drop", "billing", "--topic", "orders")
+
+
+def dropped(topic: str, name: str) -> None:
+    """:func:`abandoned_by_hand`, but retired with ``queuetopic drop``."""
+    old = group(topic, name)
+    publish(topic, 6)
+    assert broker.pump(old, batch=10, window=100) == 6
+    handle(old, 6)
+    publish(topic, 4, start=6)
+    forget_before(topic, 3)
+    TopicDelivery.objects.filter(topic=topic, offset__lt=3).delete()
+    done = json.loads(run("drop", name, "--topic", topic, "--json"))
+    assert (done["position"], done["links_deleted"]) == (6, 4)
+
+
+@pytest.mark.parametrize(("start", "position", "offsets"),
+                         [("latest", 10, []), ("earliest", 2, [3, 4, 5, 6, 7, 8, 9, 10])])
+def test_a_group_subscribed_again_after_a_drop_starts_at_its_start(
+        start: str, position: int, offsets: list[int]) -> None:
+    dropped("events", "billing")
+    again = spec("events", "billing", start=start)
+    assert broker.create_group(again) is True
+    assert broker.position("events", "billing") == position
+    broker.pump(again, batch=100, window=100)
+    assert sorted(TopicDelivery.objects.filter(topic="events", group_name="billing")
+                  .values_list("offset", flat=True)) == offsets
+
+
+def test_a_member_still_running_a_dropped_group_makes_it_again_at_its_start(caplog) -> None:
+    """Not after the dropped group's last delivery (offset 6): a hand delete keeps the
+    links, and a running member goes on from them (see above)."""
+    dropped("events", "billing")
+    member = spec("events", "billing", start="latest")
+    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
+        assert broker.pump_group(member, batch=10, window=10, recreate=True).made == 0
+    assert broker.position("events", "billing") == 10
+    assert "made it again at position 10" in caplog.text
+
+
+def test_drop_of_a_hold_group_cancels_the_dead_head_and_the_deliveries_it_held() -> None:
+    held = group("orders", "billing", on_dead="hold")
+    publish("orders", 3, key="k")
+    assert broker.pump(held, batch=100, window=100) == 3
+    handle(held, 1, fail=True)  # the key's first dies and holds the other two
+    assert statuses(held.queue) == {"dead": 1, "blocked": 2}
+    out = run("drop", "billing", "--topic", "orders")
+    assert "2 waiting deliveries cancelled, 1 dead deliveries cancelled" in out
+    assert not Message.objects.filter(queue=held.queue).exists()  # none promoted

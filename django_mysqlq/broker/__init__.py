@@ -37,6 +37,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``topics``     topics: publish, and the sequencer that gives committed rows their offsets
 ``topic_ops``  topics for operators: positions and lag
 ``topic_reset`` topics for operators: reset a group's position
+``topic_drop`` topics for operators: retire (drop) a group
 ``topic_lookup``  topics for operators: lookup and trace
 ``topic_replay`` replay a range of a topic into one group
 ``topic_retention`` deletes a topic's oldest messages in short batches
@@ -185,6 +186,7 @@ from .settle import (
     retry_delay,
 )
 from .subjects import GateRef
+from .topic_drop import DropIncomplete, DropResult, drop_group
 from .topic_lookup import Lookup, NoDelivery, lookup, trace, without_delivery
 from .topic_ops import GroupState, TopicOffsetError, groups, topic_bounds
 from .topic_overview import Overran, TopicVolume, overran_deliveries, topic_volumes
@@ -227,6 +229,8 @@ __all__ = [
     "ClaimedMessage",
     "DeclaredSchedule",
     "Deferral",
+    "DropIncomplete",
+    "DropResult",
     "Fired",
     "GateRef",
     "GroupSpec",
@@ -290,6 +294,7 @@ __all__ = [
     "defer",
     "deregister_worker",
     "describe_unserved",
+    "drop_group",
     "enqueue",
     "ensure_topic",
     "ensure_usable",

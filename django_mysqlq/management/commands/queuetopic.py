@@ -1,4 +1,5 @@
-"""``manage.py queuetopic``: consumer groups' positions and lag; reset, replay, lookup."""
+"""``manage.py queuetopic``: consumer groups' positions and lag; reset, replay, lookup,
+drop."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def _more(found: broker.Lookup, options: dict[str, Any]) -> tuple[str, dict[str,
 class Command(cli.SaysDatabaseErrors):
     help = ("Topics' consumer groups: 'groups' (position, lag, oldest unhandled, dead "
             "letter), 'reset' a group's position, 'replay' a range into one group, "
-            "'lookup' messages by offset, key or time with their trace.")
+            "'lookup' messages by offset, key or time with their trace, 'drop' a retired "
+            "group.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         cli.explain_dashed_durations(parser)
@@ -107,6 +109,12 @@ class Command(cli.SaysDatabaseErrors):
         replay.add_argument("--group", required=True)
         replay.add_argument("--from-offset", type=int, required=True)
         replay.add_argument("--to-offset", type=int, required=True)
+        drop = sub.add_parser("drop", help="Retire a group whose subscription was removed "
+                              "from the code: its waiting and dead deliveries are cancelled, "
+                              "its delivery links and row deleted (running ones finish).")
+        drop.add_argument("group")
+        drop.add_argument("--topic", required=True)
+        drop.add_argument("--json", action="store_true")
         lookup = sub.add_parser("lookup", help="Messages by offset, key or time, traced.")
         lookup.add_argument("--topic", required=True)
         lookup.add_argument("--offset", type=int, default=None)
@@ -170,6 +178,13 @@ class Command(cli.SaysDatabaseErrors):
         shortfall = topicops.replay_shortfall(done)
         if shortfall:
             self.stdout.write(f"WARNING: {shortfall}")
+
+    def do_drop(self, options: dict[str, Any]) -> None:
+        done = topicops.drop(options["topic"], options["group"], ops.cli_operator())
+        if options["json"]:
+            self.stdout.write(json.dumps(done.as_json()))
+        else:
+            self.stdout.write(topicops.drop_summary(done))
 
     def do_lookup(self, options: dict[str, Any]) -> None:
         since = ops.parse_since(options["since"]) if options["since"] is not None else None
