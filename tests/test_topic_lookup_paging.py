@@ -75,11 +75,52 @@ def test_a_key_with_a_time_range(keyed) -> None:
 def test_a_time_ranges_later_messages_are_reached_from_the_last_shown(keyed) -> None:
     text = run("--since", "1h", "--limit", "10")
     data = json.loads(run("--since", "1h", "--limit", "10", "--json"))
-    since = data["next"]["since"]
-    assert data["truncated"] and since == data["messages"][-1]["published_at"]
-    assert f"For the later ones, run the same lookup with --since {since}" in text
-    later = offsets("--since", since)
-    assert later[-1] == 14 and 10 in later  # the last shown comes again, then the rest
+    last = data["messages"][-1]
+    assert data["truncated"] and data["next"] == {"since": last["published_at"],
+                                                  "after_id": last["id"]}
+    assert (f"For the later ones, run the same lookup with --since {last['published_at']} "
+            f"--after-id {last['id']}") in text
+    later = offsets("--since", last["published_at"], "--after-id", str(last["id"]))
+    assert later == [11, 12, 13, 14]  # after the last shown, none again
+
+
+def follow(*args: str, pages: int = 40) -> list[int]:
+    """The offsets of every page, from the first lookup following ``next`` till it is
+    absent (at most ``pages`` pages: a ``next`` that doesn't move on would loop)."""
+    seen: list[int] = []
+    extra: list[str] = []
+    for _ in range(pages):
+        data = json.loads(run(*args, *extra, "--json"))
+        seen += [m["offset"] for m in data["messages"]]
+        if data["next"] is None:
+            return seen
+        extra = [item for name, value in data["next"].items()
+                 for item in (f"--{name.replace('_', '-')}", str(value))]
+    raise AssertionError(f"next still given after {pages} pages: {len(seen)} offsets seen, "
+                         f"{len(set(seen))} of them different")
+
+
+def test_a_time_ranges_pages_visit_messages_of_one_instant_once_each() -> None:
+    """publish_many() gives its rows one publish time: a next page from the last shown's
+    time (--since T) showed the same first 100 again, and `next` looped forever; the
+    messages past them were out of reach. Paged on (time, id), each comes once."""
+    before = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
+    Topic("orders").publish_many([{"n": i} for i in range(150)])
+    broker.sequence("orders")
+    assert TopicMessage.objects.filter(topic="orders").values("published_at").distinct(
+        ).count() == 1
+    assert sorted(follow("--since", before)) == list(range(1, 151))
+    assert sorted(follow("--since", before, "--limit", "7")) == list(range(1, 151))
+    until = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)).isoformat()
+    assert sorted(follow("--since", before, "--until", until, "--limit", "60")) == list(
+        range(1, 151))
+
+
+def test_after_id_needs_a_time_range_from_since(keyed) -> None:
+    with pytest.raises(CommandError, match="--after-id pages through a time range"):
+        run("--until", "1h", "--after-id", "5")
+    with pytest.raises(CommandError, match="--after-id pages through a time range"):
+        run("--key", KEY, "--since", "1h", "--after-id", "5")
 
 
 def test_before_offset_needs_a_key_and_a_lower_bound_above_1(keyed) -> None:

@@ -50,6 +50,14 @@ BY_TIME_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDE
                "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
                "AND published_at < %s AND msg_offset IS NOT NULL "
                "ORDER BY published_at, id LIMIT %s")
+#: The same after one message (``--since T --after-id ID``: the next page): those published
+#: at T with a larger id, then the later ones. Paging on the publish time alone repeated
+#: every message of an instant (a publish_many() gives up to 1,000 rows one time).
+BY_TIME_AFTER_SQL = (f"SELECT {_MESSAGE_COLUMNS} FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX "
+                     "(mysqlq_tmsg_published) WHERE topic = %s AND published_at >= %s "
+                     "AND published_at < %s AND msg_offset IS NOT NULL "
+                     "AND (published_at > %s OR id > %s) "
+                     "ORDER BY published_at, id LIMIT %s")
 TRACE_DELIVERIES_SQL = f"""
 SELECT message_id, group_name, msg_offset, created_at, replay FROM {DELIVERY_TABLE}
  WHERE topic = %s AND msg_offset IN ({{offsets}}) ORDER BY msg_offset, group_name, message_id
@@ -108,11 +116,13 @@ def _rows(cursor: Any) -> list[TopicMessageRow]:
 def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = None,
            key: str | None = None, since: dt.datetime | None = None,
            until: dt.datetime | None = None, before_offset: int | None = None,
-           limit: int = 100, alias: str | None = None) -> Lookup:
+           after_id: int | None = None, limit: int = 100,
+           alias: str | None = None) -> Lookup:
     """Messages of ``topic`` by offset (or an offset range to ``to_offset``), by key
     (newest first; only those below ``before_offset`` and/or published in [since, until)
-    when given), or published in [since, until): at most ``limit`` (≤ LOOKUP_MAX), each
-    one index range read."""
+    when given), or published in [since, until) in (publish time, id) order (with
+    ``after_id``, only those after the message of that id published at ``since``: the
+    next page): at most ``limit`` (≤ LOOKUP_MAX), each one index range read."""
     if not 1 <= limit <= LOOKUP_MAX:
         raise ValueError(f"A lookup returns 1 to {LOOKUP_MAX} messages (--limit), not "
                          f"{limit}.")
@@ -123,6 +133,10 @@ def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = Non
                          "time range (--since and/or --until).")
     if before_offset is not None and key is None:
         raise ValueError("--before-offset pages through a key's messages: give --key too.")
+    if after_id is not None and (key is not None or since is None):
+        raise ValueError("--after-id pages through a time range: give --since too (the "
+                         "publish time of that message), without --key (a key's messages "
+                         "page with --before-offset).")
     low = since or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     high = until or dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
     below = OFFSET_END if before_offset is None else before_offset
@@ -135,6 +149,9 @@ def lookup(topic: str, *, offset: int | None = None, to_offset: int | None = Non
                                                  naive_utc(high), limit + 1])
         elif key is not None:
             cursor.execute(BY_KEY_SQL, [topic, key, below, limit + 1])
+        elif after_id is not None:
+            cursor.execute(BY_TIME_AFTER_SQL, [topic, naive_utc(low), naive_utc(high),
+                                               naive_utc(low), after_id, limit + 1])
         else:
             cursor.execute(BY_TIME_SQL, [topic, naive_utc(low), naive_utc(high), limit + 1])
         found = _rows(cursor)

@@ -59,7 +59,8 @@ def _action_json(row: broker.topic_lookup.AttemptRow) -> dict[str, Any]:
 def _more(found: broker.Lookup, options: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """What a lookup that matched more than ``--limit`` says, and the options of its next
     page (``next`` in ``--json``): older messages of a key below the oldest shown, later
-    ones of a time range from the last shown's publish time. ("", None) when it didn't."""
+    ones of a time range after the last shown (its publish time and id: many messages
+    can share one time, a publish_many() gives its rows one). ("", None) when it didn't."""
     if not found.truncated or not found.messages:
         return "", None
     shown, last = len(found.messages), found.messages[-1]
@@ -74,8 +75,8 @@ def _more(found: broker.Lookup, options: dict[str, Any]) -> tuple[str, dict[str,
         since = last.published_at.isoformat()
         return (f"More messages match: only the first {shown} published in the range are "
                 f"shown, up to {since}. For the later ones, run the same lookup with "
-                f"--since {since} (a message published at that instant shows again){limit}, "
-                "or narrow the range."), {"since": since}
+                f"--since {since} --after-id {last.id}{limit}, or narrow the range."), {
+                    "since": since, "after_id": last.id}
     return f"More messages match: only the first {shown} are shown{limit}.", None
 
 
@@ -124,6 +125,10 @@ class Command(cli.SaysDatabaseErrors):
                             help="With --key: only its messages below this offset (the "
                             "next page back, as a lookup that matched more says).")
         lookup.add_argument("--since", default=None, help="ISO time or a duration ago (2h).")
+        lookup.add_argument("--after-id", type=int, default=None,
+                            help="With --since T: only the messages after the one of this "
+                            "id published at T (the next page of a time range, as a lookup "
+                            "that matched more says).")
         lookup.add_argument("--until", default=None, help="ISO time or a duration ago.")
         lookup.add_argument("--limit", type=int, default=100,
                             help=f"At most this many (up to {broker.topic_lookup.LOOKUP_MAX}).")
@@ -203,7 +208,7 @@ class Command(cli.SaysDatabaseErrors):
         topic = options["topic"]
         found = broker.lookup(topic, offset=options["offset"], key=options["key"],
                               since=since, until=until, before_offset=options["before_offset"],
-                              limit=options["limit"])
+                              after_id=options["after_id"], limit=options["limit"])
         more, next_page = _more(found, options)
         traces = broker.trace(topic, [m.offset for m in found.messages if m.offset is not None])
         sequenced = {m.offset: m.sequenced_at for m in found.messages if m.offset is not None}
@@ -211,7 +216,7 @@ class Command(cli.SaysDatabaseErrors):
         if options["json"]:
             self.stdout.write(json.dumps({"truncated": found.truncated, "next": next_page,
                                           "messages": [
-                {"offset": m.offset, "key": m.key, "payload": m.payload,
+                {"id": m.id, "offset": m.offset, "key": m.key, "payload": m.payload,
                  "published_at": m.published_at.isoformat() if m.published_at else None,
                  "deliveries": [{"group": d.group, "message_id": d.message_id,
                                  "outcome": d.outcome, "worker": d.handled_by,
