@@ -1,13 +1,15 @@
 """``drain()``'s topic part: the consumer groups it delivers to, pumped as a worker pumps.
 
 The groups are this process's group subscriptions (the task modules imported first, as a
-worker does), those whose queue (``group:<group>``) ``drain(queues=...)`` names, or all of
-them. Each topic is set up the first time it has something to deliver (its row, or a
-message waiting for its offset): every group this process knows on it gets its row, at
-its ``start``, *before* anything is given an offset, so a ``start="latest"`` group gets
-the messages published before the drain that had no offset yet (offsets are given by
-readers, lazily: in a test with no worker, none has one). A topic with neither is left
-alone: a drain of other queues writes no topic or group row.
+worker does, when the drain may deliver to a group: ``queues`` not given, or naming a
+``group:`` queue; a drain of other queues imports nothing), those whose queue
+(``group:<group>``) ``drain(queues=...)`` names, or all of them. Each topic is set up the
+first time it has something to deliver (its row, or a message waiting for its offset):
+every group this process knows on it gets its row, at its ``start``, *before* anything is
+given an offset, so a ``start="latest"`` group gets the messages published before the
+drain that had no offset yet (offsets are given by readers, lazily: in a test with no
+worker, none has one). A topic with neither is left alone: a drain of other queues writes
+no topic or group row.
 
 The pump itself is the worker's (``broker.pump_group(sequence=True)``): it gives the
 topic's waiting messages their offsets and inserts the deliveries, within the window,
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from . import broker
 from .conf import get_settings
 from .registry import import_task_modules
+from .topicnames import group_of_queue
 from .topics import Subscription, subscriptions
 from .worker.topics import group_spec
 
@@ -31,7 +34,8 @@ class GroupPumps:
     """The groups one ``drain()`` delivers to, on the topics' database (``alias``)."""
 
     def __init__(self, alias: str, queues: Sequence[str] | None) -> None:
-        import_task_modules()  # the subscriptions a worker would know
+        if queues is None or any(group_of_queue(q) is not None for q in queues):
+            import_task_modules()  # the subscriptions a worker would know
         self.alias = alias
         known = [s for s in subscriptions.groups() if s.task is not None]
         wanted = known if queues is None else [s for s in known if s.queue in set(queues)]

@@ -158,3 +158,23 @@ def test_inside_a_testcase_the_uncommitted_publishes_are_delivered(calls) -> Non
     assert runs(calls, "billing") == [1, 2, 2, 2]
     assert (result.dead, len(result.errors)) == (1, 3)
     assert Ledger.objects.filter(label="billing:2").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_of_other_queues_imports_no_task_module(settings) -> None:
+    """drain(["default"]) leaves topics alone, yet imported every task module (to find the
+    groups' subscriptions) whenever the topics' database was drained: a task module that
+    fails to import made it raise ImproperlyConfigured. It imports them only when it may
+    deliver to a group: no queues given, or a ``group:`` queue named."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.MYSQLQ = {**settings.MYSQLQ, "TASK_MODULES": [
+        *settings.MYSQLQ.get("TASK_MODULES", []), "tests.testapp.broken_tasks"]}
+    tt.echo.enqueue("task")
+    assert drain(["default"]).succeeded == 1
+    assert Ledger.objects.filter(label="task").exists()
+    for queues in (None, ["group:billing"], ["default", "group:billing"]):
+        with pytest.raises(ImproperlyConfigured, match=(
+                r"^Could not import the task module 'tests.testapp.broken_tasks' "
+                r"\(MYSQLQ\['TASK_MODULES'\] lists it\): ModuleNotFoundError")):
+            drain(queues)
