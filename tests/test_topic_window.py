@@ -137,3 +137,25 @@ def test_blocked_deliveries_do_not_fill_the_window_of_ready_ones() -> None:
     while broker.pump_group(made, BATCH, WINDOW).made:
         pass
     assert statuses(made) == {"dead": 1, "blocked": 2 * WINDOW, "ready": WINDOW}
+
+
+def test_retries_scheduled_for_later_do_not_hold_the_pump_to_half_a_batch() -> None:
+    """The half-batch rule (``least``) waits for room only while a delivery is ready (a
+    member claims those meanwhile); with none ready, retries scheduled for later filling
+    most of the window left its room unpumped until one of them ended."""
+    feed = Topic("retryroom")
+    made = made_group("retryroom", "billing")
+    feed.publish_many([{"n": n} for n in range(20)])
+    broker.sequence("retryroom")
+    least = BATCH
+    assert broker.pump_group(made, BATCH, WINDOW, least=least).made == BATCH
+    fail(claim(made, BATCH - 1))
+    # A delivery is ready and the room (2) is under half a batch: the pump waits.
+    assert broker.pump_group(made, BATCH, WINDOW, least=least).made == 0
+    fail(claim(made, 1))
+    assert statuses(made) == {"scheduled": BATCH}
+    # None is ready: the pump fills the room the retries leave.
+    assert broker.pump_group(made, BATCH, WINDOW, least=least).made == WINDOW - BATCH
+    assert statuses(made) == {"scheduled": BATCH, "ready": WINDOW - BATCH}
+    assert broker.position("retryroom", "billing") == WINDOW
+

@@ -232,8 +232,9 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
     """Turn up to ``batch`` messages after the group's position into deliveries; return
     how many. Nothing when another member is pumping, or ``window`` deliveries wait
     (ready, or scheduled for a retry), or ``BLOCKED_WINDOWS * window`` are blocked behind
-    their key, or deliveries wait and there is room for fewer than ``least`` more (a
-    draining member then pumps one big batch now and then, not a few rows every round)."""
+    their key, or a delivery is ready and there is room for fewer than ``least`` more (a
+    draining member then pumps one big batch now and then, not a few rows every round;
+    with none ready, retries scheduled for later don't make it wait for that much room)."""
     return pump_group(spec, batch, window, alias, least).made
 
 
@@ -343,7 +344,10 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         return Pumped(0, behind, noted=noted), []
     if claim is not None and claim.count > 0 and none_ready and pump_claims_supported(alias):
         take = min(claim.count, batch, room)
-    elif pending and room < least:
+    elif not none_ready and room < least:
+        # (Only while a delivery is ready: a member claims those meanwhile. Retries
+        # scheduled later run nothing, and waiting for half a batch of room behind them
+        # left the room below it unpumped until some ended.)
         return Pumped(0, behind, noted=noted), []
     wanted = take or min(batch, room)
     claiming = (PumpClaim(take, claim.worker_id, claim.lease_seconds)
