@@ -99,6 +99,8 @@ if os.environ.get("MYSQLQ_TEST_READ_DATABASE"):
     import json
 
     MYSQLQ["READ_DATABASE"] = json.loads(os.environ["MYSQLQ_TEST_READ_DATABASE"])
+if os.environ.get("MYSQLQ_TEST_TOPIC_WINDOW"):  # tests/test_topic_window.py's workers
+    MYSQLQ["TOPIC_WINDOW"] = int(os.environ["MYSQLQ_TEST_TOPIC_WINDOW"])
 if os.environ.get("MYSQLQ_TEST_DEAD_RETENTION"):  # tests/test_retention.py's worker
     MYSQLQ["DEAD_RETENTION_SECONDS"] = float(os.environ["MYSQLQ_TEST_DEAD_RETENTION"])
 if os.environ.get("MYSQLQ_TEST_SIGNAL_RACE"):  # tests/test_stop_deadline.py's worker

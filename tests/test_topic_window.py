@@ -13,7 +13,9 @@ from django_mysqlq.broker.deliveries import BLOCKED_WINDOWS
 from django_mysqlq.messages import AttemptResult, ClaimedMessage
 from django_mysqlq.models import Message
 from django_mysqlq.topicnames import delivery_task_name, group_queue
+from tests.burst import run_burst
 from tests.operator_support import RUNNER
+from tests.testapp.models import GateRun
 from tests.topic_ops_support import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,3 +161,91 @@ def test_retries_scheduled_for_later_do_not_hold_the_pump_to_half_a_batch() -> N
     assert statuses(made) == {"scheduled": BATCH, "ready": WINDOW - BATCH}
     assert broker.position("retryroom", "billing") == WINDOW
 
+
+def test_a_pump_stopped_at_a_bound_is_not_behind_for_a_burst_member() -> None:
+    """``group_behind(window=…)``, what a ``--burst`` member asks once nothing of its queues
+    is ready, running or due soon: a group whose pump waits at its window or blocked bound
+    has caught up (its pump gets nothing until deliveries end)."""
+    feed = Topic("boundbehind")
+    made = made_group("boundbehind", "billing")
+    feed.publish_many([{"n": n} for n in range(20)])
+    broker.sequence("boundbehind")
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+    fail(claim(made, 100))
+    # Room under the window: still behind, its pump has room.
+    assert broker.group_behind(made, window=WINDOW)
+    assert broker.pump_group(made, BATCH, WINDOW).made == WINDOW - BATCH
+    fail(claim(made, 100))
+    assert statuses(made) == {"scheduled": WINDOW}
+    assert broker.group_behind(made)  # messages are left after its position...
+    assert not broker.group_behind(made, window=WINDOW)  # ...that its pump can't take
+    hot = Topic("boundheld")
+    held = made_group("boundheld", "audit", on_dead="hold")
+    hold_key(hot, held, "hot")
+    count = BLOCKED_WINDOWS * WINDOW
+    hot.publish_many([{"n": n} for n in range(count + 5)], keys=["hot"] * (count + 5))
+    broker.sequence("boundheld")
+    while broker.group_behind(held, window=WINDOW):
+        assert broker.pump_group(held, BATCH, WINDOW).made
+    assert statuses(held) == {"dead": 1, "blocked": count}
+    assert broker.group_behind(held)
+    assert broker.pump_group(held, BATCH, WINDOW).made == 0
+
+
+#: A --burst member of tests/testapp/window_handlers.py's groups with a small window.
+SMALL = 5
+WORKER_ENV = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.window_handlers",
+              "MYSQLQ_TEST_TOPIC_WINDOW": str(SMALL)}
+
+
+def subscribed(group: str, on_dead: str = "skip") -> broker.GroupSpec:
+    """The group of window_handlers.py, created at the latest offset (before the test's
+    messages are published)."""
+    made = broker.GroupSpec(topic="windowfeed", group=group, queue=group_queue(group),
+                            task_name=delivery_task_name("windowfeed", group),
+                            on_dead=on_dead, max_attempts=1, retry_backoff=3600.0,
+                            timeout=None)
+    broker.ensure_topic("windowfeed")
+    broker.create_group(made)
+    return made
+
+
+@pytest.mark.worker
+def test_a_burst_member_ends_when_a_held_key_stops_its_pump_at_the_blocked_bound(
+        start_worker) -> None:
+    """More than ``BLOCKED_WINDOWS`` windows of messages behind a key held by a dead
+    delivery: the member handles the other keys, pumps the held key's up to the bound and
+    ends (it used to wait for good: its group stayed behind its topic)."""
+    made = subscribed("heldwin", on_dead="hold")
+    feed = Topic("windowfeed")
+    feed.publish_many([{"label": "heldwin", "seq": n} for n in range(SMALL)],
+                      keys=[f"k{n}" for n in range(SMALL)])
+    feed.publish({"label": "heldwin", "seq": SMALL, "fail": True}, key="hot")
+    count = 2 * BLOCKED_WINDOWS * SMALL
+    feed.publish_many([{"label": "heldwin", "seq": n} for n in range(SMALL + 1,
+                                                                      SMALL + 1 + count)],
+                      keys=["hot"] * count)
+    summary, output = run_burst(start_worker, "--groups", "heldwin", env=WORKER_ENV,
+                                patience=45)
+    assert (summary["succeeded"], summary["dead"]) == (SMALL, 1), output[-3000:]
+    blocked = statuses(made).get("blocked", 0)
+    assert BLOCKED_WINDOWS * SMALL <= blocked <= (BLOCKED_WINDOWS + 1) * SMALL, statuses(made)
+    position = broker.position("windowfeed", "heldwin")
+    assert position is not None and position == SMALL + 1 + blocked < SMALL + 1 + count
+    assert GateRun.objects.filter(key="heldwin:", outcome="ok").count() == SMALL
+
+
+@pytest.mark.worker
+def test_a_burst_member_ends_when_retries_due_after_burst_wait_fill_its_window(
+        start_worker) -> None:
+    """A handler failing into retries an hour away, with more messages than the window:
+    the member ends after ``--burst-wait`` (it used to wait through the whole schedule)."""
+    made = subscribed("laterwin")
+    total = 8 * SMALL
+    Topic("windowfeed").publish_many([{"label": "laterwin", "seq": n} for n in range(total)])
+    summary, output = run_burst(start_worker, "--groups", "laterwin", "--concurrency", "2",
+                                "--batch", "2", env=WORKER_ENV, patience=45)
+    assert summary["succeeded"] == 0 and summary["dead"] == 0, output[-3000:]
+    waiting = statuses(made)
+    assert set(waiting) == {"scheduled"} and waiting["scheduled"] >= SMALL, waiting
+    assert broker.position("windowfeed", "laterwin") == waiting["scheduled"] < total

@@ -139,6 +139,10 @@ BEHIND_SQL = (
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
+#: Whether the group's pump waits at a bound (``%s``: the queue, the window twice, the
+#: queue, the blocked bound twice): its ready and scheduled deliveries fill the window, or
+#: its blocked ones their bound (``--burst``: ``group_behind(window=…)``).
+AT_BOUND_SQL = f"SELECT {_PENDING} >= %s OR {_BLOCKED} >= %s"
 #: The next sequenced messages after the group's position.
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
@@ -260,16 +264,31 @@ class Pumped(NamedTuple):
     noted: bool = False
 
 
-def group_behind(spec: GroupSpec, alias: str | None = None) -> bool:
+def group_behind(spec: GroupSpec, alias: str | None = None, window: int | None = None
+                 ) -> bool:
     """Whether the group has messages not pumped yet: sequenced ones after its position,
     or committed messages of its topic that lack an offset (its pump stamps those). A
-    ``--burst`` member ends only once this is false."""
+    ``--burst`` member ends only once this is false.
+
+    With ``window`` (the pump's), a group whose pump waits at its window or blocked bound
+    is not behind: ``--burst`` asks only once none of its queues' deliveries is ready,
+    running or due within ``--burst-wait``, and then those filling the bound (retries
+    scheduled later, deliveries blocked behind a dead or held one) won't make room in
+    that time. Its backlog stays in the topic for the next run (a member waited for good
+    at a held key, or through the whole retry schedule)."""
     with connection_for(alias or default_alias()).cursor() as cursor:
         cursor.execute(BEHIND_SQL, [spec.topic, spec.group])
         look = cursor.fetchone()
-    if look is None:
-        return False  # no such group
-    return look[0] is None or bool(look[0]) or bool(look[1])
+        if look is None:
+            return False  # no such group
+        behind = look[0] is None or bool(look[0]) or bool(look[1])
+        if not behind or window is None:
+            return behind
+        bound = BLOCKED_WINDOWS * window
+        cursor.execute(AT_BOUND_SQL, [spec.queue, window, window, spec.queue, bound, bound])
+        full = cursor.fetchone()
+    # (NULL: a wake-up's KILL QUERY cut the count short; look again.)
+    return full is None or full[0] is None or not full[0]
 
 
 def pump_claims_supported(alias: str | None = None) -> bool:

@@ -418,7 +418,7 @@ class Worker:
         if self.options.burst:
             # Paused queues don't count: a burst worker leaves their messages for later.
             # Throttled messages count only for a worker that can claim them. A member
-            # of a consumer group ends once the group has caught up with its topic.
+            # of a consumer group ends once the group has caught up (TopicDuty.behind).
             return not self._active or not (broker.has_pending(
                 self._active, self.options.burst_wait, throttled=self._rated)
                 or self.topics.behind(self._active))

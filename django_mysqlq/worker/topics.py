@@ -243,9 +243,12 @@ class TopicDuty:
 
     def behind(self, active: Sequence[str]) -> bool:
         """Whether a group of an ``active`` queue has messages not pumped yet (a
-        ``--burst`` member pumps until its groups have caught up with their topics)."""
-        return any(broker.group_behind(spec) for spec in self.specs if spec.queue in active
-                   and not self.trouble.waits_for_operator(spec))
+        ``--burst`` member pumps until its groups have caught up with their topics). Asked
+        only once no delivery is ready, running or due within ``--burst-wait``: a group
+        whose pump waits at its window or blocked bound has caught up for it."""
+        window = self.settings.TOPIC_WINDOW
+        return any(broker.group_behind(spec, window=window) for spec in self.specs
+                   if spec.queue in active and not self.trouble.waits_for_operator(spec))
 
     def busy_pause(self) -> float:
         """How long to wait before looking again while a topic's row is held: short while
