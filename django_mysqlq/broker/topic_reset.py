@@ -33,8 +33,9 @@ WAITING = ("ready", "scheduled", "blocked")
 
 
 class ResetIncomplete(ValueError):
-    """Cancelling a reset's waiting deliveries failed (a lock wait): the whole reset was
-    rolled back, the position is where it was. Running it again resets the group."""
+    """Cancelling a reset's waiting deliveries failed (a lock wait or a deadlock, after
+    ``in_transaction``'s retries): the whole reset was rolled back, the position is where
+    it was. The message says to run it again, and what holds it up if it fails again."""
 
 
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
@@ -198,8 +199,12 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
         if not cancelling:
             raise
         text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its {cancelling[0]} "
-                f"waiting deliveries could not be cancelled ({one_line(str(exc))}), so its "
-                "position stays where it was. Run the same reset again.")
+                f"waiting deliveries could not be cancelled ({one_line(str(exc))}), so "
+                "nothing changed: its position stays where it was. Run the same reset again. "
+                "If it fails again, another transaction holds some of those deliveries or "
+                "their keys' gates (a long transaction that publishes or acks, or a session "
+                "left open: SHOW ENGINE INNODB STATUS shows it): end it, or stop the "
+                "group's workers for a moment, and run the reset then.")
         logger.error("%s", text)
         raise ResetIncomplete(text) from exc
     subjects.wake_promoted(alias, promoted)
