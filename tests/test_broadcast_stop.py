@@ -37,3 +37,19 @@ def test_a_stop_lets_the_running_broadcast_handler_finish_and_starts_no_other(
     slowcast.publish_many([{"seq": seq, "sleep": 0} for seq in range(3, 6)])
     assert worker.wait(timeout=30) == 0, worker.output()
     assert edges(worker.pid) == {(0, "start"), (0, "end")}, worker.output()
+
+
+def test_a_stop_cuts_off_a_broadcast_handler_past_the_bound_and_says_so(start_worker) -> None:
+    """A handler still running BROADCAST_FINISH_SECONDS after the signal does not hold the
+    stop: the worker logs that it cuts it off and exits (it never ends the handler)."""
+    worker = start_worker("--queues", "default", env=ENV)
+    wait_for(lambda: "started: queues=" in worker.output(), timeout=60,
+             message="the worker to start")
+    slowcast.publish({"seq": 0, "sleep": 120})
+    wait_for(lambda: (0, "start") in edges(worker.pid), timeout=60,
+             message="the slow handler to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=BROADCAST_FINISH_SECONDS + 25) == 0, worker.output()
+    assert "A broadcast handler was still running 5s after the stop; exiting anyway" \
+        in worker.output()
+    assert edges(worker.pid) == {(0, "start")}, worker.output()
