@@ -23,6 +23,7 @@ import datetime as dt
 import inspect
 import itertools
 import threading
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -129,6 +130,8 @@ class SubscriptionRegistry:
                         _check_reload(old, subscription)
                         self._broadcast[index] = subscription
                         return
+                    if old.topic == subscription.topic and _same_source(old, subscription):
+                        _refuse_two_names(old, subscription)
                 self._broadcast.append(subscription)
                 return
             key = (subscription.topic, subscription.group)
@@ -173,12 +176,33 @@ def _code(handler: Handler) -> object:
     return getattr(inspect.unwrap(handler), "__code__", None)
 
 
+def _same_source(old: Subscription, new: Subscription) -> bool:
+    """Whether two handlers of other names come from one definition in one file: a module
+    imported under two names (its directory on ``sys.path`` as well as its package)."""
+    a, b = _code(old.handler), _code(new.handler)
+    return (isinstance(a, types.CodeType) and isinstance(b, types.CodeType)
+            and (a.co_filename, a.co_firstlineno, a.co_qualname)
+            == (b.co_filename, b.co_firstlineno, b.co_qualname))
+
+
+def _refuse_two_names(old: Subscription, new: Subscription) -> None:
+    where = "broadcast" if new.group is None else f"group {new.group!r}"
+    raise InvalidTaskOptions(
+        f"Topic {new.topic!r} is subscribed twice by {where} with one function imported "
+        f"under two module names: {qualified_name(old.handler)} and "
+        f"{qualified_name(new.handler)} (its directory is on sys.path as well as its "
+        "package?). Import the module by one name only; run twice, every message would be "
+        "handled twice.")
+
+
 def _check_reload(old: Subscription, new: Subscription) -> None:
     """Allow only a reload: the same handler (by module and name, a module reloaded
     compiles it anew) with the same options. Two functions of one definition (made in a
     loop or a factory) share their code and would silently replace each other."""
     where = (f"Topic {new.topic!r} is subscribed twice by "
              + ("broadcast" if new.group is None else f"group {new.group!r}"))
+    if not _same_name(old, new) and _same_source(old, new):
+        _refuse_two_names(old, new)
     if not _same_name(old, new):
         raise InvalidTaskOptions(
             f"{where}: with {qualified_name(old.handler)} and {qualified_name(new.handler)}. "

@@ -122,3 +122,47 @@ def test_queue_task_refuses_one_without_a_name_unless_given_one(monkeypatch) -> 
         queue_task(functools.partial(plain, tag="x"))
     named = queue_task(functools.partial(plain, tag="x"), name="plain.x")
     assert queue_task(functools.partial(plain, tag="y"), name="plain.x").name == named.name
+
+
+@pytest.fixture
+def two_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A handlers module reachable as ``twicepkg.twice_named`` and as ``twice_named`` (its
+    directory on sys.path as well as its package's)."""
+    package = tmp_path / "twicepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "twice_named.py").write_text(textwrap.dedent("""
+        from django_mysqlq import Topic
+
+        @Topic("orders").subscribe(broadcast=True)
+        def forget(event): ...
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(package))
+    yield package
+    for name in ("twicepkg.twice_named", "twicepkg", "twice_named"):
+        sys.modules.pop(name, None)
+
+
+def test_a_broadcast_handler_imported_under_two_module_names_is_refused(fresh,
+                                                                        two_names) -> None:
+    """Before, the second import added a second broadcast subscription (another name):
+    every message ran the handler twice in each process."""
+    importlib.import_module("twicepkg.twice_named")
+    with pytest.raises(InvalidTaskOptions, match=r"subscribed twice by broadcast with one "
+                       r"function imported under two module names: twicepkg\.twice_named\."
+                       r"forget and twice_named\.forget"):
+        importlib.import_module("twice_named")
+    assert len(fresh.broadcast()) == 1
+
+
+def test_a_group_handler_imported_under_two_module_names_says_so(fresh, two_names) -> None:
+    (two_names / "twice_named.py").write_text(textwrap.dedent("""
+        from django_mysqlq import Topic
+
+        @Topic("orders").subscribe(group="billing")
+        def bill(event): ...
+        """))
+    importlib.import_module("twicepkg.twice_named")
+    with pytest.raises(InvalidTaskOptions, match=r"imported under two module names"):
+        importlib.import_module("twice_named")
