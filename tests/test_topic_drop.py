@@ -1,7 +1,8 @@
 """Retiring a consumer group, against the real MariaDB: a group subscribed again under the
 name of an older one starts at its own ``start`` (not after the older one's last
-delivery), and ``manage.py queuetopic drop`` retires a group (no worker process: the pump
-and acks are called the way a worker calls them)."""
+delivery), and ``manage.py queuetopic drop`` retires a group, saying to run it again when a
+lock wait stops it, as a reset does (no worker process: the pump and acks are called the
+way a worker calls them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.core.management.base import CommandError
 from django_mysqlq import broker
 from django_mysqlq.messages import AttemptResult
 from django_mysqlq.models import Attempt, Message, TopicDelivery, TopicGroup
+from tests.conftest import held_by_stranger
 from tests.operator_support import RUNNER
 from tests.topic_ops_support import claim, forget_before, group, handle, publish, spec
 
@@ -167,3 +169,64 @@ def test_drop_of_a_hold_group_cancels_the_dead_head_and_the_deliveries_it_held()
     out = run("drop", "billing", "--topic", "orders")
     assert "2 waiting deliveries cancelled, 1 dead deliveries cancelled" in out
     assert not Message.objects.filter(queue=held.queue).exists()  # none promoted
+
+
+@pytest.fixture
+def short_lock_waits(monkeypatch):
+    """This session's lock waits last a second, tried twice (not fifty seconds, 8 times)."""
+    from django.db import connection
+
+    from django_mysqlq.broker import base
+
+    monkeypatch.setattr(base, "LOCK_RETRY_LIMIT", 2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@session.innodb_lock_wait_timeout")
+        [(before,)] = cursor.fetchall()
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [before])
+
+
+GROUP_ROW_SQL = ("SELECT * FROM mysqlq_topic_group WHERE topic = 'orders' "
+                 "AND group_name = 'billing' FOR UPDATE")
+
+
+def test_a_drop_that_waits_out_the_group_rows_lock_says_to_run_it_again(
+        short_lock_waits) -> None:
+    """The lock wait on the group's own row (another operator's reset or drop holding it)
+    used to end in a bare OperationalError traceback: the "nothing changed, run it again"
+    message covered only what came after that lock."""
+    made = group("orders", "billing")
+    publish("orders", 3)
+    assert broker.pump(made, batch=100, window=100) == 3
+    with held_by_stranger(GROUP_ROW_SQL):
+        with pytest.raises(CommandError, match=r"Consumer group 'billing' of topic 'orders' "
+                                               r"was not dropped: .*Lock wait timeout.*so "
+                                               r"nothing changed\. Run the same drop again"):
+            run("drop", "billing", "--topic", "orders")
+    assert TopicGroup.objects.filter(topic="orders", group_name="billing").exists()
+    assert statuses(made.queue) == {"ready": 3}
+    assert "3 waiting deliveries cancelled" in run("drop", "billing", "--topic", "orders")
+
+
+def test_a_reset_that_waits_out_the_group_rows_lock_says_to_run_it_again(
+        short_lock_waits) -> None:
+    """The reset takes the same row lock first, and had the same gap: its message covered
+    only a failed cancel."""
+    made = group("orders", "billing")
+    publish("orders", 3)
+    assert broker.pump(made, batch=100, window=100) == 3
+    with held_by_stranger(GROUP_ROW_SQL):
+        with pytest.raises(CommandError, match=r"Consumer group 'billing' of topic 'orders' "
+                                               r"was not reset: .*Lock wait timeout.*so "
+                                               r"nothing changed: its position stays where it "
+                                               r"was\. Run the same reset again\. If it fails "
+                                               r"again, another transaction holds the group's "
+                                               r"row"):
+            run("reset", "billing", "--topic", "orders", "--to-offset", "2")
+    assert broker.position("orders", "billing") == 3
+    assert statuses(made.queue) == {"ready": 3}
+    assert "position 3 -> 1" in run("reset", "billing", "--topic", "orders", "--to-offset", "2")

@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from ..log import one_line
 from ..topicnames import delivery_task_name
 from . import subjects
-from .base import MESSAGE_TABLE, default_alias, in_transaction, logger
+from .base import LOCK_ERRORS, MESSAGE_TABLE, default_alias, error_code, in_transaction, logger
 from .operate import Operator, cancel_within
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
 from .topic_reset import LOCK_GROUP_SQL
@@ -52,8 +52,8 @@ DELETE_GROUP_SQL = f"DELETE FROM {GROUP_TABLE} WHERE id = %s"
 
 
 class DropIncomplete(ValueError):
-    """The drop's transaction failed (a lock wait): all of it was rolled back, the group
-    is as it was. Running it again drops the group."""
+    """The drop's transaction failed (a lock wait, on the group's row or after it): all of
+    it was rolled back, the group is as it was. Running it again drops the group."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +114,8 @@ def drop_group(topic: str, group: str, operator: Operator,
     try:
         done = in_transaction(alias, body)
     except DatabaseError as exc:
-        if not begun:
-            raise
+        if not begun and error_code(exc) not in LOCK_ERRORS:
+            raise  # (before the row lock: a lock wait there is the same as one after it)
         text = (f"Consumer group {group!r} of topic {topic!r} was not dropped: its "
                 f"transaction failed ({one_line(str(exc))}), so nothing changed. Run the "
                 "same drop again.")

@@ -20,7 +20,15 @@ from django.db import DatabaseError
 from ..log import one_line
 from ..topicnames import delivery_task_name
 from . import subjects
-from .base import MESSAGE_TABLE, default_alias, in_transaction, logger, naive_utc
+from .base import (
+    LOCK_ERRORS,
+    MESSAGE_TABLE,
+    default_alias,
+    error_code,
+    in_transaction,
+    logger,
+    naive_utc,
+)
 from .kept import kept_bounds
 from .operate import Operator, cancel_within
 from .topic_ops import EARLIEST, GROUP_TABLE, LATEST, TARGET_NAMES, TopicOffsetError
@@ -33,9 +41,11 @@ WAITING = ("ready", "scheduled", "blocked")
 
 
 class ResetIncomplete(ValueError):
-    """Cancelling a reset's waiting deliveries failed (a lock wait or a deadlock, after
-    ``in_transaction``'s retries): the whole reset was rolled back, the position is where
-    it was. The message says to run it again, and what holds it up if it fails again."""
+    """A reset's transaction gave up on a lock (a lock wait or a deadlock, after
+    ``in_transaction``'s retries: on the group's row, the topic's kept bounds, or while
+    cancelling its waiting deliveries): the whole reset was rolled back, the position is
+    where it was. The message says to run it again, and what holds it up if it fails
+    again."""
 
 
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
@@ -196,15 +206,25 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
     try:
         old, new, cancelled = in_transaction(alias, body)
     except DatabaseError as exc:
-        if not cancelling:
+        if cancelling:
+            text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its "
+                    f"{cancelling[0]} waiting deliveries could not be cancelled "
+                    f"({one_line(str(exc))}), so nothing changed: its position stays where "
+                    "it was. Run the same reset again. If it fails again, another "
+                    "transaction holds some of those deliveries or their keys' gates (a long "
+                    "transaction that publishes or acks, or a session left open: SHOW ENGINE "
+                    "INNODB STATUS shows it): end it, or stop the group's workers for a "
+                    "moment, and run the reset then.")
+        elif error_code(exc) in LOCK_ERRORS:  # on the group's row or the topic's bounds
+            text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its "
+                    f"transaction gave up on a lock ({one_line(str(exc))}), so nothing "
+                    "changed: its position stays where it was. Run the same reset again. If "
+                    "it fails again, another transaction holds the group's row (another "
+                    "reset, replay or drop of the group) or its topic's row (a retention "
+                    "batch of the topic): SHOW ENGINE INNODB STATUS shows it; run the reset "
+                    "once it ends.")
+        else:
             raise
-        text = (f"Consumer group {group!r} of topic {topic!r} was not reset: its {cancelling[0]} "
-                f"waiting deliveries could not be cancelled ({one_line(str(exc))}), so "
-                "nothing changed: its position stays where it was. Run the same reset again. "
-                "If it fails again, another transaction holds some of those deliveries or "
-                "their keys' gates (a long transaction that publishes or acks, or a session "
-                "left open: SHOW ENGINE INNODB STATUS shows it): end it, or stop the "
-                "group's workers for a moment, and run the reset then.")
         logger.error("%s", text)
         raise ResetIncomplete(text) from exc
     subjects.wake_promoted(alias, promoted)
