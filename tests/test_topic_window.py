@@ -249,3 +249,21 @@ def test_a_burst_member_ends_when_retries_due_after_burst_wait_fill_its_window(
     waiting = statuses(made)
     assert set(waiting) == {"scheduled"} and waiting["scheduled"] >= SMALL, waiting
     assert broker.position("windowfeed", "laterwin") == waiting["scheduled"] < total
+
+
+def test_a_woken_member_takes_no_more_than_the_windows_room() -> None:
+    """The look's pump takes ``min(claim, batch, room)``; the woken one (straight into the
+    transaction, no look) only required the window not to be full and took
+    ``min(claim, batch)``: with 5 retries scheduled in a window of 6 it took 4, not 1."""
+    feed = Topic("wokenroom")
+    made = made_group("wokenroom", "billing")
+    feed.publish_many([{"n": n} for n in range(5)])
+    broker.sequence("wokenroom")
+    assert broker.pump_group(made, BATCH + 1, WINDOW).made == 5
+    fail(claim(made, 5))
+    assert statuses(made) == {"scheduled": 5}
+    feed.publish_many([{"n": n} for n in range(10)])  # not sequenced: as a publish wakes
+    pumped, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(BATCH),
+                                           sequence=True, woken=True)
+    assert (pumped.made, len(claimed)) == (1, 1)
+    assert broker.position("wokenroom", "billing") == 6

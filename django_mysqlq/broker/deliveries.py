@@ -107,10 +107,12 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: A woken member's pump takes the lock only while no delivery of the group is ready and
 #: its window has room: its scheduled ones under the window, its blocked ones under their
 #: bound (the subqueries are plain reads: they lock no message). Ready ones are claimed
-#: first, and a full window is the look's to say (the pump then looks as usual).
+#: first, and a full window is the look's to say (the pump then looks as usual). It
+#: returns the scheduled ones too: the pump takes no more than the window's room, as the
+#: look's does (in the same statement: none more between a publish and its handler).
 LOCK_GROUP_IF_ROOM_SQL = (
-    f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s AND"
-    f" {_NONE_READY} AND {_SCHEDULED} < %s"
+    f"SELECT id, position, {_SCHEDULED} FROM {GROUP_TABLE} WHERE topic = %s AND"
+    f" group_name = %s AND {_NONE_READY} AND {_SCHEDULED} < %s"
     f" AND {_BLOCKED} < %s FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its deliveries ready or scheduled (retries) counted up
@@ -411,8 +413,9 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
     used to wait for another reader, or the recovery leader's next upkeep, to stamp its
     new messages. Its position stays: a raised ``last_offset`` put back later finds it
     where it was. ``woken`` (the window, see :func:`pump_claiming`): nothing when a
-    delivery of the group is ready or the window is full, and a topic row another member
-    holds doesn't end the pump: it reads what is sequenced (-1 only if nothing is)."""
+    delivery of the group is ready or the window is full, no more than its room otherwise,
+    and a topic row another member holds doesn't end the pump: it reads what is sequenced
+    (-1 only if nothing is)."""
     token = uuid.uuid4().hex
     room = row_room(alias)
     oversized: list[Oversized] = []
@@ -421,14 +424,16 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         oversized.clear()
         if woken:
             cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
-                spec.topic, spec.group, spec.queue, spec.queue, woken, woken, spec.queue,
-                BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
+                spec.queue, woken, spec.topic, spec.group, spec.queue, spec.queue, woken,
+                woken, spec.queue, BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
         if row is None:
             return 0, [], []
         group_id, current = int(row[0]), int(row[1])
+        # (Woken: none is ready, so the window's room is what its scheduled ones leave.)
+        limit = min(wanted, woken - int(row[2])) if woken else wanted
         held = False
         if sequence_first:
             # The sequencer's own round (topic row, then its consistent read): the
@@ -436,7 +441,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             held = sequence_round(cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True) is None
             if held and not woken:
                 return -1, [], []
-        cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
+        cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, limit])
         found = cursor.fetchall()
         if held and not found:
             return -1, [], []
@@ -445,7 +450,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
             if stamped is None:
                 return -1, [], []
             if stamped:
-                cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, wanted])
+                cursor.execute(PUMP_READ_SQL, [room, spec.topic, current, limit])
                 found = cursor.fetchall()
         fit = fitting(found, lambda r: delivery(spec, r), room)
         rows, messages = fit.rows, fit.messages
