@@ -135,8 +135,9 @@ class QueueSettings:
         10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
     #: Topic messages one pump step turns into deliveries of one group.
     TOPIC_PUMP_BATCH: int = 500
-    #: Ready deliveries a group may have waiting before its pump pauses (keeps the
-    #: queue table small however far behind a group is: the rest wait in the topic).
+    #: Deliveries a group may have ready or scheduled (retries) before its pump pauses
+    #: (keeps the queue table small however far behind a group is: the rest wait in the
+    #: topic); blocked ones stop it at 10 times this (``BLOCKED_WINDOWS``).
     TOPIC_WINDOW: int = 1000
     #: Seconds between two reads of a topic by a worker's broadcast thread.
     TOPIC_BROADCAST_POLL_SECONDS: float = 0.2

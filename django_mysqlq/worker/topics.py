@@ -4,7 +4,8 @@ Members of a group are the workers whose queues include ``group:<group>`` (``--g
 or every known queue by default). The control loop calls :meth:`TopicDuty.pump` before
 it claims: each group's next messages become deliveries in its queue
 (``broker.pump_group``: a look first, then a transaction only when the group is behind,
-in batches of at least half the window once deliveries wait; a group that has every
+and while a delivery of the group is ready only once the window has room for half of
+``min(TOPIC_PUMP_BATCH, TOPIC_WINDOW)``; a group that has every
 sequenced message gives its topic's new ones their offsets in the same transaction,
 never waiting for another member's round), which the claim then takes like any message.
 Broadcast subscriptions run in a thread of every worker process.
