@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import getpass
 import os
 import re
 import socket
@@ -39,11 +40,16 @@ def operator(name: str, via: str) -> Operator:
 
 
 def cli_operator() -> Operator:
-    """The person at the terminal (their login name), for the management commands."""
+    """The person at the terminal (their login name), for the management commands: the
+    terminal's login, else the environment's (``LOGNAME``, ``USER``), else the account the
+    process runs as (cron, ``docker exec``, systemd have no terminal and may set none)."""
     try:
         name = os.getlogin()
     except OSError:
-        name = os.environ.get("USER", "unknown")
+        try:
+            name = getpass.getuser()
+        except (OSError, KeyError):  # no such variables and no password entry
+            name = "unknown"
     return operator(name, "cli")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 
@@ -217,3 +218,18 @@ def test_queuerequeue_refuses_blocked_with_what_to_do_instead():
     assert statuses() == {first.id: "ready", second.id: "blocked"}
     out, _ = run("queuecancel", "--status", "blocked", "--dry-run")
     assert out.strip() == "1 message(s) would be cancelled."
+
+
+def test_a_command_run_without_a_terminal_or_user_variables_names_the_account(
+        monkeypatch) -> None:
+    """Cron, ``docker exec`` and systemd: no terminal (``os.getlogin()`` fails) and often no
+    ``USER``. The operator was ``cli:unknown``; it is the account the process runs as."""
+    import pwd
+
+    def no_terminal() -> str:
+        raise OSError(6, "No such device or address")
+
+    monkeypatch.setattr(ops.os, "getlogin", no_terminal)
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert ops.cli_operator().name == f"cli:{pwd.getpwuid(os.getuid()).pw_name}"
