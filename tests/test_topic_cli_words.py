@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -53,8 +54,14 @@ def test_queuestats_shows_each_topic_s_last_publish_and_a_rate_of_two_decimals()
         cursor.execute("SELECT MAX(published_at) FROM mysqlq_topic_message")
         [(last,)] = cursor.fetchall()
     text = run("queuestats")
-    assert "msg/s  last-publish" in text
-    assert f"orders  1  1  1  1  1  0.02  {last:%Y-%m-%d %H:%M:%S}" in text
+    lines = text.splitlines()
+    [header] = [line for line in lines if line.startswith("topic ")]
+    [row] = [line for line in lines if line.startswith("orders ")]
+    assert re.split(r"\s{2,}", row) == ["orders", "1", "1", "1", "1", "1", "0.02",
+                                        f"{last:%Y-%m-%d %H:%M:%S}"]
+    # The columns line up (they were joined with two spaces, whatever their widths).
+    assert header.index("msg/s") + len("msg/s") == row.index("0.02") + len("0.02")
+    assert header.index("last-publish") + len("last-publish") == len(row)
     [topic] = json.loads(run("queuestats", "--json"))["topics"]
     assert topic["rate_per_second"] == 0.02
     assert topic["last_publish"].startswith(f"{last:%Y-%m-%dT%H:%M:%S}")

@@ -38,6 +38,17 @@ COLUMNS = ("queue", "ready", "scheduled", "claimed", "blocked", "throttled", "de
            "1m", "5m", "60m", "fail%")
 
 
+TOPIC_COLUMNS = ("topic", "last-offset", "kept", "1m", "5m", "60m", "msg/s", "last-publish")
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """The rows as columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
+
+
 def _table(data: ops.Dashboard) -> str:
     rows: list[tuple[str, ...]] = [COLUMNS]
     for q in data.queues:
@@ -48,10 +59,7 @@ def _table(data: ops.Dashboard) -> str:
                      str(q.scheduled), str(q.claimed), str(q.blocked), str(q.throttled),
                      str(q.dead), oldest,
                      *(str(q.throughput.get(m, 0)) for m in ops.WINDOWS), rate))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
-             for row in rows]
+    lines = _aligned(rows)
     lines.append(f"workers alive: {data.workers_alive}   stuck: {data.stuck}")
     lines.extend(f"WARNING: worker {worker.worker_id}: {line}"
                  for worker in data.worker_troubles for line in worker.lines)
@@ -76,11 +84,12 @@ def _when(moment: dt.datetime | None) -> str:
 def _topic_lines(data: ops.Dashboard) -> list[str]:
     lines: list[str] = []
     if data.topics:
-        lines.extend(["", "topic  last-offset  kept  1m  5m  60m  msg/s  last-publish "
-                      "(busiest first)"])
-        lines.extend(f"{t.name}  {t.last_offset}  {t.kept}  {t.published.get(1, 0)}  "
-                     f"{t.published.get(5, 0)}  {t.published.get(60, 0)}  "
-                     f"{t.rate_per_second:.2f}  {_when(t.last_publish)}" for t in data.topics)
+        rows: list[tuple[str, ...]] = [TOPIC_COLUMNS]
+        rows.extend((t.name, str(t.last_offset), str(t.kept), str(t.published.get(1, 0)),
+                     str(t.published.get(5, 0)), str(t.published.get(60, 0)),
+                     f"{t.rate_per_second:.2f}", _when(t.last_publish)) for t in data.topics)
+        table = _aligned(rows)
+        lines.extend(["", f"{table[0]}  (busiest first)", *table[1:]])
     if data.groups:
         lines.extend(["", groups_table(data.groups)])
     for o in data.overran:
