@@ -250,8 +250,11 @@ def test_the_command_refuses_bad_arguments_clearly():
         call_command("runqueueworker", "--concurrency", "0")
     with pytest.raises(CommandError, match="listed twice"):
         call_command("runqueueworker", "--queues", "a,a")
-    with pytest.raises(CommandError, match="comma-separated"):
+    with pytest.raises(CommandError, match="comma-separated queue names"):
         call_command("runqueueworker", "--queues", "a,,b")
+    # (--groups said "queue names" too.)
+    with pytest.raises(CommandError, match="--groups: expected comma-separated group names"):
+        call_command("runqueueworker", "--groups", "billing,,audit")
 
 
 @pytest.mark.compat

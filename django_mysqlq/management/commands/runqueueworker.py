@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from argparse import ArgumentParser, ArgumentTypeError
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -31,11 +32,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _queue_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise ArgumentTypeError(f"expected comma-separated queue names, got {text!r}")
-    return names
+def _names(what: str) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of ``what`` (queue or group) names."""
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",")]
+        if not all(names):
+            raise ArgumentTypeError(f"expected comma-separated {what} names, got {text!r}")
+        return names
+    return parse
+
 
 
 def _check_burst_only(options: dict[str, Any]) -> None:
@@ -56,10 +61,10 @@ class Command(BaseCommand):
     help = "Run a worker that claims and runs queued tasks until SIGTERM/SIGINT."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--queues", type=_queue_list, default=None,
+        parser.add_argument("--queues", type=_names("queue"), default=None,
                             help="Comma-separated queues, claimed in this order (default, "
                                  "or '*': every queue a known task uses, by name).")
-        parser.add_argument("--groups", type=_queue_list, default=None,
+        parser.add_argument("--groups", type=_names("group"), default=None,
                             help="Comma-separated consumer groups to be a member of (their "
                                  "queues group:<name> are served after --queues; without "
                                  "--queues, only these groups).")
