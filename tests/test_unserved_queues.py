@@ -222,3 +222,13 @@ def test_django_tasks_bring_their_queue_names_and_their_backends_queues():
         finally:
             del sys.modules[module.__name__]
     assert known_queues() == before
+
+
+@pytest.mark.worker
+def test_a_group_no_handler_subscribes_is_named_as_a_group(start_worker):
+    """``--groups nosuch``: the warning was the task queue's ('no task this worker knows
+    uses it … .using(queue=…)'), never saying no handler is subscribed with that group."""
+    _, output = run_burst(start_worker, "--groups", "nosuch")
+    assert ("group 'nosuch' is served (queue 'group:nosuch'), but no handler this worker "
+            "knows is subscribed with group='nosuch'") in output
+    assert "no task this worker knows uses it" not in output

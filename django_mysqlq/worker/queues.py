@@ -19,6 +19,7 @@ from ..conf import get_settings
 from ..log import one_line
 from ..registry import import_task_modules, registry
 from ..routing import group_by_alias
+from ..topicnames import group_of_queue
 from . import fatal
 
 logger = logging.getLogger("django_mysqlq")
@@ -62,7 +63,15 @@ def report(who: str, queues: Sequence[str]) -> None:
     """
     known = known_queues()
     for queue in queues:
-        if queue not in known:
+        group = group_of_queue(queue)
+        if queue not in known and group is not None:
+            groups = sorted({g for q in known if (g := group_of_queue(q)) is not None})
+            logger.warning(
+                "%s: group %r is served (queue %r), but no handler this worker knows is "
+                "subscribed with group=%r (subscribed groups: %s): nothing will be "
+                "delivered to it. A typo, or a task module not imported?", who, group, queue,
+                group, ", ".join(groups) or "none")
+        elif queue not in known:
             logger.warning(
                 "%s: queue %r is served, but no task this worker knows uses it (known: %s); "
                 "only .using(queue=%r) or a Django task's queue_name sends work there. A "
