@@ -267,3 +267,22 @@ def test_a_woken_member_takes_no_more_than_the_windows_room() -> None:
                                            sequence=True, woken=True)
     assert (pumped.made, len(claimed)) == (1, 1)
     assert broker.position("wokenroom", "billing") == 6
+
+
+def test_a_woken_pump_whose_count_comes_back_null_looks_instead(monkeypatch) -> None:
+    """A producer's wake-up (KILL QUERY) landing in the woken lock's count subquery can
+    make MariaDB answer NULL (seen for the look in a chaos run). The woken pump did
+    ``int(None)``: a TypeError the member took for its group's own failure (an ERROR
+    line, a pump problem on the row, a pause). It now looks as usual and pumps."""
+    from django_mysqlq.broker import deliveries
+
+    nulled = deliveries.LOCK_GROUP_IF_ROOM_SQL.replace(
+        "SELECT id, position, ", "SELECT id, position, NULL AS counted_null, 0 * ", 1)
+    assert nulled != deliveries.LOCK_GROUP_IF_ROOM_SQL
+    monkeypatch.setattr(deliveries, "LOCK_GROUP_IF_ROOM_SQL", nulled)
+    feed = Topic("wokennull")
+    made = made_group("wokennull", "billing")
+    feed.publish_many([{"n": n} for n in range(3)])  # not sequenced: as a publish wakes
+    pumped, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(BATCH),
+                                           sequence=True, woken=True)
+    assert (pumped.made, len(claimed)) == (3, 3)

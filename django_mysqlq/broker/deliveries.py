@@ -429,7 +429,9 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
-        if row is None:
+        if row is None or (woken and row[2] is None):
+            # (A producer's wake-up landing in the count's subquery can make MariaDB
+            # answer NULL, as in the look: nothing is known, so the member looks.)
             return 0, [], []
         group_id, current = int(row[0]), int(row[1])
         # (Woken: none is ready, so the window's room is what its scheduled ones leave.)
