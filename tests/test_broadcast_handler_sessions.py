@@ -17,6 +17,7 @@ from django_mysqlq import Topic
 from django_mysqlq.topics import Subscription, TopicEvent
 from django_mysqlq.worker.topics import BroadcastReader
 from tests.conftest import raw_connection
+from tests.thread_support import in_thread_with_default
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -166,13 +167,7 @@ def test_broadcast_handlers_run_at_the_site_s_isolation_level() -> None:
     group handlers kept its level. Now they see the site's level; the reader's own
     transactions (its sequencing) set READ COMMITTED for themselves, as the broker's do on
     a task's connection (isolation.transaction_prelude)."""
-    result: list[Any] = []
-
-    def run() -> None:
-        default = connections["default"]
-        options = {**default.settings_dict["OPTIONS"], "isolation_level": "repeatable read"}
-        connections["default"] = type(default)({**default.settings_dict, "OPTIONS": options},
-                                               alias="default")
+    def run() -> list[str]:
         stop = threading.Event()
         levels: list[str] = []
 
@@ -182,20 +177,11 @@ def test_broadcast_handlers_run_at_the_site_s_isolation_level() -> None:
                 levels.append(str(cursor.fetchone()[0]))
             stop.set()
 
-        try:
-            reader = reader_for("levelled", level, stop)
-            Topic("levelled").publish("x")
-            reader.run()  # (as the worker's thread does; the handler stops it)
-            result.append(levels)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-        finally:
-            connections.close_all()
+        reader = reader_for("levelled", level, stop)
+        Topic("levelled").publish("x")
+        reader.run()  # (as the worker's thread does; the handler stops it)
+        return levels
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive()
-    [levels] = result
+    levels = in_thread_with_default(run, options={"isolation_level": "repeatable read"})
     assert levels == ["REPEATABLE-READ"]
     assert committed_offsets("levelled") == [1]

@@ -27,6 +27,7 @@ from tests.kill_support import PATIENCE, kill_when_stalled, stalling_worker
 from tests.test_kill_steps import STEPS
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
+from tests.thread_support import in_thread_with_default
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -103,26 +104,7 @@ def test_read_committed_or_django_s_default_passes(settings, options):
 
 def _in_thread_at(level: str, body: Callable[[], Any]) -> Any:
     """Run ``body`` in a thread whose queue connection is configured at ``level``."""
-    result: list[Any] = []
-
-    def run() -> None:
-        default = connections["default"]
-        options = {**default.settings_dict["OPTIONS"], "isolation_level": level}
-        connections["default"] = type(default)({**default.settings_dict, "OPTIONS": options},
-                                               alias="default")
-        try:
-            result.append(body())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return in_thread_with_default(body, options={"isolation_level": level})
 
 
 def _session_level() -> str:

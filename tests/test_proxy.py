@@ -23,6 +23,7 @@ from django_mysqlq.models import Attempt, Message, Worker
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
+from tests.thread_support import in_thread_with_default
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -48,25 +49,7 @@ def fresh_warning() -> Iterator[None]:
 
 def _in_thread(body: Callable[[], Any], **database: Any) -> Any:
     """Run ``body`` in a thread whose queue connection uses these DATABASES entries."""
-    result: list[Any] = []
-
-    def run() -> None:
-        default = connections["default"]
-        connections["default"] = type(default)({**default.settings_dict, **database},
-                                               alias="default")
-        try:
-            result.append(body())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return in_thread_with_default(body, **database)
 
 
 def _direct() -> bool:

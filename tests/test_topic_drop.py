@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -55,11 +56,16 @@ def test_a_row_deleted_while_its_members_run_is_still_made_again_after_its_last_
     """The one case that goes on after the group's last delivery: a running member's pump
     finds no row (``_missing``)."""
     abandoned_by_hand("events", "billing")
+    assert_a_running_member_makes_it_again_at(6, caplog)
+
+
+def assert_a_running_member_makes_it_again_at(position: int, caplog: Any) -> None:
+    """A member of events/billing still running finds no row: it makes it again there."""
     member = spec("events", "billing", start="latest")
     with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
         assert broker.pump_group(member, batch=10, window=10, recreate=True).made == 0
-    assert broker.position("events", "billing") == 6
-    assert "made it again at position 6" in caplog.text
+    assert broker.position("events", "billing") == position
+    assert f"made it again at position {position}" in caplog.text
 
 
 def run(*args: str) -> str:
@@ -153,11 +159,7 @@ def test_a_member_still_running_a_dropped_group_makes_it_again_at_its_start(capl
     """Not after the dropped group's last delivery (offset 6): a hand delete keeps the
     links, and a running member goes on from them (see above)."""
     dropped("events", "billing")
-    member = spec("events", "billing", start="latest")
-    with caplog.at_level(logging.WARNING, logger="django_mysqlq"):
-        assert broker.pump_group(member, batch=10, window=10, recreate=True).made == 0
-    assert broker.position("events", "billing") == 10
-    assert "made it again at position 10" in caplog.text
+    assert_a_running_member_makes_it_again_at(10, caplog)
 
 
 def test_drop_of_a_hold_group_cancels_the_dead_head_and_the_deliveries_it_held() -> None:

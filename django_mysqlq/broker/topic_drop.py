@@ -24,7 +24,7 @@ from . import subjects
 from .base import LOCK_ERRORS, MESSAGE_TABLE, default_alias, error_code, in_transaction, logger
 from .operate import Operator, cancel_within
 from .topic_ops import DELIVERY_TABLE, GROUP_TABLE
-from .topic_reset import LOCK_GROUP_SQL
+from .topic_reset import lock_group
 
 #: The history note of the deliveries a drop cancels.
 DROP_NOTE = "topic group dropped"
@@ -86,14 +86,10 @@ def drop_group(topic: str, group: str, operator: Operator,
 
     def body(cursor: Any) -> DropResult:
         begun.clear()
-        cursor.execute(LOCK_GROUP_SQL, [topic, group])
-        row = cursor.fetchone()
-        if row is None:
-            raise LookupError(
-                f"Topic {topic!r} has no consumer group {group!r}: nothing to drop (see "
-                "queuetopic groups; a group dropped already has no row).")
+        group_id, position = lock_group(
+            cursor, topic, group, f"Topic {topic!r} has no consumer group {group!r}: nothing "
+            "to drop (see queuetopic groups; a group dropped already has no row).")
         begun.append(True)
-        group_id, position = int(row[0]), int(row[1])
         cursor.execute(DROPPED_DELIVERIES_SQL, [task_name])
         found = {int(i): str(status) for i, status in cursor.fetchall()}
         cancelled, promoted[:] = cancel_within(cursor, alias, list(found), operator,

@@ -169,6 +169,16 @@ def _new_position(cursor: Any, topic: str, target: ResetTarget,
     return offset - 1, False
 
 
+def lock_group(cursor: Any, topic: str, group: str, missing: str) -> tuple[int, int]:
+    """The group's id and position, its row locked for an operator's transaction (reset,
+    drop); :class:`LookupError` saying ``missing`` when it has no row."""
+    cursor.execute(LOCK_GROUP_SQL, [topic, group])
+    row = cursor.fetchone()
+    if row is None:
+        raise LookupError(missing)
+    return int(row[0]), int(row[1])
+
+
 def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
                 alias: str | None = None, *,
                 names: dict[str, str] | None = None) -> ResetResult:
@@ -186,13 +196,9 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
     def body(cursor: Any) -> tuple[int, int, list[int]]:
         nonlocal none_found
         cancelling.clear()
-        cursor.execute(LOCK_GROUP_SQL, [topic, group])
-        row = cursor.fetchone()
-        if row is None:
-            raise LookupError(
-                f"Topic {topic!r} has no consumer group {group!r} (a group is created by "
-                "the first worker that runs its handler).")
-        group_id, old = int(row[0]), int(row[1])
+        group_id, old = lock_group(
+            cursor, topic, group, f"Topic {topic!r} has no consumer group {group!r} (a group "
+            "is created by the first worker that runs its handler).")
         new, none_found = _new_position(cursor, topic, target, said)
         cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
         waiting = [int(found[0]) for found in cursor.fetchall()]
