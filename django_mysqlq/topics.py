@@ -178,7 +178,12 @@ def _code(handler: Handler) -> object:
 
 def _same_source(old: Subscription, new: Subscription) -> bool:
     """Whether two handlers of other names come from one definition in one file: a module
-    imported under two names (its directory on ``sys.path`` as well as its package)."""
+    imported under two names (its directory on ``sys.path`` as well as its package). Their
+    own qualified names then differ by module alone: two handlers under a decorator that
+    copies their names but sets no ``__wrapped__`` share the wrapper's code, and are not
+    one function."""
+    if getattr(old.handler, "__qualname__", None) != getattr(new.handler, "__qualname__", None):
+        return False
     a, b = _code(old.handler), _code(new.handler)
     return (isinstance(a, types.CodeType) and isinstance(b, types.CodeType)
             and (a.co_filename, a.co_firstlineno, a.co_qualname)

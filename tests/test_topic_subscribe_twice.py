@@ -166,3 +166,29 @@ def test_a_group_handler_imported_under_two_module_names_says_so(fresh, two_name
     importlib.import_module("twicepkg.twice_named")
     with pytest.raises(InvalidTaskOptions, match=r"imported under two module names"):
         importlib.import_module("twice_named")
+
+
+def named_like(handler: Any) -> Any:
+    """A decorator that copies the handler's names but sets no ``__wrapped__``: every
+    handler under it shares the wrapper's code."""
+    def wrapper(event: TopicEvent) -> None:
+        handler(event)
+    wrapper.__name__ = handler.__name__
+    wrapper.__qualname__ = handler.__qualname__
+    wrapper.__module__ = handler.__module__
+    return wrapper
+
+
+def test_two_broadcast_handlers_under_a_name_copying_decorator_are_both_kept(fresh) -> None:
+    """They were refused as "one function imported under two module names": the check
+    compared the wrapper's code, which they share; a worker importing them didn't start."""
+    orders = Topic("orders")
+
+    def forget_orders(event: TopicEvent) -> None: ...
+
+    def forget_users(event: TopicEvent) -> None: ...
+
+    orders.subscribe(broadcast=True)(named_like(forget_orders))
+    orders.subscribe(broadcast=True)(named_like(forget_users))
+    assert sorted(s.handler.__name__ for s in fresh.broadcast()) == [
+        "forget_orders", "forget_users"]
