@@ -135,9 +135,10 @@ class QueueSettings:
         10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
     #: Topic messages one pump step turns into deliveries of one group.
     TOPIC_PUMP_BATCH: int = 500
-    #: Deliveries a group may have ready or scheduled (retries) before its pump pauses
-    #: (keeps the queue table small however far behind a group is: the rest wait in the
-    #: topic); blocked ones stop it at 10 times this (``BLOCKED_WINDOWS``).
+    #: Deliveries a group may have ready, or scheduled (retries) while its handler fails,
+    #: before its pump pauses (keeps the queue table small however far behind a group
+    #: is: the rest wait in the topic); the retries of a group whose handler works, and
+    #: its blocked deliveries, stop it at 10 times this (``broker.group_window``).
     TOPIC_WINDOW: int = 1000
     #: Seconds between two reads of a topic by a worker's broadcast thread.
     TOPIC_BROADCAST_POLL_SECONDS: float = 0.2

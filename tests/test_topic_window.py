@@ -6,12 +6,16 @@ group, and a held key, pumped their whole backlog into ``mysqlq_message``)."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
+from django.utils import timezone
 
 from django_mysqlq import Topic, broker
 from django_mysqlq.broker.deliveries import BLOCKED_WINDOWS
+from django_mysqlq.broker.group_window import RETRY_HOLD_SECONDS, SCHEDULED_WINDOWS
 from django_mysqlq.messages import AttemptResult, ClaimedMessage
-from django_mysqlq.models import Message
+from django_mysqlq.models import Attempt, Message
 from django_mysqlq.topicnames import delivery_task_name, group_queue
 from tests.burst import run_burst
 from tests.operator_support import RUNNER
@@ -78,13 +82,14 @@ def test_a_failing_groups_retries_fill_its_window_and_the_backlog_stays_in_the_t
         fail(claimed)
     assert statuses(made) == {"scheduled": WINDOW}
     assert broker.position("failwin", "billing") == WINDOW
-    # A retry that ends (acked) makes room for one more.
+    # A retry that ends (acked): the handler works again, so the other retries no
+    # longer hold the pump (group_window): it pumps by the window's room for ready ones.
     retry = Message.objects.filter(queue=made.queue).order_by("id").first()
     assert retry is not None
     Message.objects.filter(pk=retry.pk).update(status="ready")
     ack(claim(made, 1))
-    assert broker.pump_group(made, BATCH, WINDOW).made == 1
-    assert broker.position("failwin", "billing") == WINDOW + 1
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+    assert broker.position("failwin", "billing") == WINDOW + BATCH
 
 
 def hold_key(feed: Topic, made: broker.GroupSpec, key: str) -> None:
@@ -249,6 +254,82 @@ def test_a_burst_member_ends_when_retries_due_after_burst_wait_fill_its_window(
     waiting = statuses(made)
     assert set(waiting) == {"scheduled"} and waiting["scheduled"] >= SMALL, waiting
     assert broker.position("windowfeed", "laterwin") == waiting["scheduled"] < total
+
+
+@pytest.mark.worker
+def test_a_burst_member_of_a_working_group_handles_all_past_more_retries_than_its_window(
+        start_worker) -> None:
+    """Some messages fail into retries an hour away, more of them than the window holds,
+    while the others succeed: the retries don't hold the pump of a group whose handler
+    works, so every other message is handled (its pump stopped for good at the window's
+    worth of retries, and the member ended with the rest unhandled in the topic)."""
+    made = subscribed("somewin")
+    total = 8 * SMALL
+    failing = {n for n in range(total) if n % 4 == 1}  # 10, twice the window
+    Topic("windowfeed").publish_many([{"label": "somewin", "seq": n, "fail": n in failing}
+                                      for n in range(total)])
+    summary, output = run_burst(start_worker, "--groups", "somewin", "--concurrency", "2",
+                                "--batch", "2", env=WORKER_ENV, patience=45)
+    assert summary["succeeded"] == total - len(failing), output[-3000:]
+    assert statuses(made) == {"scheduled": len(failing)}
+    assert broker.position("windowfeed", "somewin") == total
+    assert set(GateRun.objects.filter(key="somewin:", outcome="ok")
+               .values_list("seq", flat=True)) == set(range(total)) - failing
+
+
+def test_a_working_groups_retries_do_not_hold_its_pump() -> None:
+    """A few messages failing for hours filled the window with retries and stopped the
+    group's pump: the rest waited behind them although the handler works. Retries count
+    in the window only while none of the group's deliveries succeeded lately."""
+    feed = Topic("somefail")
+    made = made_group("somefail", "billing")
+    total = 40
+    feed.publish_many([{"n": n} for n in range(total)])
+    broker.sequence("somefail")
+    failed = 0
+    for _ in range(total):
+        made_now = broker.pump_group(made, BATCH, WINDOW).made
+        taken = claim(made, 100)
+        ack(taken[:1])  # one works each round, the rest fail into retries (until 8 did)
+        failing = taken[1:][:max(0, 8 - failed)]
+        fail(failing)
+        failed += len(failing)
+        ack(taken[1 + len(failing):])
+        if not made_now and not taken:
+            break
+    assert failed == 8 > WINDOW
+    assert statuses(made) == {"scheduled": 8}
+    assert broker.position("somefail", "billing") == total
+    # Once none of its deliveries succeeded lately, they count again: the pump waits.
+    Attempt.objects.filter(task_name=made.task_name).update(
+        finished_at=timezone.now() - dt.timedelta(seconds=RETRY_HOLD_SECONDS + 5))
+    feed.publish_many([{"n": n} for n in range(5)])
+    broker.sequence("somefail")
+    assert broker.pump_group(made, BATCH, WINDOW).made == 0
+    assert not broker.group_behind(made, window=WINDOW)
+
+
+def test_a_working_groups_retries_stop_its_pump_at_their_own_bound() -> None:
+    """Most deliveries failing, but not all: the retries don't count in the window, yet
+    they stop the pump at ``SCHEDULED_WINDOWS`` windows, the backlog left in the topic."""
+    feed = Topic("mostfail")
+    made = made_group("mostfail", "billing")
+    total = 4 * SCHEDULED_WINDOWS * WINDOW
+    feed.publish_many([{"n": n} for n in range(total)])
+    broker.sequence("mostfail")
+    for _ in range(total):
+        made_now = broker.pump_group(made, BATCH, WINDOW).made
+        taken = claim(made, 100)
+        ack(taken[:1])
+        fail(taken[1:])
+        if not made_now and not taken:
+            break
+    bound = SCHEDULED_WINDOWS * WINDOW
+    scheduled = statuses(made)["scheduled"]
+    assert bound <= scheduled <= bound + BATCH
+    assert broker.position("mostfail", "billing") < total
+    assert broker.group_behind(made)
+    assert not broker.group_behind(made, window=WINDOW)  # a --burst member ends there
 
 
 def test_a_woken_member_takes_no_more_than_the_windows_room() -> None:

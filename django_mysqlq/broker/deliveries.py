@@ -11,9 +11,10 @@ transaction; a group that has every sequenced message may stamp its topic's new 
 in that same transaction (``pump_group(sequence=True)``, see ``topics.py``).
 
 The window bounds what waits in the queue table, not running: the look counts the
-group's ready and scheduled deliveries (a failing group's retries wait too) up to the
-window, and its blocked ones up to ``BLOCKED_WINDOWS`` windows (a held or hot key); the
-pump waits at either bound, and the backlog stays in the topic.
+group's ready and scheduled deliveries up to the window (its retries count only while its
+handler fails: ``group_window``), and its blocked ones up to ``BLOCKED_WINDOWS``
+windows (a held or hot key); the pump waits at either bound, and the backlog stays in the
+topic.
 
 A member with room to run more (``pump_claiming``) pumps, when no delivery of the group
 is ready, only what it takes itself and inserts those deliveries already claimed by it (its
@@ -38,7 +39,6 @@ from ..models import MessageStatus
 from ..signals import topic_pumped
 from ..topicnames import EARLIEST
 from .base import (
-    MESSAGE_TABLE,
     connection_for,
     default_alias,
     in_transaction,
@@ -47,6 +47,16 @@ from .base import (
 )
 from .delivery_insert import PumpClaim, insert_deliveries
 from .enqueue import gate_statuses
+from .group_window import (
+    AT_BOUND_SQL,
+    BLOCKED,
+    BLOCKED_WINDOWS,
+    NONE_READY,
+    PENDING,
+    READY,
+    SCHEDULED,
+    retries_hold,
+)
 from .kept import kept_bounds
 from .literals import execute_escaped
 from .oversized import PUMP_READ_SQL, Oversized, fitting
@@ -62,23 +72,6 @@ from .topics import (
 
 GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
-#: The queue's claim index (``models.CLAIM_INDEX``: queue, status, priority, id): counts
-#: a group's deliveries by status, reading the index alone.
-CLAIM_INDEX = "mysqlq_msg_claim"
-#: A group's blocked deliveries (keyed ones behind their key's earlier delivery: a hot key,
-#: or one held by a dead delivery with ``on_dead="hold"``) stop its pump at this many
-#: windows: other keys go on past one held key for a while, and the rows stay bounded.
-BLOCKED_WINDOWS = 10
-#: How many of a group's deliveries of some statuses there are, counted up to a bound
-#: (``%s``: the queue, the bound): a range of the claim index, read up to the bound.
-_COUNTED = (f"(SELECT COUNT(*) FROM (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
-            " WHERE queue = %s AND status {statuses} LIMIT %s) AS counted)")
-_PENDING = _COUNTED.format(statuses="IN ('ready', 'scheduled')")
-_SCHEDULED = _COUNTED.format(statuses="= 'scheduled'")
-_BLOCKED = _COUNTED.format(statuses="= 'blocked'")
-_NONE_READY = (f"NOT EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})"
-               " WHERE queue = %s AND status = 'ready')")
-
 #: Create a group where it has no row yet, at its start: latest starts after the last
 #: offset given out, earliest before the first one kept (the parameter:
 #: ``kept.kept_bounds``, never past the last offset). Links of an older group of that name
@@ -111,22 +104,23 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: returns the scheduled ones too: the pump takes no more than the window's room, as the
 #: look's does (in the same statement: none more between a publish and its handler).
 LOCK_GROUP_IF_ROOM_SQL = (
-    f"SELECT id, position, {_SCHEDULED} FROM {GROUP_TABLE} WHERE topic = %s AND"
-    f" group_name = %s AND {_NONE_READY} AND {_SCHEDULED} < %s"
-    f" AND {_BLOCKED} < %s FOR UPDATE SKIP LOCKED")
+    f"SELECT id, position, {SCHEDULED} FROM {GROUP_TABLE} WHERE topic = %s AND"
+    f" group_name = %s AND {NONE_READY} AND {SCHEDULED} < %s"
+    f" AND {BLOCKED} < %s FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its deliveries ready or scheduled (retries) counted up
 #: to the window, and (only when it is not behind: the look walks the offset index's NULL
 #: end, slow while purge lags behind the stamping) whether committed messages lack an
 #: offset. Most looks of a busy member end here, one statement instead of a transaction.
 #: Then whether the group's row carries a note of a pump problem (``topic_problems``),
-#: whether none of its deliveries is ready, and its blocked ones counted up to their
-#: bound (``BLOCKED_WINDOWS`` windows).
+#: whether none of its deliveries is ready, its blocked ones counted up to their bound
+#: (``BLOCKED_WINDOWS`` windows), and its ready ones up to the window (the rest of the
+#: count before them is retries: ``group_window``).
 LOOK_SQL = (
-    f"SELECT g.position < t.last_offset, {_PENDING},"
+    f"SELECT g.position < t.last_offset, {PENDING},"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
     f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
-    f" g.position, t.last_offset, g.pump_problem <> '', {_NONE_READY}, {_BLOCKED}"
+    f" g.position, t.last_offset, g.pump_problem <> '', {NONE_READY}, {BLOCKED}, {READY}"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -141,10 +135,6 @@ BEHIND_SQL = (
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
-#: Whether the group's pump waits at a bound (``%s``: the queue, the window twice, the
-#: queue, the blocked bound twice): its ready and scheduled deliveries fill the window, or
-#: its blocked ones their bound (``--burst``: ``group_behind(window=…)``).
-AT_BOUND_SQL = f"SELECT {_PENDING} >= %s OR {_BLOCKED} >= %s"
 #: The next sequenced messages after the group's position.
 _LINK_ROW = "(%s, %s, %s, %s, UTC_TIMESTAMP(6))"
 LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_offset, "
@@ -237,7 +227,8 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
          least: int = 1) -> int:
     """Turn up to ``batch`` messages after the group's position into deliveries; return
     how many. Nothing when another member is pumping, or ``window`` deliveries wait
-    (ready, or scheduled for a retry), or ``BLOCKED_WINDOWS * window`` are blocked behind
+    (ready, or scheduled for a retry: see ``group_window`` for when retries count), or
+    ``BLOCKED_WINDOWS * window`` are blocked behind
     their key, or a delivery is ready and there is room for fewer than ``least`` more (a
     draining member then pumps one big batch now and then, not a few rows every round;
     with none ready, retries scheduled for later don't make it wait for that much room)."""
@@ -289,8 +280,11 @@ def group_behind(spec: GroupSpec, alias: str | None = None, window: int | None =
         bound = BLOCKED_WINDOWS * window
         cursor.execute(AT_BOUND_SQL, [spec.queue, window, window, spec.queue, bound, bound])
         full = cursor.fetchone()
-    # (NULL: a wake-up's KILL QUERY cut the count short; look again.)
-    return full is None or full[0] is None or not full[0]
+        if full is None or None in full:
+            return True  # (a wake-up's KILL QUERY cut a count short: look again)
+        if full[1]:
+            return False
+        return not (full[0] and retries_hold(cursor, spec.queue, spec.task_name, window))
 
 
 def pump_claims_supported(alias: str | None = None) -> bool:
@@ -326,8 +320,8 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
     key's earlier delivery stays blocked); they are read back like a claim's batch and
     returned. While deliveries are ready, it pumps by the window as before and claims
     nothing: the member's claim takes the ready ones first. Either way nothing while
-    ``window`` deliveries are ready or scheduled (retries: a failing group's are not
-    running either), or ``BLOCKED_WINDOWS`` times that many are blocked. A pump that
+    ``window`` deliveries are ready or scheduled (retries, while its handler fails:
+    ``group_window``), or ``BLOCKED_WINDOWS`` times that many are blocked. A pump that
     took all it could while the group is still behind wakes another member (one parked
     would not hear of the rest otherwise).
 
@@ -346,8 +340,15 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
             return Pumped(made, True, oversized=oversized), claimed
     with connection_for(alias).cursor() as cursor:
         cursor.execute(LOOK_SQL, [spec.queue, window, spec.queue, spec.queue,
-                                  BLOCKED_WINDOWS * window, spec.topic, spec.group])
+                                  BLOCKED_WINDOWS * window, spec.queue, window, spec.topic,
+                                  spec.group])
         look = cursor.fetchone()
+        if look is not None and None not in (look[1], look[8]) \
+                and int(look[1]) - int(look[8]) >= max(window // 2, 1) \
+                and not retries_hold(cursor, spec.queue, spec.task_name, window):
+            # Half a window of retries or more, of a group whose handler works: they
+            # don't hold its pump (group_window).
+            look = (*look[:1], look[8], *look[2:])
     if look is None:
         return (_missing(spec, alias) if recreate else Pumped(0, False)), []
     if None in (look[0], look[1], look[6], look[7]):

@@ -36,3 +36,12 @@ def later(event: TopicEvent) -> None:
     """Always fails: its retry comes in an hour."""
     _record("laterwin", event, "failed")
     raise RuntimeError(f"laterwin failed on #{event.payload['seq']}")
+
+
+@windowfeed.subscribe(group="somewin", retry_backoff=[3600], max_attempts=5)
+def some(event: TopicEvent) -> None:
+    """Fails (a retry in an hour) where the payload says ``fail``, else works."""
+    if event.payload.get("fail"):
+        _record("somewin", event, "failed")
+        raise RuntimeError(f"somewin failed on #{event.payload['seq']}")
+    _record("somewin", event, "ok")
