@@ -8,6 +8,7 @@ are reads.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from django.db import DataError
 
@@ -77,6 +78,45 @@ def drop_summary(done: broker.DropResult) -> str:
             f"links deleted{running}. A worker still running its subscription makes the "
             "group again at its start: remove the subscription from the code and deploy "
             "first.")
+
+
+def reset_cancelled(done: broker.ResetResult, replay_with: Callable[[int, int], str]) -> str:
+    """How many waiting deliveries a reset cancelled, and when some were at offsets at or
+    before its new position, that those won't run: their offsets, and how to replay
+    them (``replay_with(first, last)``: the command's or the admin's way). Said by the
+    command and the admin alike, after the positions."""
+    said = f"{done.cancelled} waiting deliveries cancelled"
+    if not done.skipped:
+        return f"{said}."
+    which = ("it" if done.cancelled == 1 else f"all {done.skipped}"
+             if done.skipped == done.cancelled else f"{done.skipped} of them")
+    one = done.skipped == 1
+    before = (f"{'is' if one else 'are'} before offset {done.new_position + 1}, the next "
+              "one the group gets,")
+    gone = done.skipped_gone
+    if done.skipped_offsets is None:
+        return _come_again(done, f"{said}: {which} {before} and will not run: retention "
+                                 "deleted their messages, so no replay brings them back")
+    first, last = done.skipped_offsets
+    span = f"offset {first}" if first == last else f"offsets {first}-{last}"
+    if done.skipped_gaps:
+        span += ", not every one between"
+    linked = done.skipped - gone  # with an offset: replayable
+    replay = f"{replay_with(first, last)} if {'it' if linked == 1 else 'they'} should" + (
+        "; the range's other offsets would run again too" if done.skipped_gaps else "")
+    if gone:
+        return _come_again(done, f"{said}: {which} {before} and will not run: "
+                                 f"{linked} of them ({span}) can be replayed "
+                                 f"with {replay}, {gone} cannot (retention deleted their "
+                                 "messages)")
+    return _come_again(done, f"{said}: {which} ({span}) {before} and will not run "
+                             f"(replay {'it' if one else 'them'} with {replay})")
+
+
+def _come_again(done: broker.ResetResult, said: str) -> str:
+    """``said``, then how many of the cancelled deliveries the group gets again."""
+    other = done.cancelled - done.skipped
+    return f"{said}; the other {other} come again." if other else f"{said}."
 
 
 def reset_summary(done: broker.ResetResult, target: broker.ResetTarget) -> str:

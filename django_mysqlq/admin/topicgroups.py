@@ -61,20 +61,45 @@ def _bulk_reset(edge: str) -> Any:
         target = broker.ResetTarget(edge=edge)
         say_each = queryset.count() <= SAY_EACH
         reset = cancelled = last = 0
+        skipped: list[broker.ResetResult] = []  # the resets that skipped some
         while batch := list(queryset.filter(pk__gt=last).order_by("pk")[:BULK_BATCH]):
             for row in batch:
                 done = modeladmin.reset(request, row, target, say=say_each)
                 if done is not None:
                     reset, cancelled = reset + 1, cancelled + done.cancelled
+                    skipped += [done] if done.skipped else []
             last = batch[-1].pk
         if reset and not say_each:
             modeladmin.message_user(request, f"{reset} groups reset to the {edge} message; "
-                                    f"{cancelled} waiting deliveries cancelled.",
-                                    messages.SUCCESS)
+                                    f"{cancelled} waiting deliveries cancelled"
+                                    f"{_skipped_in_bulk(skipped)}.",
+                                    messages.WARNING if skipped else messages.SUCCESS)
 
     run.__name__ = f"reset_{edge}"
     return admin.action(description=f"Reset to the {edge} message (selected groups)",
                         permissions=["reset"])(run)
+
+
+def _skipped_in_bulk(skipped: list[broker.ResetResult]) -> str:
+    """What the bulk reset's one message adds when some groups' cancelled deliveries were
+    at offsets at or before their new position (they will not run): how many, and the
+    groups (the first :data:`SAY_EACH`; the log names each)."""
+    if not skipped:
+        return ""
+
+    def at(bounds: tuple[int, int] | None) -> str:
+        if bounds is None:  # retention deleted their messages
+            return ""
+        return f" at offset {bounds[0]}" if bounds[0] == bounds[1] else \
+            f" at offsets {bounds[0]}-{bounds[1]}"
+
+    named = [f"{done.topic} / {done.group}: {done.skipped}{at(done.skipped_offsets)}"
+             for done in skipped[:SAY_EACH]]
+    more = (f"; and {len(skipped) - SAY_EACH} more groups, which the log names"
+            if len(skipped) > SAY_EACH else "")
+    return (f": {sum(done.skipped for done in skipped)} of them were before their group's "
+            f"new position and will not run ({', '.join(named)}{more}); replay them from "
+            "each group's page if they should")
 
 
 @admin.register(TopicGroup)
@@ -225,10 +250,14 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         if not say:
             return done
         summary = topicops.reset_summary(done, target)
+        cancelled = topicops.reset_cancelled(
+            done, lambda first, last: f"the replay form of the group's page (from {first} "
+            f"to {last})")
         self.message_user(request, f"Group {done.group} of {done.topic} reset to "
                           f"{target.describe()}: position {done.old_position} -> "
-                          f"{done.new_position}; {done.cancelled} waiting deliveries "
-                          "cancelled." + (f" {summary}" if summary else ""), messages.SUCCESS)
+                          f"{done.new_position}; {cancelled}" + (f" {summary}" if summary
+                                                               else ""),
+                          messages.WARNING if done.skipped else messages.SUCCESS)
         return done
 
 

@@ -5,8 +5,11 @@ lock with ``SKIP LOCKED``, so it simply skips a round) and records who and when.
 group's *waiting* deliveries (ready, scheduled, blocked) are cancelled together in that
 transaction (history keeps them, note :data:`RESET_NOTE`): none is claimed or promoted
 after the move. Each offset past the new position becomes exactly one new delivery: a
-reset backwards does not run the waiting ones twice, a reset forwards skips them. A
-delivery already running finishes; dead ones stay in the dead letter.
+reset backwards does not run the waiting ones twice. A cancelled delivery of an offset at
+or before the new position is skipped for good (the target is the next offset the group
+gets): the result counts them (:attr:`ResetResult.skipped`) and names their offsets, and
+the log line says so, for an operator to replay them if they should run. A delivery
+already running finishes; dead ones stay in the dead letter.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .base import (
 )
 from .kept import kept_bounds
 from .operate import Operator, cancel_within
-from .topic_ops import EARLIEST, GROUP_TABLE, LATEST, TARGET_NAMES, TopicOffsetError
+from .topic_ops import DELIVERY_TABLE, EARLIEST, GROUP_TABLE, LATEST, TARGET_NAMES, TopicOffsetError
 from .topics import TOPIC_MESSAGE_TABLE
 
 #: The history note of the waiting deliveries a reset cancels.
@@ -65,9 +68,13 @@ LOWEST_OFFSET_PUBLISHED_SQL = f"""
 SELECT MIN(msg_offset) FROM {TOPIC_MESSAGE_TABLE} FORCE INDEX (mysqlq_tmsg_published)
  WHERE topic = %s AND published_at >= %s AND published_at <= %s AND msg_offset IS NOT NULL
 """
+#: The group's waiting deliveries and the offset each delivers (from its link row; NULL
+#: when retention deleted its message and its links while it waited: its offset is
+#: before the first kept one, so before any position a reset can set).
 WAITING_DELIVERIES_SQL = f"""
-SELECT id FROM {MESSAGE_TABLE} FORCE INDEX (mysqlq_msg_task)
- WHERE task_name = %s AND status IN ('ready', 'scheduled', 'blocked')
+SELECT m.id, d.msg_offset FROM {MESSAGE_TABLE} m FORCE INDEX (mysqlq_msg_task)
+  LEFT JOIN {DELIVERY_TABLE} d ON d.message_id = m.id
+ WHERE m.task_name = %s AND m.status IN ('ready', 'scheduled', 'blocked')
 """
 #: (A move forward is recorded apart, set before ``position`` changes: a trace blames only
 #: it for a skipped offset. Params: new position thrice, operator, operator, group id.)
@@ -110,11 +117,43 @@ class ResetResult:
     group: str
     old_position: int
     new_position: int
-    #: Waiting deliveries cancelled (their offsets come again from the new position).
+    #: Waiting deliveries cancelled, all of them: those of offsets past the new position
+    #: come again (the pump delivers each such offset once more); the others are
+    #: :attr:`skipped`.
     cancelled: int
     #: A reset to a time at or after which no message (with an offset) was published yet:
     #: the group was set to the latest offset, and gets what is published from now on.
     none_at_or_after_time: bool = False
+    #: Of :attr:`cancelled`, those of offsets at or before the new position: they will
+    #: not run (the group's next offset is past them) unless an operator replays them.
+    skipped: int = 0
+    #: The lowest and highest offset of the :attr:`skipped` (None: none skipped, or none
+    #: with an offset left).
+    skipped_offsets: tuple[int, int] | None = None
+    #: Some offsets between those two were not skipped (handled, running, dead): a replay
+    #: of the range runs them again too.
+    skipped_gaps: bool = False
+    #: Of :attr:`skipped`, those whose message retention deleted (their link with it):
+    #: no offset to name, nothing to replay.
+    skipped_gone: int = 0
+
+    def skipped_words(self) -> str:
+        """The skipped, in words for the log ("" if none): how many, before which
+        offset, and their offsets."""
+        if not self.skipped:
+            return ""
+        where = []
+        if self.skipped_offsets is not None:
+            first, last = self.skipped_offsets
+            where.append(f"offset {first}" if first == last else
+                         f"offsets {first}-{last}"
+                         + (", not every one between" if self.skipped_gaps else ""))
+        if self.skipped_gone:
+            where.append(f"{self.skipped_gone} whose message retention deleted")
+        return (f"{self.skipped} of them ({'; '.join(where)}) "
+                f"{'is' if self.skipped == 1 else 'are'} before offset "
+                f"{self.new_position + 1}, the next one the group gets, and will not run "
+                "unless replayed")
 
 
 def _offsets_to(first: int, last: int) -> str:
@@ -192,6 +231,7 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
     none_found = False
     cancelling: list[int] = []  # how many waiting, once the cancel began
     promoted: list[tuple[int, str]] = []
+    offsets: dict[int, int | None] = {}  # each waiting delivery's offset
 
     def body(cursor: Any) -> tuple[int, int, list[int]]:
         nonlocal none_found
@@ -201,7 +241,10 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
             "is created by the first worker that runs its handler).")
         new, none_found = _new_position(cursor, topic, target, said)
         cursor.execute(WAITING_DELIVERIES_SQL, [task_name])
-        waiting = [int(found[0]) for found in cursor.fetchall()]
+        offsets.clear()
+        offsets.update((int(found[0]), None if found[1] is None else int(found[1]))
+                       for found in cursor.fetchall())
+        waiting = list(offsets)
         who = operator.name[:200]
         cursor.execute(MOVE_GROUP_SQL, [new, new, who, new, who, group_id])
         cancelling.append(len(waiting))  # here: once it commits none is claimable any more
@@ -234,7 +277,22 @@ def reset_group(topic: str, group: str, target: ResetTarget, operator: Operator,
         logger.error("%s", text)
         raise ResetIncomplete(text) from exc
     subjects.wake_promoted(alias, promoted)
+    done = _result(topic, group, old, new, [offsets.get(i) for i in cancelled], none_found)
+    skipped = done.skipped_words()
     logger.warning("Consumer group %r of topic %r reset to %s by %s: position %d -> %d; "
-                   "%d waiting deliveries cancelled.", group, topic, target.describe(),
-                   operator.name, old, new, len(cancelled))
-    return ResetResult(topic, group, old, new, len(cancelled), none_found)
+                   "%d waiting deliveries cancelled%s.", group, topic, target.describe(),
+                   operator.name, old, new, done.cancelled, f": {skipped}" if skipped else "")
+    return done
+
+
+def _result(topic: str, group: str, old: int, new: int, cancelled: list[int | None],
+            none_found: bool) -> ResetResult:
+    """The result of a reset that cancelled deliveries of these offsets (None: its
+    message deleted by retention, so before any position it could be set to)."""
+    skipped = [offset for offset in cancelled if offset is None or offset <= new]
+    kept = sorted({offset for offset in skipped if offset is not None})
+    bounds = (kept[0], kept[-1]) if kept else None
+    return ResetResult(topic, group, old, new, len(cancelled), none_found,
+                       skipped=len(skipped), skipped_offsets=bounds,
+                       skipped_gaps=bool(kept) and len(kept) != kept[-1] - kept[0] + 1,
+                       skipped_gone=skipped.count(None))

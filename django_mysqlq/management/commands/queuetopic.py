@@ -94,7 +94,8 @@ class Command(cli.SaysDatabaseErrors):
         listing.add_argument("--json", action="store_true")
         reset = sub.add_parser("reset", help="Move a group's position (its waiting "
                                "deliveries are cancelled; the next offset it gets is the "
-                               "target).")
+                               "target: waiting ones before it never run, the output says "
+                               "which).")
         reset.add_argument("group")
         reset.add_argument("--topic", required=True)
         where = reset.add_mutually_exclusive_group(required=True)
@@ -166,10 +167,12 @@ class Command(cli.SaysDatabaseErrors):
             edge="earliest" if options["earliest"] else "latest" if options["latest"] else None)
         done = topicops.reset(options["topic"], options["group"], target, ops.cli_operator(),
                               names=broker.topic_ops.CLI_NAMES)
+        cancelled = topicops.reset_cancelled(
+            done, lambda first, last: f"queuetopic replay --topic {done.topic} --group "
+            f"{done.group} --from-offset {first} --to-offset {last}")
         self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "
                           f"{done.old_position} -> {done.new_position} (next offset "
-                          f"{done.new_position + 1}); {done.cancelled} waiting "
-                          "deliveries cancelled.")
+                          f"{done.new_position + 1}); {cancelled}")
         summary = topicops.reset_summary(done, target)
         if summary:
             self.stdout.write(summary)
