@@ -53,7 +53,6 @@ from .group_window import (
     BLOCKED_WINDOWS,
     NONE_READY,
     PENDING,
-    READY,
     SCHEDULED,
     retries_hold,
 )
@@ -114,13 +113,14 @@ LOCK_GROUP_IF_ROOM_SQL = (
 #: offset. Most looks of a busy member end here, one statement instead of a transaction.
 #: Then whether the group's row carries a note of a pump problem (``topic_problems``),
 #: whether none of its deliveries is ready, its blocked ones counted up to their bound
-#: (``BLOCKED_WINDOWS`` windows), and its ready ones up to the window (the rest of the
-#: count before them is retries: ``group_window``).
+#: (``BLOCKED_WINDOWS`` windows), and its retries up to the window (whether they count
+#: in it: ``group_window``).
 LOOK_SQL = (
     f"SELECT g.position < t.last_offset, {PENDING},"
     f" g.position >= t.last_offset AND EXISTS(SELECT 1 FROM {TOPIC_MESSAGE_TABLE}"
     f" FORCE INDEX ({OFFSET_INDEX}) WHERE topic = g.topic AND msg_offset IS NULL),"
-    f" g.position, t.last_offset, g.pump_problem <> '', {NONE_READY}, {BLOCKED}, {READY}"
+    f" g.position, t.last_offset, g.pump_problem <> '', {NONE_READY}, {BLOCKED},"
+    f" {SCHEDULED}"
     f" FROM {GROUP_TABLE} g JOIN {TOPIC_TABLE} t ON t.name = g.topic"
     " WHERE g.topic = %s AND g.group_name = %s"
 )
@@ -284,7 +284,8 @@ def group_behind(spec: GroupSpec, alias: str | None = None, window: int | None =
             return True  # (a wake-up's KILL QUERY cut a count short: look again)
         if full[1]:
             return False
-        return not (full[0] and retries_hold(cursor, spec.queue, spec.task_name, window))
+        return not (full[0] and retries_hold(cursor, spec.queue, spec.task_name, window)
+                    is None)
 
 
 def pump_claims_supported(alias: str | None = None) -> bool:
@@ -343,12 +344,12 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
                                   BLOCKED_WINDOWS * window, spec.queue, window, spec.topic,
                                   spec.group])
         look = cursor.fetchone()
-        if look is not None and None not in (look[1], look[8]) \
-                and int(look[1]) - int(look[8]) >= max(window // 2, 1) \
-                and not retries_hold(cursor, spec.queue, spec.task_name, window):
-            # Half a window of retries or more, of a group whose handler works: they
-            # don't hold its pump (group_window).
-            look = (*look[:1], look[8], *look[2:])
+        if look is not None and look[8] is not None and int(look[8]) >= max(window // 2, 1):
+            # Half a window of retries or more: of a group whose handler works, they
+            # don't hold its pump, only its ready ones count (group_window).
+            ready = retries_hold(cursor, spec.queue, spec.task_name, window)
+            if ready is not None:
+                look = (*look[:1], ready, *look[2:])
     if look is None:
         return (_missing(spec, alias) if recreate else Pumped(0, False)), []
     if None in (look[0], look[1], look[6], look[7]):

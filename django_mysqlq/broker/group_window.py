@@ -8,7 +8,7 @@ retries. A group whose handler works stays unheld by its retries (a few messages
 for hours must not stop the rest) up to :data:`SCHEDULED_WINDOWS` windows of them; its
 blocked deliveries (behind a hot key, or one held by a dead delivery) stop it at
 :data:`BLOCKED_WINDOWS` windows. Counting retries past the window costs a longer read of
-the claim index, so it is done only when they fill it (``retries_hold``).
+the claim index, so it is done only when they fill half of it (``retries_hold``).
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ NONE_READY = (f"NOT EXISTS(SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_IND
               " WHERE queue = %s AND status = 'ready')")
 #: Whether the group's retries hold its pump (``%s``: the queue, its bound twice, the
 #: delivery task, the seconds in microseconds): as many as their own bound, or none of its
-#: deliveries succeeded lately (the history's rows of its task, newest first).
+#: deliveries succeeded lately (the history's rows of its task in those seconds); then
+#: its ready deliveries up to the window (``%s``: the queue, the window), the window's
+#: count when the retries don't.
 RETRIES_HOLD_SQL = (
     f"SELECT {SCHEDULED} >= %s OR NOT EXISTS(SELECT 1 FROM {ATTEMPT_TABLE} FORCE INDEX "
     "(mysqlq_att_task) WHERE task_name = %s AND finished_at >= UTC_TIMESTAMP(6) - INTERVAL "
-    "%s MICROSECOND AND outcome = 'succeeded')"
+    f"%s MICROSECOND AND outcome = 'succeeded'), {READY}"
 )
 #: Whether the group's pump waits at a bound (``%s``: the queue, the window twice, the
 #: queue, the blocked bound twice): its ready and scheduled deliveries fill the window
@@ -53,12 +55,15 @@ RETRIES_HOLD_SQL = (
 AT_BOUND_SQL = f"SELECT {PENDING} >= %s, {BLOCKED} >= %s"
 
 
-def retries_hold(cursor: Any, queue: str, task_name: str, window: int) -> bool:
-    """Whether the group's retries (with its ready ones, filling ``window``) hold its
-    pump: its handler failing lately, or its retries at their own bound. None from the
-    server (a wake-up's ``KILL QUERY`` cutting the count short) holds it: look again."""
+def retries_hold(cursor: Any, queue: str, task_name: str, window: int) -> int | None:
+    """None when the group's retries hold its pump (its handler failing lately, or its
+    retries at their own bound), else its ready deliveries (up to ``window``): all its
+    window counts then. A NULL from the server (a wake-up's ``KILL QUERY`` cutting a count
+    short) holds it: the member looks again."""
     bound = SCHEDULED_WINDOWS * window
     cursor.execute(RETRIES_HOLD_SQL, [queue, bound, bound, task_name,
-                                      int(RETRY_HOLD_SECONDS * 1_000_000)])
+                                      int(RETRY_HOLD_SECONDS * 1_000_000), queue, window])
     row = cursor.fetchone()
-    return row is None or row[0] is None or bool(row[0])
+    if row is None or None in row or row[0]:
+        return None
+    return int(row[1])
