@@ -135,7 +135,8 @@ class QueueSettings:
         10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
     #: Topic messages one pump step turns into deliveries of one group.
     TOPIC_PUMP_BATCH: int = 500
-    #: Deliveries a group may have ready, or scheduled (retries) while its handler fails,
+    #: Deliveries a group may have ready, or scheduled (retries) while its handler fails
+    #: (none of the newest attempts in its queue succeeded),
     #: before its pump pauses (keeps the queue table small however far behind a group
     #: is: the rest wait in the topic); the retries of a group whose handler works, and
     #: its blocked deliveries, stop it at 10 times this (``broker.group_window``).

@@ -12,8 +12,9 @@ import pytest
 from django.utils import timezone
 
 from django_mysqlq import Topic, broker
+from django_mysqlq.broker import group_window
 from django_mysqlq.broker.deliveries import BLOCKED_WINDOWS
-from django_mysqlq.broker.group_window import RETRY_HOLD_SECONDS, SCHEDULED_WINDOWS
+from django_mysqlq.broker.group_window import SCHEDULED_WINDOWS
 from django_mysqlq.messages import AttemptResult, ClaimedMessage
 from django_mysqlq.models import Attempt, Message
 from django_mysqlq.topicnames import delivery_task_name, group_queue
@@ -280,7 +281,7 @@ def test_a_burst_member_of_a_working_group_handles_all_past_more_retries_than_it
 def test_a_working_groups_retries_do_not_hold_its_pump() -> None:
     """A few messages failing for hours filled the window with retries and stopped the
     group's pump: the rest waited behind them although the handler works. Retries count
-    in the window only while none of the group's deliveries succeeded lately."""
+    in the window only while none of the group's newest attempts succeeded."""
     feed = Topic("somefail")
     made = made_group("somefail", "billing")
     total = 40
@@ -300,13 +301,89 @@ def test_a_working_groups_retries_do_not_hold_its_pump() -> None:
     assert failed == 8 > WINDOW
     assert statuses(made) == {"scheduled": 8}
     assert broker.position("somefail", "billing") == total
-    # Once none of its deliveries succeeded lately, they count again: the pump waits.
-    Attempt.objects.filter(task_name=made.task_name).update(
-        finished_at=timezone.now() - dt.timedelta(seconds=RETRY_HOLD_SECONDS + 5))
+    # A quiet while (a deploy, a night) changes nothing: the state is its newest attempts.
+    Attempt.objects.filter(queue=made.queue).update(
+        finished_at=timezone.now() - dt.timedelta(hours=2))
     feed.publish_many([{"n": n} for n in range(5)])
     broker.sequence("somefail")
-    assert broker.pump_group(made, BATCH, WINDOW).made == 0
+    assert broker.group_behind(made, window=WINDOW)
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+
+
+def test_a_group_whose_newest_attempts_all_failed_counts_its_retries_until_one_succeeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(group_window, "RECENT_ATTEMPTS", 5)
+    feed = Topic("nowfail")
+    made = made_group("nowfail", "billing")
+    feed.publish_many([{"n": n} for n in range(100)])
+    broker.sequence("nowfail")
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+    ack(claim(made, 100))  # it worked...
+    for _ in range(100):  # ...then everything fails
+        made_now = broker.pump_group(made, BATCH, WINDOW).made
+        taken = claim(made, 100)
+        fail(taken)
+        if not made_now and not taken:
+            break
+    scheduled = statuses(made)["scheduled"]
+    # Held once its newest 5 attempts failed (and its retries were half a window, then a
+    # window): far under the 10 windows a working group may keep.
+    assert WINDOW <= scheduled <= WINDOW + 5 + BATCH < SCHEDULED_WINDOWS * WINDOW
     assert not broker.group_behind(made, window=WINDOW)
+    # A retry that succeeds: it works again, its retries no longer hold it.
+    retry = Message.objects.filter(queue=made.queue).order_by("id").first()
+    assert retry is not None
+    Message.objects.filter(pk=retry.pk).update(status="ready")
+    ack(claim(made, 1))
+    assert broker.group_behind(made, window=WINDOW)
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+
+
+def test_a_group_on_two_topics_has_one_state_for_its_one_queue() -> None:
+    """The retries of one topic's deliveries and the successes of the other's are one
+    group's: a topic quiet for a while is not held by its busy sibling's retries."""
+    busy, quiet = Topic("busyside"), Topic("quietside")
+    on_busy, on_quiet = made_group("busyside", "both"), made_group("quietside", "both")
+    assert on_busy.queue == on_quiet.queue
+    busy.publish_many([{"n": n} for n in range(40)])
+    broker.sequence("busyside")
+    failed = 0
+    for _ in range(40):
+        made_now = broker.pump_group(on_busy, BATCH, WINDOW).made
+        taken = claim(on_busy, 100)
+        ack(taken[:1])
+        failing = taken[1:][:max(0, 8 - failed)]
+        fail(failing)
+        failed += len(failing)
+        ack(taken[1 + len(failing):])
+        if not made_now and not taken:
+            break
+    assert statuses(on_busy) == {"scheduled": 8}
+    quiet.publish_many([{"n": n} for n in range(3)])
+    broker.sequence("quietside")
+    assert broker.group_behind(on_quiet, window=WINDOW)
+    assert broker.pump_group(on_quiet, BATCH, WINDOW).made == 3
+
+
+def test_a_woken_member_of_a_working_group_with_many_retries_takes_the_looks_room() -> None:
+    """Half a window of retries or more: the woken quick pump leaves the group to the
+    look, which weighs them (a working group's don't count): it took only the room they
+    left (6 - 4 = 2 of 3)."""
+    feed = Topic("wokenworks")
+    made = made_group("wokenworks", "billing")
+    feed.publish_many([{"n": n} for n in range(6)])
+    broker.sequence("wokenworks")
+    assert broker.pump_group(made, BATCH, WINDOW).made == BATCH
+    taken = claim(made, 100)
+    fail(taken)
+    assert statuses(made) == {"scheduled": BATCH}
+    assert broker.pump_group(made, BATCH, WINDOW).made == 2
+    ack(claim(made, 100))  # two work: the group's handler works
+    feed.publish_many([{"n": n} for n in range(5)])
+    _, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(3), sequence=True,
+                                      woken=True)
+    assert len(claimed) == 3
+    assert statuses(made) == {"scheduled": BATCH, "claimed": 3}
 
 
 def test_a_working_groups_retries_stop_its_pump_at_their_own_bound() -> None:

@@ -97,9 +97,10 @@ GROUP_EXISTS_SQL = f"SELECT 1 FROM {GROUP_TABLE} WHERE topic = %s AND group_name
 LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
                   " FOR UPDATE SKIP LOCKED")
 #: A woken member's pump takes the lock only while no delivery of the group is ready and
-#: its window has room: its scheduled ones under the window, its blocked ones under their
-#: bound (the subqueries are plain reads: they lock no message). Ready ones are claimed
-#: first, and a full window is the look's to say (the pump then looks as usual). It
+#: its window has room: its scheduled ones under half the window (more are the look's to
+#: weigh: ``group_window``), its blocked ones under their bound (the subqueries are plain
+#: reads: they lock no message). Ready ones are claimed first, and a full window is the
+#: look's to say (the pump then looks as usual). It
 #: returns the scheduled ones too: the pump takes no more than the window's room, as the
 #: look's does (in the same statement: none more between a publish and its handler).
 LOCK_GROUP_IF_ROOM_SQL = (
@@ -284,8 +285,8 @@ def group_behind(spec: GroupSpec, alias: str | None = None, window: int | None =
             return True  # (a wake-up's KILL QUERY cut a count short: look again)
         if full[1]:
             return False
-        return not (full[0] and retries_hold(cursor, spec.queue, spec.task_name, window)
-                    is None)
+        # (Not held, or an answer cut short: look again.)
+        return not full[0] or retries_hold(cursor, spec.queue, window).held is not True
 
 
 def pump_claims_supported(alias: str | None = None) -> bool:
@@ -347,9 +348,9 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         if look is not None and look[8] is not None and int(look[8]) >= max(window // 2, 1):
             # Half a window of retries or more: of a group whose handler works, they
             # don't hold its pump, only its ready ones count (group_window).
-            ready = retries_hold(cursor, spec.queue, spec.task_name, window)
-            if ready is not None:
-                look = (*look[:1], ready, *look[2:])
+            hold = retries_hold(cursor, spec.queue, window)
+            if hold.held is False:
+                look = (*look[:1], hold.ready, *look[2:])
     if look is None:
         return (_missing(spec, alias) if recreate else Pumped(0, False)), []
     if None in (look[0], look[1], look[6], look[7]):
@@ -427,7 +428,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         if woken:
             cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
                 spec.queue, woken, spec.topic, spec.group, spec.queue, spec.queue, woken,
-                woken, spec.queue, BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
+                max(woken // 2, 1), spec.queue, BLOCKED_WINDOWS * woken,
+                BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
