@@ -80,11 +80,15 @@ def drop_summary(done: broker.DropResult) -> str:
             "first.")
 
 
-def reset_cancelled(done: broker.ResetResult, replay_with: Callable[[int, int], str]) -> str:
+def reset_cancelled(done: broker.ResetResult, replay_with: Callable[[int, int], str],
+                    reset_to: Callable[[int], str] = lambda first: f"reset to offset {first}"
+                    ) -> str:
     """How many waiting deliveries a reset cancelled, and when some were at offsets at or
     before its new position, that those won't run: their offsets, and how to replay
-    them (``replay_with(first, last)``: the command's or the admin's way). Said by the
-    command and the admin alike, after the positions."""
+    them (``replay_with(first, last)``: the command's or the admin's way). A replay runs
+    after the group's later deliveries, so where the skipped ones run right up to the new
+    position it names the reset that keeps publish order (``reset_to(first)``). Said by
+    the command and the admin alike, after the positions."""
     said = f"{done.cancelled} waiting deliveries cancelled"
     if not done.skipped:
         return f"{said}."
@@ -109,6 +113,10 @@ def reset_cancelled(done: broker.ResetResult, replay_with: Callable[[int, int], 
                                  f"{linked} of them ({span}) can be replayed "
                                  f"with {replay}, {gone} cannot (retention deleted their "
                                  "messages)")
+    if last == done.new_position and not done.skipped_gaps:
+        replay += (f"; a replay runs {'it' if one else 'them'} after the group's later "
+                   f"deliveries: for publish order, each key's too, {reset_to(first)} "
+                   "instead")
     return _come_again(done, f"{said}: {which} ({span}) {before} and will not run "
                              f"(replay {'it' if one else 'them'} with {replay})")
 

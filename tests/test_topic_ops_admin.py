@@ -271,8 +271,9 @@ def test_bulk_reset_acts_on_every_selected_group_past_a_hundred(root, orders) ->
     # ... at offsets 3, 4 and 6: before the latest, so skipped, and said so.
     assert said == ["105 groups reset to the latest message; 3 waiting deliveries "
                     "cancelled: 3 of them were before their group's new position and will "
-                    "not run (orders / billing: 3 at offsets 3-6); replay them from each "
-                    "group's page if they should."], said
+                    "not run (orders / billing: 3 at offsets 3-6, not every one between: a "
+                    "replay of the range runs its other offsets again too); replay them "
+                    "from each group's page if they should."], said
 
 
 def test_operating_needs_the_change_permission(orders) -> None:

@@ -10,6 +10,7 @@ brings them back; a reset before all of them says nothing more."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import shlex
@@ -18,7 +19,7 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from django_mysqlq import broker, topicops
+from django_mysqlq import Topic, broker, topicops
 from django_mysqlq.messages import AttemptResult
 from django_mysqlq.models import Message, TopicDelivery, TopicGroup
 from tests.operator_support import OPERATOR, RUNNER
@@ -58,8 +59,9 @@ def test_a_reset_inside_the_waiting_range_says_what_it_skips_and_the_replay_brin
         "Group 'billing' of topic 'orders': position 10 -> 5 (next offset 6); 10 waiting "
         "deliveries cancelled: 5 of them (offsets 1-5) are before offset 6, the next one "
         "the group gets, and will not run (replay them with queuetopic replay --topic "
-        "orders --group billing --from-offset 1 --to-offset 5 if they should); the other "
-        "5 come again.")
+        "orders --group billing --from-offset 1 --to-offset 5 if they should; a replay runs "
+        "them after the group's later deliveries: for publish order, each key's too, reset "
+        "with --to-offset 1 instead); the other 5 come again.")
     [logged] = [r.getMessage() for r in caplog.records if "reset to offset 6" in
                 r.getMessage()]
     assert logged.endswith("position 10 -> 5; 10 waiting deliveries cancelled: 5 of them "
@@ -81,7 +83,9 @@ def test_a_reset_forwards_past_every_waiting_one_skips_them_all() -> None:
         "Group 'billing' of topic 'orders': position 10 -> 10 (next offset 11); 10 waiting "
         "deliveries cancelled: all 10 (offsets 1-10) are before offset 11, the next one the "
         "group gets, and will not run (replay them with queuetopic replay --topic orders "
-        "--group billing --from-offset 1 --to-offset 10 if they should).")
+        "--group billing --from-offset 1 --to-offset 10 if they should; a replay runs them "
+        "after the group's later deliveries: for publish order, each key's too, reset with "
+        "--to-offset 1 instead).")
     assert broker.pump(made, batch=100, window=100) == 0
     assert waiting_offsets(made) == []
     done = broker.reset_group("orders", "billing", broker.ResetTarget(edge="latest"),
@@ -139,7 +143,9 @@ def test_the_admin_says_what_a_reset_skips(root) -> None:
         "Group billing of orders reset to offset 6: position 10 -> 5; 10 waiting deliveries "
         "cancelled: 5 of them (offsets 1-5) are before offset 6, the next one the group "
         "gets, and will not run (replay them with the replay form of the group's page (from "
-        "1 to 5) if they should); the other 5 come again.")
+        "1 to 5) if they should; a replay runs them after the group's later deliveries: for "
+        "publish order, each key's too, reset to offset 1 instead); the other 5 come "
+        "again.")
     assert [m.level_tag for m in response.context["messages"]] == ["warning"]
     assert "--" not in said  # the page's own words, not the command's options
     broker.pump(made, batch=100, window=100)  # 6-10 again
@@ -147,3 +153,23 @@ def test_the_admin_says_what_a_reset_skips(root) -> None:
     [said] = [str(m) for m in response.context["messages"]]
     assert said.endswith("position 10 -> 0; 5 waiting deliveries cancelled.")
     assert [m.level_tag for m in response.context["messages"]] == ["success"]
+
+
+def test_the_reset_it_names_for_publish_order_runs_each_skipped_key_in_order() -> None:
+    """A replay of the skipped ones runs them after the group's later deliveries (a key
+    handled 6-10 then 1-5): the reset the message names instead gives 1-10 in order."""
+    made = group("orders", "billing")
+    for n in range(10):
+        Topic("orders").publish({"n": n}, key="k")
+    broker.sequence("orders")
+    broker.pump(made, batch=100, window=100)
+    out = run("reset", "billing", "--topic", "orders", "--to-offset", "6")
+    assert "reset with --to-offset 1 instead" in out
+    run("reset", "billing", "--topic", "orders", "--to-offset", "1")
+    broker.pump(made, batch=100, window=100)
+    handled = []
+    while taken := claim(made, 100):
+        for message in taken:
+            handled.append(json.loads(message.payload)["kwargs"]["offset"])
+            broker.ack(message, RUNNER, AttemptResult(started_at=broker.database_now()))
+    assert handled == list(range(1, 11))

@@ -87,13 +87,20 @@ def _skipped_in_bulk(skipped: list[broker.ResetResult]) -> str:
     if not skipped:
         return ""
 
-    def at(bounds: tuple[int, int] | None) -> str:
-        if bounds is None:  # retention deleted their messages
-            return ""
-        return f" at offset {bounds[0]}" if bounds[0] == bounds[1] else \
-            f" at offsets {bounds[0]}-{bounds[1]}"
+    def at(done: broker.ResetResult) -> str:
+        bounds = done.skipped_offsets
+        gone = (f", {done.skipped_gone} of them deleted by retention (no replay brings "
+                "those back)" if done.skipped_gone else "")
+        if bounds is None:  # retention deleted all their messages
+            return gone
+        where = (f" at offset {bounds[0]}" if bounds[0] == bounds[1] else
+                 f" at offsets {bounds[0]}-{bounds[1]}")
+        if done.skipped_gaps:
+            where += (", not every one between: a replay of the range runs its other "
+                      "offsets again too")
+        return where + gone
 
-    named = [f"{done.topic} / {done.group}: {done.skipped}{at(done.skipped_offsets)}"
+    named = [f"{done.topic} / {done.group}: {done.skipped}{at(done)}"
              for done in skipped[:SAY_EACH]]
     more = (f"; and {len(skipped) - SAY_EACH} more groups, which the log names"
             if len(skipped) > SAY_EACH else "")

@@ -169,7 +169,8 @@ class Command(cli.SaysDatabaseErrors):
                               names=broker.topic_ops.CLI_NAMES)
         cancelled = topicops.reset_cancelled(
             done, lambda first, last: f"queuetopic replay --topic {done.topic} --group "
-            f"{done.group} --from-offset {first} --to-offset {last}")
+            f"{done.group} --from-offset {first} --to-offset {last}",
+            lambda first: f"reset with --to-offset {first}")
         self.stdout.write(f"Group {done.group!r} of topic {done.topic!r}: position "
                           f"{done.old_position} -> {done.new_position} (next offset "
                           f"{done.new_position + 1}); {cancelled}")
