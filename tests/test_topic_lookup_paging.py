@@ -130,3 +130,24 @@ def test_before_offset_needs_a_key_and_a_lower_bound_above_1(keyed) -> None:
         run("--key", KEY, "--before-offset", "1")
     with pytest.raises(CommandError, match="one of"):
         run("--offset", "3", "--key", KEY)
+
+
+def test_a_long_payload_is_cut_saying_so_and_json_says_why_nothing_matched() -> None:
+    Topic("longone").publish({"note": "x" * 300, "tail": "END"}, key="long")
+    broker.sequence("longone")
+    out = lookup_on("--topic", "longone", "--key", "long")
+    assert "… (" in out and "chars; --json for all)" in out and "END" not in out
+    whole = json.loads(lookup_on("--topic", "longone", "--key", "long", "--json"))
+    assert whole["reason"] is None and whole["messages"][0]["payload"].endswith('"END"}')
+    missing = json.loads(lookup_on("--topic", "longone", "--offset", "9", "--json"))
+    assert missing["messages"] == []
+    assert missing["reason"] == ("No message matches: topic 'longone' has given offsets up "
+                                 "to 1 so far.")
+    unknown = json.loads(lookup_on("--topic", "nosuch", "--offset", "1", "--json"))
+    assert "no message of topic 'nosuch' has an offset yet" in unknown["reason"]
+
+
+def lookup_on(*args: str) -> str:
+    out = io.StringIO()
+    call_command("queuetopic", "lookup", *args, stdout=out)
+    return out.getvalue()

@@ -15,6 +15,13 @@ from django_mysqlq.management import cli
 GROUP_COLUMNS = ("topic", "group", "position", "last", "lag", "oldest", "dead", "changed")
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` up to ``limit`` characters, saying so where it was longer."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars; --json for all)"
+
+
 def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.0f}s"
 
@@ -218,7 +225,9 @@ class Command(cli.SaysDatabaseErrors):
         sequenced = {m.offset: m.sequenced_at for m in found.messages if m.offset is not None}
         missing = broker.without_delivery(topic, sequenced, traces)
         if options["json"]:
+            reason = None if found.messages else topicops.no_match(topic, options["offset"])
             self.stdout.write(json.dumps({"truncated": found.truncated, "next": next_page,
+                                          "reason": reason,
                                           "messages": [
                 {"id": m.id, "offset": m.offset, "key": m.key, "payload": m.payload,
                  "published_at": m.published_at.isoformat() if m.published_at else None,
@@ -242,13 +251,13 @@ class Command(cli.SaysDatabaseErrors):
             published = (f"{m.published_at:%Y-%m-%d %H:%M:%S}" if m.published_at
                          else "- (a zero date: changed by hand)")
             self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published {published} "
-                              f"payload={m.payload[:200]}")
+                              f"payload={_cut(m.payload, 200)}")
             for d in traces.get(m.offset or 0, []):
                 mark = " (replay)" if d.replay else ""
                 when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
                 then = (f", next try at {d.next_try_at:%Y-%m-%d %H:%M:%S}"
                         if d.next_try_at else "")
-                error = f"; last error: {d.last_error[:300]}" if d.last_error else ""
+                error = f"; last error: {_cut(d.last_error, 300)}" if d.last_error else ""
                 self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
                                   f" by {d.handled_by or '-'} ({_attempts(d)}){then}{error}")
             for n in missing.get(m.offset or 0, []):
