@@ -66,3 +66,30 @@ def test_a_burst_supervisor_with_exit_zero_exits_0(start_worker):
     supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "2",
                               "--exit-zero")
     assert supervisor.wait(timeout=60) == 0, supervisor.output()
+
+
+def test_a_burst_supervisor_exits_exit_dead_when_a_timeout_left_a_message_dead(start_worker):
+    # The child whose task overran fails the attempt itself and exits EXIT_TIMEOUT to be
+    # replaced: the death still reaches the supervisor's status, and each attempt its line.
+    handle = tasks.hangs.enqueue("h")  # timeout 0.3 s, 2 attempts, no backoff
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "1")
+    status = supervisor.wait(timeout=60)
+    output = supervisor.output()
+    assert status == EXIT_DEAD, output
+    assert Message.objects.get(pk=handle.id).status == "dead"
+    lines = [line for line in output.splitlines() if f"id={handle.id} " in line]
+    prefix = f"task=tests.testapp.tasks.hangs id={handle.id} queue=default"
+    assert len(lines) == 2, output
+    assert f"{prefix} attempt=1/2 outcome=retried duration_ms=" in lines[0]
+    assert f"{prefix} attempt=2/2 outcome=failed duration_ms=" in lines[1]
+    assert all(" error=django_mysqlq.exceptions.TaskTimeout: ran " in line for line in lines)
+    assert "detail=now dead: no attempts left" in lines[1]
+    assert (f"1 message(s) went dead during this --burst run; exiting with status {EXIT_DEAD} "
+            "(--exit-zero exits 0).") in output
+
+
+def test_a_burst_supervisor_with_exit_zero_exits_0_after_a_timeout_death(start_worker):
+    tasks.hangs.enqueue("h")
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "1",
+                              "--exit-zero")
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()

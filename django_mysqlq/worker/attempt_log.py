@@ -35,9 +35,10 @@ def error_name(error_class: str) -> str:
 class AttemptLine:
     """The log line of one attempt: started when the attempt starts, written once it ends."""
 
-    def __init__(self, message: ClaimedMessage) -> None:
+    def __init__(self, message: ClaimedMessage, began: float | None = None) -> None:
+        """``began``: when the attempt started (``time.monotonic()``; default: now)."""
         self.message = message
-        self._began = time.monotonic()
+        self._began = time.monotonic() if began is None else began
         self._ended: float | None = None
 
     def stop_clock(self) -> None:

@@ -18,9 +18,14 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import broker
 from ..exceptions import TaskTimeout
 from ..messages import AttemptResult, ClaimedMessage, Runner
+from ..models import Outcome
 from ..signals import worker_stopped
+from . import childreport
+from .attempt_log import AttemptLine
+from .executor import NOT_RECORDED
 from .holdings import RunningTask
 from .stopping import STOP_STATEMENT_SECONDS
+from .threads import COUNTERS
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -177,12 +182,16 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     """Fail the overdue message (so it is retried) and end this process at once.
 
     A thread can't be stopped from outside, so the process goes: the supervisor starts a
-    fresh one. Other tasks running here are recovered by peers as lost.
+    fresh one. Other tasks running here are recovered by peers as lost. The attempt gets
+    its line and its count like any other, and the count goes to the supervisor
+    (``childreport``): a death here makes a ``--burst`` run exit ``EXIT_DEAD``.
     """
     message = task.message
     logger.error("%s #%s ran %.0fs, past its timeout of %.0fs: failing the attempt and "
                  "restarting this worker process.", message.task_name, message.id, elapsed,
                  message.timeout)
+    line = AttemptLine(message, began=task.started)
+    line.stop_clock()
     runner = Runner(worker_id=worker.id, host=worker.host, pid=worker.pid,
                     thread=threading.current_thread().name)
     error = TaskTimeout(f"ran {elapsed:.1f}s, past its timeout of {message.timeout}s; its "
@@ -196,8 +205,11 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     broker.finish_by(end)
     if worker.acker is not None:
         worker.acker.finish_by(end)
+    recorded = False
     try:
-        broker.fail(message, runner, result)
+        outcome = broker.fail(message, runner, result)
+        recorded = True
+        _timed_out(worker, line, outcome, result)
         release_unstarted(worker)
         if worker.acker is not None:
             worker.acker.stop()  # tasks that did finish are not run again
@@ -205,8 +217,24 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     except DatabaseError as exc:
         logger.warning("Could not record the timeout (%s); peers will recover the claims.",
                        exc)
+        if not recorded:
+            _timed_out(worker, line, str(Outcome.LOST), result, NOT_RECORDED)
+    childreport.send()
     logging.shutdown()
     os._exit(EXIT_TIMEOUT)
+
+
+def _timed_out(worker: Worker, line: AttemptLine, outcome: str, result: AttemptResult,
+               detail: str = "") -> None:
+    """The line and the count of an attempt failed for its timeout, as any failed
+    attempt's (``outcome``: what ``broker.fail`` wrote, or ``lost``)."""
+    if outcome == Outcome.FAILED:
+        detail = "now dead: no attempts left"
+    elif outcome == Outcome.LOST and not detail:
+        detail = ("failed after its claim was recovered by a peer; its new owner decides "
+                  "what happens next")
+    line.write(outcome, result, detail)
+    worker.stats.add(ran=1, **{COUNTERS[outcome]: 1})
 
 
 def exit_now(*workers: Worker) -> None:
@@ -233,6 +261,7 @@ def exit_now(*workers: Worker) -> None:
     deadline = time.monotonic() + FORCED_EXIT_SECONDS
     for helper in helpers:
         helper.join(max(0.0, deadline - time.monotonic()))
+    childreport.send()
     logging.shutdown()
     os._exit(FORCED_EXIT_STATUS)
 

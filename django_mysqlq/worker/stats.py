@@ -11,6 +11,10 @@ from .. import broker
 logger = logging.getLogger("django_mysqlq")
 
 
+#: ``WorkerStats.as_dict()``: the figures of a summary.
+Figures = dict[str, float | int]
+
+
 class WorkerStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -59,7 +63,7 @@ class WorkerStats:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return self.processed / elapsed
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> Figures:
         return {
             "processed": self.processed,
             "succeeded": self.succeeded,

@@ -9,7 +9,9 @@ its children on signals of their own (``stopping.DRAIN_SIGNAL``, ``EXIT_SIGNAL``
 sent to the whole process group reaches each child too, and is one stop, not two.
 
 With ``--burst``, a child that drained its queues is not replaced, and the supervisor's
-exit status says whether any child saw messages go dead (``EXIT_DEAD``). A child the
+exit status says whether any child saw messages go dead (``EXIT_DEAD``): as its exit
+status says, or as its counts do (``childreport``: a child ended by a task past its
+timeout exits ``EXIT_TIMEOUT``, whatever became of the message). A child the
 database can't serve (``fatal``: tables missing, login refused) is not replaced either:
 the supervisor stops the others and exits with that child's status.
 """
@@ -27,7 +29,7 @@ from types import FrameType
 from django.db import connections
 
 from ..exceptions import WorkerCannotRun
-from . import queues
+from . import childreport, queues
 from .databases import Workers
 from .draining import EXIT_DEAD, EXIT_TIMEOUT
 from .fatal import EXIT_CANNOT_RUN
@@ -48,6 +50,8 @@ class Child:
     slot: int
     pid: int
     started: float
+    #: The read end of its pipe: the counts it sends at its end (``childreport``).
+    report_fd: int
 
 
 def _die_with_parent(parent: int) -> None:
@@ -61,11 +65,12 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), DRAIN_SIGNAL)
 
 
-def _run_child(options: WorkerOptions, parent: int) -> int:
+def _run_child(options: WorkerOptions, parent: int, report_fd: int) -> int:
     """Body of a forked child: a fresh worker with its own signal handlers.
 
     The child signals stay blocked (as the supervisor forked it) until the worker's
-    handlers are in place (``stopping.install_handlers``)."""
+    handlers are in place (``stopping.install_handlers``). Its counts go to the
+    supervisor on ``report_fd`` at its end, whichever way it ends (``childreport``)."""
     for signum in STOP_SIGNALS:
         if callable(signal.getsignal(signum)):  # the supervisor's: not the child's
             signal.signal(signum, signal.SIG_DFL)
@@ -73,6 +78,9 @@ def _run_child(options: WorkerOptions, parent: int) -> int:
     # The supervisor reported on the queues once for all its children.
     workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False,
                                           supervised=True))
+    childreport.connect(report_fd, lambda: [(worker.options.database or "",
+                                             worker.stats.as_dict())
+                                            for worker in workers.workers])
     try:
         return workers.run()
     except WorkerCannotRun as exc:
@@ -112,6 +120,8 @@ class Supervisor:
         self._unclean_stops = 0
         #: A ``--burst`` child saw messages go dead.
         self._dead_seen = False
+        #: How many, as the children's counts say.
+        self._dead = 0
         #: A child the database can't serve: everything stops, nothing is replaced.
         self._cannot_run = False
 
@@ -129,17 +139,29 @@ class Supervisor:
         try:
             if self._stopping:
                 return
-            pid = os.fork()
+            read_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
             if pid == 0:  # the child
                 status = 1
                 try:
-                    status = _run_child(self.options, parent)
+                    os.close(read_fd)
+                    for other in self.children.values():  # the other children's pipes
+                        os.close(other.report_fd)
+                    status = _run_child(self.options, parent, write_fd)
                 except BaseException:  # a child must never return into the parent's code
                     logger.exception("Worker process crashed")
                 finally:
+                    childreport.send()
                     logging.shutdown()
                     os._exit(status)
-            self.children[pid] = Child(slot=slot, pid=pid, started=time.monotonic())
+            os.close(write_fd)
+            self.children[pid] = Child(slot=slot, pid=pid, started=time.monotonic(),
+                                       report_fd=read_fd)
             if self._stopping:
                 os.kill(pid, EXIT_SIGNAL if self._signals_received > 1 else DRAIN_SIGNAL)
         finally:
@@ -157,8 +179,19 @@ class Supervisor:
                 break
             child = self.children.pop(pid, None)
             if child is not None:
+                self._take_report(child)
                 ended.append((child, status))
         return ended
+
+    def _take_report(self, child: Child) -> None:
+        """Read what an ended child did: a death in it makes a ``--burst`` run's status
+        (a child ended by a task's timeout exits ``EXIT_TIMEOUT`` even when that left
+        the message dead)."""
+        report = childreport.receive(child.report_fd)
+        dead = sum(int(figures.get("dead", 0)) for _, figures in report or [])
+        if dead and self.options.burst:
+            self._dead += dead
+            self._dead_seen = True
 
     def _replace(self, child: Child, status: int) -> None:
         """Decide whether and when a slot gets a new child."""
@@ -261,4 +294,9 @@ class Supervisor:
             return EXIT_CANNOT_RUN
         if self._signals_received > 1 or self._unclean_stops:
             return 1
-        return EXIT_DEAD if self._dead_seen and not self.options.exit_zero else 0
+        if not self._dead_seen or self.options.exit_zero:
+            return 0
+        logger.warning("Supervisor %d: %s went dead during this --burst run; exiting with "
+                       "status %d (--exit-zero exits 0).", os.getpid(),
+                       f"{self._dead} message(s)" if self._dead else "messages", EXIT_DEAD)
+        return EXIT_DEAD
