@@ -216,6 +216,9 @@ def test_a_child_serving_both_databases_takes_a_group_stop_as_one_stop(
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(timeout=40) == 0, supervisor.output()
     assert "exiting now" not in supervisor.output()
+    # The supervisor's summary: its children's counts, one line per database.
+    assert "Summary: [default] processed=0 " in supervisor.output()
+    assert f"Summary: [{B}] processed=1 succeeded=1 " in supervisor.output()
     assert Ledger.objects.filter(label="both:end").exists()
     assert count(B, "mysqlq_attempt", "outcome = 'succeeded'") == 1
     assert count(B, "mysqlq_worker", "stopped_at IS NULL") == 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 
 import pytest
@@ -21,6 +23,10 @@ def live_children(supervisor) -> set[int]:
     """Pids of registered, running workers other than the supervisor itself."""
     return {pid for pid in Worker.objects.running().values_list("pid", flat=True)
             if pid != supervisor.pid and _alive(pid)}
+
+
+def summary_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("Summary: ")]
 
 
 def _alive(pid: int) -> bool:
@@ -60,6 +66,10 @@ def test_children_are_recycled_after_max_tasks(start_worker):
     assert supervisor.pid not in pids
     assert "was recycled" in supervisor.output()
     assert all(h.status == "succeeded" for h in handles)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 0, supervisor.output()
+    lines = summary_lines(supervisor.output())  # the recycled children's work included
+    assert len(lines) == 1 and lines[0].startswith("Summary: processed=7 succeeded=7 "), lines
 
 
 def test_a_child_over_max_memory_is_replaced_after_its_task(start_worker):
@@ -114,3 +124,37 @@ def test_children_drain_and_exit_when_the_supervisor_is_killed(start_worker):
              message="the orphaned children to exit")
     # They stopped gracefully (deregistered), not by being killed.
     assert Worker.objects.filter(pid__in=children, stopped_at__isnull=False).count() == 2
+
+
+def test_a_stopped_supervisor_prints_one_summary_of_its_childrens_work(start_worker):
+    supervisor = start_worker("--processes", "2", "--batch", "1")
+    wait_for(lambda: len(live_children(supervisor)) == 2, PATIENCE, message="children")
+    tasks.slow.enqueue_many([[f"m{i}", 0.2] for i in range(8)])
+    tasks.fails_verbosely.enqueue_many([[1], [2]])  # one attempt each: dead
+    wait_for(lambda: Attempt.objects.count() == 10, PATIENCE, message="ten attempts")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 0, supervisor.output()  # deaths: no --burst
+    output = supervisor.output()
+    assert len(summary_lines(output)) == 1, output
+    line = summary_lines(output)[0]
+    assert line.startswith("Summary: processed=10 succeeded=8 unacked=0 failed=2 retried=0 "
+                           "dead=2 recovered=0 released=0 deferred=0 lost=0 skipped=0 "
+                           "deadlocks="), output
+    assert "/s in " in line
+    # The sum of the lines the children logged of their own (on stderr).
+    own = re.findall(r"Worker \S+ stopped: processed=(\d+) ", output)
+    assert len(own) == 2 and sum(map(int, own)) == 10, output
+
+
+def test_a_burst_supervisor_prints_its_summary_as_json(start_worker):
+    tasks.record.enqueue_many([[f"m{i}"] for i in range(5)])
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "2",
+                              "--json-summary")
+    assert supervisor.wait(60) == 0, supervisor.output()
+    found = json.loads(next(line for line in supervisor.output().splitlines()
+                            if line.startswith("{")))
+    assert list(found) == ["processed", "succeeded", "unacked", "failed", "retried", "dead",
+                           "recovered", "deferred", "lost", "skipped", "released",
+                           "deadlocks_retried", "lock_waits_retried", "db_errors", "seconds",
+                           "rate"]
+    assert (found["processed"], found["succeeded"], found["dead"]) == (5, 5, 0)

@@ -24,6 +24,7 @@ from .budget import TaskBudget
 from .fatal import EXIT_CANNOT_RUN
 from .loop import Worker
 from .options import WorkerOptions
+from .stats import Figures
 from .stopping import RECYCLE_REASON, StopRequest
 
 logger = logging.getLogger("django_mysqlq")
@@ -112,8 +113,7 @@ class Workers:
             worker.stop_request.set(reason)
 
     @property
-    def stats_lines(self) -> list[str]:
-        """Each worker's summary line, with its database when there are several."""
-        if len(self.workers) == 1:
-            return [self.workers[0].stats.summary()]
-        return [f"[{w.options.database}] {w.stats.summary()}" for w in self.workers]
+    def figures(self) -> list[tuple[str, Figures]]:
+        """Each worker's database alias and summary figures, in claim order."""
+        return [(worker.options.database or "", worker.stats.as_dict())
+                for worker in self.workers]

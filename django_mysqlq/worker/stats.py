@@ -15,6 +15,35 @@ logger = logging.getLogger("django_mysqlq")
 Figures = dict[str, float | int]
 
 
+def summary_line(d: Figures, server: str = "") -> str:
+    """Figures (``WorkerStats.as_dict()``, or a supervisor's sums of them) on one line."""
+    return (
+        f"processed={d['processed']} succeeded={d['succeeded']} unacked={d['unacked']} "
+        f"failed={d['failed']} retried={d['retried']} dead={d['dead']} "
+        f"recovered={d['recovered']} released={d['released']} deferred={d['deferred']} "
+        f"lost={d['lost']} skipped={d['skipped']} "
+        f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
+        f"db_errors={d['db_errors']} {server}rate={d['rate']}/s in {d['seconds']}s"
+    )
+
+
+def add_up(figures: list[Figures], seconds: float) -> Figures:
+    """Several workers' figures as one: counts summed, over ``seconds`` (a supervisor's run,
+    during which its children came and went)."""
+    total: Figures = {key: sum(each.get(key, 0) for each in figures)
+                      for key in WorkerStats().as_dict() if key not in ("seconds", "rate")}
+    total["seconds"] = round(seconds, 3)
+    total["rate"] = round(total["processed"] / max(seconds, 1e-9), 1)
+    return total
+
+
+def summary_lines(found: list[tuple[str, Figures]]) -> list[str]:
+    """The final summary's lines: one, or one per database alias when there are several."""
+    if len(found) == 1:
+        return [summary_line(found[0][1])]
+    return [f"[{alias}] {summary_line(figures)}" for alias, figures in found]
+
+
 class WorkerStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -85,16 +114,7 @@ class WorkerStats:
 
     def summary(self, lag: broker.PurgeLag | None = None) -> str:
         """The counters on one line; with ``lag``, the server's purge lag before the rate."""
-        d = self.as_dict()
-        server = f"{lag.fields()} " if lag is not None else ""
-        return (
-            f"processed={d['processed']} succeeded={d['succeeded']} unacked={d['unacked']} "
-            f"failed={d['failed']} retried={d['retried']} dead={d['dead']} "
-            f"recovered={d['recovered']} released={d['released']} deferred={d['deferred']} "
-            f"lost={d['lost']} skipped={d['skipped']} "
-            f"deadlocks={d['deadlocks_retried']} lock_waits={d['lock_waits_retried']} "
-            f"db_errors={d['db_errors']} {server}rate={d['rate']}/s in {d['seconds']}s"
-        )
+        return summary_line(self.as_dict(), f"{lag.fields()} " if lag is not None else "")
 
     def log_summary(self, worker_id: str) -> None:
         """Log the periodic summary, reading the purge lag now (only as often as this runs),

@@ -34,6 +34,7 @@ from .databases import Workers
 from .draining import EXIT_DEAD, EXIT_TIMEOUT
 from .fatal import EXIT_CANNOT_RUN
 from .options import WorkerOptions
+from .stats import Figures, add_up
 from .stopping import CHILD_SIGNALS, DRAIN_SIGNAL, EXIT_SIGNAL, STOP_SIGNALS, install_handlers
 
 logger = logging.getLogger("django_mysqlq")
@@ -78,9 +79,7 @@ def _run_child(options: WorkerOptions, parent: int, report_fd: int) -> int:
     # The supervisor reported on the queues once for all its children.
     workers = Workers(dataclasses.replace(options, kill_on_timeout=True, report_queues=False,
                                           supervised=True))
-    childreport.connect(report_fd, lambda: [(worker.options.database or "",
-                                             worker.stats.as_dict())
-                                            for worker in workers.workers])
+    childreport.connect(report_fd, lambda: workers.figures)
     try:
         return workers.run()
     except WorkerCannotRun as exc:
@@ -122,6 +121,9 @@ class Supervisor:
         self._dead_seen = False
         #: How many, as the children's counts say.
         self._dead = 0
+        #: The ended children's figures (``childreport``), by database alias.
+        self._reports: dict[str, list[Figures]] = {}
+        self._started = time.monotonic()
         #: A child the database can't serve: everything stops, nothing is replaced.
         self._cannot_run = False
 
@@ -184,14 +186,26 @@ class Supervisor:
         return ended
 
     def _take_report(self, child: Child) -> None:
-        """Read what an ended child did: a death in it makes a ``--burst`` run's status
-        (a child ended by a task's timeout exits ``EXIT_TIMEOUT`` even when that left
-        the message dead)."""
+        """Read what an ended child did, for the summary: a death in it makes a
+        ``--burst`` run's status (a child ended by a task's timeout exits
+        ``EXIT_TIMEOUT`` even when that left the message dead)."""
         report = childreport.receive(child.report_fd)
+        for alias, figures in report or []:
+            self._reports.setdefault(alias, []).append(figures)
         dead = sum(int(figures.get("dead", 0)) for _, figures in report or [])
         if dead and self.options.burst:
             self._dead += dead
             self._dead_seen = True
+
+    @property
+    def figures(self) -> list[tuple[str, Figures]]:
+        """The summary's figures: the children's counts summed per database alias (those
+        that reported: a child killed outright takes its counts with it), over the
+        supervisor's run."""
+        seconds = time.monotonic() - self._started
+        if not self._reports:
+            return [("", add_up([], seconds))]
+        return [(alias, add_up(found, seconds)) for alias, found in self._reports.items()]
 
     def _replace(self, child: Child, status: int) -> None:
         """Decide whether and when a slot gets a new child."""
@@ -253,6 +267,7 @@ class Supervisor:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
+        self._started = time.monotonic()
         install_handlers(self._on_signal)
         logger.info("Supervisor %d starting %d worker process(es).", os.getpid(),
                     self.processes)

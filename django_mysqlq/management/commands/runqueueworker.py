@@ -19,6 +19,7 @@ from django_mysqlq.worker import WorkerOptions, fatal, logsetup
 from django_mysqlq.worker.databases import Workers
 from django_mysqlq.worker.draining import EXIT_DEAD
 from django_mysqlq.worker.queues import ALL, resolve
+from django_mysqlq.worker.stats import Figures, summary_lines
 from django_mysqlq.worker.supervisor import Supervisor
 
 
@@ -139,21 +140,20 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if options["processes"] is not None:
-            if options["json_summary"]:
-                raise CommandError("--json-summary needs a single process (no --processes).")
-            status = Supervisor(worker_options, options["processes"]).run()
-            if status:
-                sys.exit(status)
-            return
-        workers = Workers(worker_options)
-        status = workers.run()
-        if options["json_summary"]:
-            found = [worker.stats.as_dict() for worker in workers.workers]
-            self.stdout.write(json.dumps(found[0] if len(found) == 1 else {
-                worker.options.database: stats
-                for worker, stats in zip(workers.workers, found, strict=True)}))
+            supervisor = Supervisor(worker_options, options["processes"])
+            status = supervisor.run()
+            self._summary(supervisor.figures, options["json_summary"])
         else:
-            for line in workers.stats_lines:
-                self.stdout.write(f"Summary: {line}")
+            workers = Workers(worker_options)
+            status = workers.run()
+            self._summary(workers.figures, options["json_summary"])
         if status:
             sys.exit(status)
+
+    def _summary(self, found: list[tuple[str, Figures]], as_json: bool) -> None:
+        """The final summary on stdout: one line (one per database), or one JSON object."""
+        if as_json:
+            self.stdout.write(json.dumps(found[0][1] if len(found) == 1 else dict(found)))
+        else:
+            for line in summary_lines(found):
+                self.stdout.write(f"Summary: {line}")
