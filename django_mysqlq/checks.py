@@ -19,6 +19,12 @@ from . import routing
 from .conf import QueueSettings, SettingsError, load_settings
 from .topicnames import GROUP_QUEUE_PREFIX
 
+#: The tag of the checks the operator commands (``queuestats``, ``queuepause``, …) run:
+#: the settings and where the queues live (E001-E004, E010-E013), without which no
+#: command can work. Not the task code's (E005-E007): an operator must be able to pause,
+#: inspect and requeue while a task module or a schedule is broken.
+SETTINGS_TAG = "mysqlq_settings"
+
 
 def queue_vendor(alias: str) -> str:
     """The vendor of the database ``alias`` (by backend, so MySQL wrappers count as mysql)."""
@@ -38,7 +44,7 @@ NOT_MYSQL_HINT = (
 )
 
 
-@register()
+@register(SETTINGS_TAG)
 def check_settings(app_configs: Sequence[AppConfig] | None = None,
                    **kwargs: Any) -> list[CheckMessage]:
     try:
@@ -70,7 +76,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
     return errors
 
 
-@register()
+@register(SETTINGS_TAG)
 def check_queue_databases(app_configs: Sequence[AppConfig] | None = None,
                           **kwargs: Any) -> list[CheckMessage]:
     """Every alias a queue names (``MYSQLQ['QUEUES']``, ``READ_DATABASE``, a router's

@@ -116,12 +116,16 @@ def write_declared() -> tuple[list[str], list[str]]:
     (on the queue database in use), so an operator can list, pause or run them before the
     first worker starts. Existing rows stay as they are. A declaration that is wrong is
     left out, the others written. Returns the names added and what is wrong with the
-    declarations (one message each, as the system check ``django_mysqlq.E006`` says)."""
+    declarations (one message each, as the system check ``django_mysqlq.E006`` says);
+    none is written while a task module can't be imported (E005: the problem says which)."""
     from . import recurring
     from .registry import import_task_modules
     from .routing import alias_for_queue
 
-    import_task_modules()
+    try:
+        import_task_modules()
+    except ImproperlyConfigured as exc:
+        return [], [f"none is written until every task module imports: {exc}"]
     here = broker.default_alias()
     declared = [each for each in recurring.declared_leniently()
                 if alias_for_queue(each.queue) == here]

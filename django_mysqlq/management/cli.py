@@ -7,10 +7,13 @@ from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Sequence
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DatabaseError
 
 from .. import ops, routing
+from ..checks import SETTINGS_TAG
+from ..conf import SettingsError
 from ..models import CANCELLABLE_STATUSES, MessageStatus
 
 #: Options that take a duration, each with what it is called in the error for ``-2h``.
@@ -194,15 +197,28 @@ def _of_queues(alias: str | None, queues: Sequence[str]) -> str | None:
 
 
 class SaysDatabaseErrors(BaseCommand):
-    """A command that says plainly what to do about a database error no retry can fix
-    (tables missing before ``migrate``, an unknown database, a refused login or grant)
-    instead of showing a traceback."""
+    """An operator command. It says plainly what to do about a database error no retry can
+    fix (tables missing before ``migrate``, an unknown database, a refused login or grant)
+    instead of showing a traceback, and so for invalid ``MYSQLQ`` settings and a task
+    module that can't be imported where a command needs the tasks.
+
+    It runs only the system checks of the settings and of where the queues live
+    (:data:`~django_mysqlq.checks.SETTINGS_TAG`: E001-E004, E010-E013), not those of the
+    task code (a broken schedule, E006, or task module, E005): an operator must be able to
+    pause, inspect and requeue during such an incident (``runqueueworker`` runs them all)."""
+
+    requires_system_checks = [SETTINGS_TAG]
 
     def execute(self, *args: Any, **options: Any) -> Any:
         from ..worker import fatal
 
         try:
             return super().execute(*args, **options)
+        except SettingsError as exc:
+            raise CommandError(f"MYSQLQ is invalid: {exc} (manage.py check lists each "
+                               "problem; docs/settings.md has every key).") from exc
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             database = options.get("database")
             problem = fatal.describe(exc, then="run this command again",
