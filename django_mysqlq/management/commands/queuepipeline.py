@@ -7,9 +7,12 @@ import json
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import CommandError
+from django.db import connections
 
-from django_mysqlq import ops
+from django_mysqlq import ops, routing
+from django_mysqlq.conf import get_settings
 from django_mysqlq.contrib import spark as pipeline
 from django_mysqlq.management import cli
 from django_mysqlq.models import Outcome
@@ -158,6 +161,7 @@ class Command(cli.SaysDatabaseErrors):
             raise CommandError("--partition-rows splits reads of the queue tables (report, "
                                "archive, replay); enqueue reads its --input or --query as "
                                "Spark splits it. Leave it out, or repartition the input.")
+        _connect_first(options)
         try:
             conf = parse_conf(options["conf"])
             before = _active_session()
@@ -266,6 +270,17 @@ class Command(cli.SaysDatabaseErrors):
 
 def _when(kind: str) -> str:
     return {"history": "finished", "dead": "died", "topics": "published"}.get(kind, "")
+
+
+def _connect_first(options: dict[str, Any]) -> None:
+    """Connect to the job's database(s) before Spark starts: a refused login or a missing
+    database is then said in one line (``SaysDatabaseErrors``), not after a JVM's start-up
+    output, and no session is started for nothing."""
+    aliases = (routing.queue_aliases() if options.get("all_databases")
+               else [options["database"] or get_settings().DATABASE])
+    for alias in aliases:
+        if alias in settings.DATABASES:  # else the job says which aliases exist
+            connections[alias].ensure_connection()
 
 
 def _active_session() -> Any:
