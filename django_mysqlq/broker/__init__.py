@@ -48,6 +48,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``delivery_insert`` the pump's INSERT of deliveries (the first few claimed by its member)
 ``dead_letter`` a group's dead deliveries: listed, requeued
 ``topic_problems`` why a group's pump can't go on, kept on its row for operators
+``usage``      whether a queue or task name appears in the tables (operators' typos)
 
 This package re-exports what the worker, the admin and the commands call, so they
 write ``broker.claim(...)``.
@@ -213,6 +214,7 @@ from .unserved import (
     unserved_from,
     unserved_queues,
 )
+from .usage import queue_has_rows, task_has_history, task_has_messages
 from .workers import deregister_worker, heartbeat_worker, mark_stale_workers, register_worker
 
 __all__ = [
@@ -346,6 +348,7 @@ __all__ = [
     "purge_unique_keys_batch",
     "purge_workers_batch",
     "queue_counts",
+    "queue_has_rows",
     "queue_names",
     "queue_overview",
     "queues_holding",
@@ -380,6 +383,8 @@ __all__ = [
     "status_counts",
     "stuck_messages",
     "sync_schedules",
+    "task_has_history",
+    "task_has_messages",
     "topic_bounds",
     "topic_exists",
     "topic_names",

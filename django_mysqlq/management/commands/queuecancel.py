@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from django_mysqlq import ops
-from django_mysqlq.management import cli
+from django_mysqlq.management import cli, names
 from django_mysqlq.models import CANCELLABLE_STATUSES
 
 
@@ -31,6 +31,8 @@ class Command(cli.SaysDatabaseErrors):
                                f"({', '.join(CANCELLABLE_STATUSES)}; comma-separated), e.g. "
                                "--status dead --task app.send.")
         selection = cli.message_filter(options)
+        for warning in names.filter_warnings(options["queue"], options["task"]):
+            self.stderr.write(warning)
         if options["dry_run"]:
             self.stdout.write(f"{ops.count_matching(selection)} message(s) would be cancelled.")
             return

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from django_mysqlq import broker, limits, ops
-from django_mysqlq.management import cli
+from django_mysqlq.management import cli, names
 from django_mysqlq.routing import queue_aliases
 
 
@@ -27,6 +27,11 @@ class Command(cli.SaysDatabaseErrors):
                 raise CommandError(f"{queue!r} can never be a queue: {problem}")
         operator = ops.cli_operator()
         for queue in options["queues"]:
+            # Read before the pause row: that row would make any name look used.
+            warning = names.queue_warning(
+                queue, f"{'Resumed' if options['resume'] else 'Paused'} anyway.")
+            if warning:
+                self.stderr.write(warning)
             broker.set_paused(queue, not options["resume"], operator)
             self.stdout.write(f"{'Resumed' if options['resume'] else 'Paused'} {queue}.")
         # Each queue is paused on its own database: list what every queue database holds.

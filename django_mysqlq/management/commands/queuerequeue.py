@@ -6,7 +6,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django_mysqlq import ops
-from django_mysqlq.management import cli
+from django_mysqlq.management import cli, names
 
 
 class Command(cli.SaysDatabaseErrors):
@@ -26,6 +26,8 @@ class Command(cli.SaysDatabaseErrors):
 
     def _handle(self, **options: Any) -> None:
         selection = cli.message_filter(options)
+        for warning in names.filter_warnings(options["queue"], options["task"]):
+            self.stderr.write(warning)
         if options["dry_run"]:
             self.stdout.write(f"{ops.count_matching(selection)} message(s) would be requeued.")
             return
