@@ -172,6 +172,20 @@ def test_after_a_success_the_key_stays_taken_for_the_period():
     assert third.id != first.id and Message.objects.filter(pk=third.id).exists()
 
 
+def test_a_duplicate_in_the_period_reads_the_stored_value_as_docs_tasks_md_says():
+    """docs/tasks.md: the handle's ``state().result`` (and ``wait().value``, at once) is the
+    value the success stored; a handle has no ``result()``."""
+    first = unique_step.using(dedup_key="report:2").enqueue("r", 1, "p")
+    [message] = broker.claim(["default"], 1, "unique-test", lease_seconds=30)
+    broker.ack_many([(message, RUNNER, AttemptResult(started_at=timezone.now(),
+                                                     result={"rows": 3}))])
+    again = unique_step.using(dedup_key="report:2").enqueue("r", 2, "p")
+    assert again.id == first.id
+    assert again.state().result == {"rows": 3}
+    done = again.wait(timeout=1)
+    assert (done.status, done.value) == ("succeeded", {"rows": 3})
+
+
 def test_a_dead_message_frees_its_key_and_starts_no_period():
     first = unique_step.using(dedup_key="dies").enqueue("d", 1, "dead")
     [claimed] = broker.claim(["default"], 1, "w", lease_seconds=30)
