@@ -264,3 +264,43 @@ def test_a_return_value_history_cannot_keep_fails_the_attempt_in_the_test_mode()
     with immediate(raise_errors=False):
         for kind in UNSTORABLE_ERRORS:
             assert_failed_as_unstorable(djtasks.returns_unstorable.enqueue(kind), kind)
+
+
+# --------------------------------------------------------------------------- cancelled
+
+
+def test_a_cancelled_task_reads_failed_with_an_error_naming_who_cancelled_it():
+    """Django's TaskResultStatus has no CANCELLED: FAILED, and ``errors`` says so."""
+    import io
+
+    from django.core.management import call_command
+
+    from django_mysqlq import broker
+    from django_mysqlq.backend import TaskCancelled
+    from django_mysqlq.messages import AttemptResult
+    from django_mysqlq.ops import cli_operator
+    from tests.operator_support import RUNNER
+
+    assert not hasattr(TaskResultStatus, "CANCELLED")  # else map cancelled to it
+    result = djtasks.add.enqueue(1, 2)
+    call_command("queuecancel", "--status", "ready", "--task",
+                 "django.tasks:tests.testapp.djtasks.add", stdout=io.StringIO())
+    result.refresh()
+    assert result.status == FAILED and result.finished_at is not None
+    [error] = result.errors
+    assert error.exception_class is TaskCancelled
+    assert error.traceback == (f"django_mysqlq.backend.results.TaskCancelled: cancelled by "
+                               f"{cli_operator().name}")
+
+    dead = djtasks.add.enqueue(3, 4)
+    [message] = broker.claim(["default"], 1, RUNNER.worker_id, lease_seconds=30)
+    broker.fail(message, RUNNER, AttemptResult(started_at=broker.database_now(),
+                                               error_class="ValueError", error_message="no"),
+                retry=False)
+    broker.purge_dead_batch(broker.database_now(), 10, cli_operator())
+    dead.refresh()
+    assert dead.status == FAILED
+    assert [e.exception_class_path for e in dead.errors] == [
+        "ValueError", "django_mysqlq.backend.results.TaskCancelled"]
+    assert dead.errors[-1].traceback.endswith(
+        f"cancelled by {cli_operator().name} (dead message purged)")

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .core import MySQLQueueBackend, MySQLQueueTask
-    from .results import WorkerLost
+    from .results import TaskCancelled, WorkerLost
 
-__all__ = ["MySQLQueueBackend", "MySQLQueueTask", "WorkerLost"]
+__all__ = ["MySQLQueueBackend", "MySQLQueueTask", "TaskCancelled", "WorkerLost"]
 
-_HOMES = {"MySQLQueueBackend": ".core", "MySQLQueueTask": ".core", "WorkerLost": ".results"}
+_HOMES = {"MySQLQueueBackend": ".core", "MySQLQueueTask": ".core",
+          "TaskCancelled": ".results", "WorkerLost": ".results"}
 
 
 def __getattr__(name: str) -> Any:

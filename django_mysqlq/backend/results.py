@@ -4,6 +4,8 @@ its history rows in ``mysqlq_attempt`` (one per attempt).
 Status: ready, scheduled or blocked -> READY; claimed -> RUNNING; dead -> FAILED. Once
 the message left the table, its last history row decides: succeeded -> SUCCESSFUL,
 failed or cancelled -> FAILED (retried or lost would mean it is still queued: READY).
+Django's ``TaskResultStatus`` has no CANCELLED: a cancelled task's ``errors`` end with a
+:class:`TaskCancelled` entry naming who cancelled it.
 """
 
 from __future__ import annotations
@@ -59,8 +61,26 @@ class WorkerLost(Exception):
     (a ``lost`` history row): the traceback holds the reason the sweeper gave."""
 
 
+class TaskCancelled(Exception):
+    """Stands in ``TaskResult.errors`` for a message cancelled before it succeeded (a
+    ``cancelled`` history row: ``queuecancel``, the admin, the purge of dead messages, a
+    dropped consumer group). Django's ``TaskResultStatus`` has no CANCELLED, so the task
+    reads FAILED; the traceback text says who cancelled it (``cancelled by cli:root``)."""
+
+
+def _cancelled_error(row: Attempt) -> TaskError:
+    path = f"{TaskCancelled.__module__}.{TaskCancelled.__qualname__}"
+    note = row.error_message if row.error_message not in ("", "cancelled") else ""
+    text = f"{path}: cancelled by {row.actor or 'an operator'}" + (f" ({note})" if note
+                                                                   else "")
+    return TaskError(exception_class_path=path, traceback=text)
+
+
 def error_of(row: Attempt) -> TaskError | None:
-    """The ``TaskError`` of a failed attempt's history row, or None for other rows."""
+    """The ``TaskError`` of a failed attempt's history row, or of a cancelled message's
+    (:class:`TaskCancelled`); None for other rows."""
+    if row.outcome == Outcome.CANCELLED:
+        return _cancelled_error(row)
     if row.outcome not in _FAILED_ATTEMPTS or not row.error_class:
         return None
     path = row.error_class
