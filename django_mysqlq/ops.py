@@ -442,9 +442,10 @@ def subject_state(queue: str, key: str, *, ordered: bool = True) -> SubjectState
                         broker.holders([ref])[ref])
 
 
-def release_subject(queue: str, key: str, who: Operator) -> list[int]:
-    """Release a subject its dead head holds (the head stays dead); the heads released."""
-    return broker.release_subjects(subject_state(queue, key).dead_heads, who)
+def release_subject(queue: str, key: str, who: Operator) -> tuple[list[int], list[int]]:
+    """Release a subject its dead head holds (the head stays dead); the heads released,
+    and the messages that waited behind them and now run (none when nothing waited)."""
+    return broker.release_subjects_promoting(subject_state(queue, key).dead_heads, who)
 
 
 def requeue_subject_head(queue: str, key: str, who: Operator) -> list[int]:

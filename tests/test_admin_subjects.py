@@ -123,7 +123,24 @@ def test_the_queuesubject_command_shows_releases_and_requeues(capsys):
         call_command("queuesubject", "release", "order:5")
     [head] = claim()
     broker.fail(head, RUNNER, failed())  # dead again (its one attempt)
+    capsys.readouterr()
     call_command("queuesubject", "release", "order:5")
     assert statuses(dead, *rest) == ["dead", "ready", "blocked"]
+    assert capsys.readouterr().out.strip() == (
+        f"Released subject 'order:5': dead head(s) #{dead} stay dead; the next message "
+        f"(#{rest[0]}) runs now.")
     call_command("queuesubject", "show", "nothing-here")
     assert "nothing waits or runs" in capsys.readouterr().out
+
+
+def test_releasing_a_subject_nothing_waits_behind_says_so(capsys):
+    """Not 'the next message runs now': there is none."""
+    dead = ordered_dies.enqueue("order:6", 1, "admin").id
+    [head] = claim()
+    broker.fail(head, RUNNER, failed())
+    call_command("queuesubject", "release", "order:6")
+    assert capsys.readouterr().out.strip() == (
+        f"Released subject 'order:6': dead head(s) #{dead} stay dead; no message waits "
+        "behind it: the subject's next message runs as soon as it is enqueued.")
+    again = ordered_step.enqueue("order:6", 2, "admin").id
+    assert statuses(dead, again) == ["dead", "ready"]

@@ -104,6 +104,7 @@ from .held import (
     gates_of,
     holders,
     release_subjects,
+    release_subjects_promoting,
     repair_gates,
     requeue_heads,
 )
@@ -359,6 +360,7 @@ __all__ = [
     "release_strays",
     "release_stuck",
     "release_subjects",
+    "release_subjects_promoting",
     "renew_leases",
     "repair_gates",
     "repair_rate_keys",

@@ -144,6 +144,13 @@ def release_subjects(ids: Sequence[int], operator: Operator) -> list[int]:
     records a ``skipped`` history row; the next message of its subject is promoted in the
     same transaction.
     """
+    return release_subjects_promoting(ids, operator)[0]
+
+
+def release_subjects_promoting(ids: Sequence[int],
+                               operator: Operator) -> tuple[list[int], list[int]]:
+    """:func:`release_subjects`, and the ids of the messages it promoted (made ready: they
+    run now); none when no message waited behind the heads."""
     heads = dead_heads(ids)
     refs_by_head = gates_of(heads)
     alias = default_alias()
@@ -168,7 +175,7 @@ def release_subjects(ids: Sequence[int], operator: Operator) -> list[int]:
 
         released.extend(in_transaction(alias, body))
     subjects.wake_promoted(alias, promoted)
-    return released
+    return released, [message_id for message_id, _ in promoted]
 
 
 @dataclasses.dataclass(frozen=True)

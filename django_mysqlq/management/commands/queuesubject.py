@@ -53,10 +53,16 @@ class Command(cli.SaysDatabaseErrors):
                                "(see: manage.py queuesubject show KEY).")
         who = ops.cli_operator()
         if action == "release":
-            done = ops.release_subject(queue, key, who)
+            done, promoted = ops.release_subject(queue, key, who)
+            if promoted:
+                then = (f"the next message (#{promoted[0]}) runs now" if len(promoted) == 1
+                        else f"the next messages ({', '.join(f'#{i}' for i in promoted)}) "
+                             "run now")
+            else:
+                then = ("no message waits behind it: the subject's next message runs as "
+                        "soon as it is enqueued")
             self.stdout.write(f"Released subject {key!r}: dead head(s) "
-                              f"{', '.join(f'#{i}' for i in done)} stay dead; the next "
-                              "message runs now.")
+                              f"{', '.join(f'#{i}' for i in done)} stay dead; {then}.")
         else:
             done = ops.requeue_subject_head(queue, key, who)
             self.stdout.write(f"Requeued dead head(s) {', '.join(f'#{i}' for i in done)} of "
