@@ -3,6 +3,7 @@ arriving while the first one's release of the unstarted messages is under way.""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 
@@ -62,3 +63,24 @@ def test_a_solo_start_the_control_loop_marked_first_counts_as_recorded():
     holdings.marked([message])  # the control loop's mark came first
     worker = SimpleNamespace(holdings=holdings, give_up=threading.Event())
     assert _record_start(worker, message, started_at) is True  # type: ignore[arg-type]
+
+
+def test_a_timeout_abort_and_the_tasks_own_end_settle_an_attempt_once():
+    """Whichever asks first settles the attempt: the control thread failing it for its
+    timeout (``abort``) or its task thread, whose task returned or raised (``may_end``)."""
+    holdings = _holdings()
+    first, second, third = _message(11), _message(12), _message(13)
+    holdings.add([first, second, third])
+    for message in (first, second, third):
+        assert holdings.next() is message
+        holdings.begin(message)
+    assert holdings.abort(first)  # the timeout first: the task's late end records nothing
+    assert not holdings.may_end(first)
+    assert not holdings.may_end(first)
+    assert holdings.may_end(second)  # the task first: the timeout leaves it be
+    assert not holdings.abort(second)
+    assert holdings.may_end(second)
+    holdings.finish(third)  # ended and gone: nothing to abort
+    assert not holdings.abort(third)
+    stale = dataclasses.replace(first, claim_token="another")  # a later claim of it
+    assert not holdings.abort(stale)

@@ -185,8 +185,18 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     fresh one. Other tasks running here are recovered by peers as lost. The attempt gets
     its line and its count like any other, and the count goes to the supervisor
     (``childreport``): a death here makes a ``--burst`` run exit ``EXIT_DEAD``.
+
+    The task may end meanwhile: whichever comes first settles the attempt, once
+    (``Holdings.abort``/``may_end``). If its thread was first (it is acking or failing
+    it), nothing is stuck: the attempt ends as it ran and this process goes on. If the
+    abort was, the task's late end records, logs and counts nothing.
     """
     message = task.message
+    if not worker.holdings.abort(message):
+        logger.warning("%s #%s ended as its timeout was acted on: its attempt is recorded "
+                       "as it ended, and this worker process goes on.", message.task_name,
+                       message.id)
+        return
     logger.error("%s #%s ran %.0fs, past its timeout of %.0fs: failing the attempt and "
                  "restarting this worker process.", message.task_name, message.id, elapsed,
                  message.timeout)

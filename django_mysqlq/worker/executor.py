@@ -59,14 +59,30 @@ class ClaimLost(Exception):
     """An atomic task's claim was recovered by a peer while it ran: roll its work back."""
 
 
+class _Aborted(Exception):
+    """An atomic task's attempt was failed for its timeout meanwhile: roll its work back."""
+
+
+#: What ``execute`` returns for an attempt failed for its timeout while it ran: the control
+#: thread recorded, logged and counted it (``draining.abort_for_timeout``), not its thread.
+ABORTED = "aborted"
+
+
+def _always() -> bool:
+    return True
+
+
 def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
-                    message: ClaimedMessage, runner: Runner, started_at: dt.datetime) -> Any:
+                    message: ClaimedMessage, runner: Runner, started_at: dt.datetime,
+                    may_end: Callable[[], bool]) -> Any:
     """Run the body and the ack in one transaction: both commit, or neither does."""
     # (The worker's database: an atomic task's own writes there commit with its ack.)
     with transaction.atomic(using=broker.default_alias()):
         # (Async bodies are refused at declaration; one that slips past, a plain function
         # returning a coroutine, fails here rather than being acked without running.)
         value = awaiting.refuse_awaitable(func(*args, **kwargs), message.task_name)
+        if not may_end():
+            raise _Aborted
         if not broker.ack_within(message, runner, AttemptResult(started_at, result=value)):
             raise ClaimLost
     return value
@@ -114,12 +130,16 @@ class AckSink(Protocol):
 
 
 def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
-            acks: AckSink | None = None, started_at: dt.datetime | None = None) -> str:
+            acks: AckSink | None = None, started_at: dt.datetime | None = None,
+            may_end: Callable[[], bool] = _always) -> str:
     """Run one message to its end; return the outcome recorded in history.
 
     With ``acks``, a success is handed over to be acked in a batch (and logged once its
     ack is written); without, it is acked and logged here and now. ``started_at``: when
     the worker let it start (default: now). Every other end is logged here, once.
+    ``may_end``: asked once the task returned or raised; False when the attempt was failed
+    for its timeout meanwhile (``Holdings.may_end``): then nothing of it is recorded or
+    logged here, and ``ABORTED`` is returned.
     """
     if started_at is None:
         started_at = broker.database_now()
@@ -154,12 +174,16 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         # the thread (send_robust already logs and swallows all but KeyboardInterrupt).
         broker.send_robust(task_started, task, message_id=message.id, attempt=message.attempt)
         if task.atomic:
-            value = _run_atomically(task.func, args, kwargs, message, runner, started_at)
+            value = _run_atomically(task.func, args, kwargs, message, runner, started_at,
+                                    may_end)
             acked = True
         elif scope is not None:
             value = scope.run(args, kwargs)
         else:
             value = _call(task.func, args, kwargs)
+    except _Aborted:
+        broker.close_open_transactions(marks)
+        return ABORTED
     except ClaimLost:
         line.write(str(Outcome.LOST), detail="a peer recovered its claim while it ran; its "
                    "transaction was rolled back and it runs again")
@@ -170,9 +194,14 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         # sys.exc_info() (Django's own task logging prints the traceback from there).
         broker.close_open_transactions(marks)
         broker.close_if_broken()
+        if not may_end():
+            return ABORTED
         return _failed(task, scope, message, runner, exc, started_at, give_up, line)
     line.stop_clock()
     left_open = broker.close_open_transactions(marks)
+    if not acked and not may_end():
+        broker.close_if_broken()
+        return ABORTED
     if left_open:
         # Its uncommitted writes (and an atomic task's ack) were just rolled back.
         try:

@@ -31,6 +31,11 @@ class RunningTask:
     reported: bool = False
     #: Its start is recorded in the database (recovery then counts its attempt).
     marked: bool = False
+    #: Its task returned or raised, and its thread settles the attempt: a timeout's abort
+    #: leaves it be (``Holdings.abort``).
+    ending: bool = False
+    #: Failed for its timeout by the control thread: its thread records nothing of it.
+    aborted: bool = False
 
 
 class Verdict(enum.Enum):
@@ -149,6 +154,18 @@ class Holdings:
                 if task is not None and task.message.claim_token == message.claim_token:
                     task.marked = True
 
+    def abort(self, message: ClaimedMessage) -> bool:
+        """The control thread means to fail ``message`` for its timeout: True if it may (its
+        task thread records nothing of this attempt from now on: see :meth:`may_end`),
+        False if the task ended first (its thread settles the attempt as it ended)."""
+        with self._lock:
+            task = self._running.get(message.id)
+            if task is None or task.message.claim_token != message.claim_token \
+                    or task.ending:
+                return False
+            task.aborted = True
+            return True
+
     def running(self) -> list[RunningTask]:
         with self._lock:
             return list(self._running.values())
@@ -242,6 +259,20 @@ class Holdings:
             self._waiting.pop(message.id, None)
             self._running[message.id] = RunningTask(message, now, started_at, marked=marked)
         return Verdict.START, started_at
+
+    def may_end(self, message: ClaimedMessage) -> bool:
+        """A task thread whose task returned or raised: may it settle the attempt (ack,
+        fail, log, count)? Not once the control thread failed it for its timeout
+        (:meth:`abort`): that attempt has its line and its count already. One or the
+        other, whichever asks first."""
+        with self._lock:
+            task = self._running.get(message.id)
+            if task is None or task.message.claim_token != message.claim_token:
+                return True
+            if task.aborted:
+                return False
+            task.ending = True
+            return True
 
     def give_back(self, message: ClaimedMessage) -> None:
         """Not started after all (stopping): released with the inbox's leftovers."""

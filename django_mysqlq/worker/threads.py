@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import threading
 import time
@@ -14,7 +15,7 @@ from .. import broker
 from ..log import quietly
 from ..messages import ClaimedMessage, Runner
 from ..models import Outcome
-from .executor import execute, settle
+from .executor import ABORTED, execute, settle
 from .holdings import Verdict
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
             return
     handover = worker.acker.handover() if worker.acker is not None else None
     try:
-        outcome = execute(message, runner, worker.give_up, handover, started_at)
+        outcome = execute(message, runner, worker.give_up, handover, started_at,
+                          functools.partial(worker.holdings.may_end, message))
     except Exception:  # noqa: BLE001 - logged (quietly: see log.quietly)
         # execute() records every task failure itself; this is a bug or an outage it
         # could not ride out. The claim stays; a peer recovers it.
@@ -102,8 +104,11 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
                 message.task_name, message.id)
         outcome = ""
     counter = COUNTERS.get(outcome)
-    # A success handed to the acker is counted by the acker, once its ack is written.
-    if counter is not None and not (handover is not None and handover.used):
+    # A success handed to the acker is counted by the acker, once its ack is written; an
+    # attempt failed for its timeout, by the control thread that failed it.
+    if outcome == ABORTED:
+        pass
+    elif counter is not None and not (handover is not None and handover.used):
         worker.stats.add(ran=1, **{counter: 1})
     else:
         worker.stats.ran_one()
