@@ -85,3 +85,17 @@ def test_a_django_task_given_by_its_path_names_its_stored_name():
     # A Django task with no message yet is found by its path too.
     _, err = run("queuerequeue", "--task", "tests.testapp.djtasks.record", "--dry-run")
     assert "did you mean django.tasks:tests.testapp.djtasks.record?" in err
+
+
+def test_a_django_task_given_by_its_stored_name_with_no_message_is_no_typo():
+    # Its prefixed name is right: no "a typo?", as its unprefixed path points to it.
+    pytest.importorskip("django_mysqlq.backend.compat",
+                        reason="needs django.tasks (Django 6) or django-tasks")
+    stored = "django.tasks:tests.testapp.djtasks.record"
+    for command in (["queuerequeue"], ["queuecancel", "--status", "dead"]):
+        _, err = run(*command, "--task", stored, "--dry-run")
+        assert err.strip() == f"no message of task {stored!r}.", command
+    _, err = run("queuerequeue", "--task", "django.tasks:tests.testapp.djtasks.nope",
+                 "--dry-run")
+    assert err.strip() == "no message of task 'django.tasks:tests.testapp.djtasks.nope': " \
+                          "a typo?"

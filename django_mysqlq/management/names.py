@@ -70,11 +70,14 @@ def task_warning(task_name: str) -> str | None:
     if broker.task_has_messages(task_name):
         return None
     said = f"no message of task {task_name!r}"
-    if not task_name.startswith(DJANGO_TASK_PREFIX):
+    path = task_name.removeprefix(DJANGO_TASK_PREFIX)
+    if path == task_name:
         stored = DJANGO_TASK_PREFIX + task_name
         if broker.task_has_messages(stored) or _django_task_known(task_name):
             return (f"{said}; did you mean {stored}? (Django @task messages are stored "
                     "under that name)")
+    elif _django_task_known(path):
+        return f"{said}."  # a Django @task by its stored name: right, just no message now
     if _registered(task_name) or broker.task_has_history(task_name):
         return f"{said}."
     return f"{said}: a typo?"
