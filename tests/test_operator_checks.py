@@ -5,6 +5,7 @@ of where the queues live, which still stop them on a configuration nothing can u
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -15,6 +16,8 @@ from django.test import override_settings
 from django_mysqlq.models import Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GOOD = {"task": "tests.testapp.tasks.record", "cron": "0 3 * * *", "args": ["nightly"]}
 BAD = {"task": "shop.tasks.nope", "cron": "0 3 * * *"}
@@ -58,8 +61,12 @@ def test_a_broken_schedule_blocks_no_operator_command():
 def test_a_task_module_that_fails_to_import_blocks_no_operator_command():
     with with_mysqlq(TASK_MODULES=["tests.no_such_module"], SCHEDULES={"good": GOOD}):
         _, err = run("queueschedule")
-        assert "Declared schedule not written: none is written until every task module " \
-               "imports: Could not import the task module 'tests.no_such_module'" in err
+        said = "Declared schedule not written: none is written until every task module imports: "
+        assert f"{said}Could not import the task module 'tests.no_such_module'" in err
+        assert not Schedule.objects.filter(name="good").exists()  # not even the good one
+        # docs/settings.md says so (it said the others were written, as for an E006).
+        docs = " ".join((ROOT / "docs" / "settings.md").read_text().split())
+        assert f"(E005) it writes none, and says so on stderr (`{said}…`)" in docs
         assert run("queuepause", "emails")[0].startswith("Paused emails.")
         assert "queue" in run("queuestats")[0].splitlines()[0]
 
