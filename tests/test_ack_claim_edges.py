@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 
 import pytest
 from django.db import OperationalError, connection
@@ -129,7 +130,7 @@ def test_an_error_claiming_a_later_queue_gives_back_the_batch_already_claimed(mo
     assert {m.id for m in claim(("default", "other"))} == {first, blocked}
 
 
-def test_a_failed_bury_gives_back_its_own_batch_too(monkeypatch):
+def test_a_failed_bury_gives_back_its_own_batch_too(monkeypatch, caplog):
     """A row of the batch that can't be run goes dead (``bury``); a bury that failed (a
     lock wait on its gate, a lost connection) left the rest of that batch claimed by a
     worker that never received it, until its lease ran out."""
@@ -144,8 +145,30 @@ def test_a_failed_bury_gives_back_its_own_batch_too(monkeypatch):
         raise OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction")
 
     monkeypatch.setattr(claim_module, "bury", fails)
-    with pytest.raises(OperationalError):
+    with pytest.raises(OperationalError), caplog.at_level(logging.WARNING, "django_mysqlq"):
         claim(("default",))
     monkeypatch.undo()
+    # (The count is what the release found: this queue's batch, not only earlier ones'.)
+    assert "A claim failed part-way; 4 message(s) already claimed from this claim were " \
+        "given back." in caplog.text
     rows = {m.pk: (m.status, m.claim_token) for m in Message.objects.filter(pk__in=good)}
     assert rows == {pk: ("ready", None) for pk in good}, rows
+
+
+def test_a_claim_cut_short_before_it_claimed_anything_says_nothing(monkeypatch, caplog):
+    """A producer's late wake-up (``KILL QUERY``) that ends the first statement: nothing
+    was claimed, nothing given back. It used to warn 'A claim failed part-way; 0
+    message(s) already claimed … were given back' (seen when the wake-ups of a busy queue
+    kept cutting the claim's wait on a producer's uncommitted row short)."""
+    tasks.record.enqueue("first")
+    claim_module = importlib.import_module("django_mysqlq.broker.claim")
+
+    def interrupted(alias, key, what, fast, around):
+        raise OperationalError(1317, "Query execution was interrupted")
+
+    monkeypatch.setattr(claim_module, "run_around_locks", interrupted)
+    with pytest.raises(OperationalError), caplog.at_level(logging.INFO, "django_mysqlq"):
+        claim(("default", "other"))
+    monkeypatch.undo()
+    assert "part-way" not in caplog.text
+    assert Message.objects.get().status == "ready"

@@ -239,21 +239,29 @@ def _read_claimed(alias: str, token: str) -> list[Any]:
 
 
 def give_back_tokens(alias: str, tokens: Sequence[str], count: int, source: str) -> None:
-    """Release the ``count`` messages claimed under ``tokens`` by a claim that fails
-    part-way (its caller never gets them), before the error is raised."""
+    """Release the messages claimed under ``tokens`` by a claim that fails part-way (its
+    caller never gets them), before the error is raised; ``count``: how many the caller
+    knows of (said if the release fails).
+
+    Said at WARNING with the number the release found claimed; nothing when it found none
+    (the failure came before anything was claimed: a producer's late wake-up, ``KILL
+    QUERY``, cutting the first statement short).
+    """
     if not tokens:
         return
+    released = 0
     try:
         close_if_broken(alias)
         for token in tokens:
-            with_lock_retry(alias, functools.partial(_release_token, alias, token))
+            released += with_lock_retry(alias, functools.partial(_release_token, alias, token))
     except DatabaseError:
         logger.warning("A claim failed part-way and %d message(s) already claimed could not "
                        "be given back; their leases will run out and a peer will recover "
                        "them.", count)
         return
-    logger.warning("A claim failed part-way; %d message(s) already claimed from %s were "
-                   "given back.", count, source)
+    if released:
+        logger.warning("A claim failed part-way; %d message(s) already claimed from %s were "
+                       "given back.", released, source)
 
 
 def _release_token(alias: str, token: str) -> int:
