@@ -91,6 +91,14 @@ def test_the_short_lock_wait_is_set_on_the_session_not_per_statement(as_mysql):
     assert session_variable("innodb_lock_wait_timeout") == str(locked.LOCK_WAIT_SECONDS)
 
 
+def test_the_fast_statements_keep_the_short_wait_on_mysql(as_mysql):
+    """MySQL's smallest innodb_lock_wait_timeout is 1 s (MariaDB's fast statements wait for
+    no row lock): the claim and the promotion wait that long on the session's wait."""
+    sql = locked.no_wait(connection, "SELECT 1")
+    assert sql == "SELECT 1"
+    assert session_variable("innodb_lock_wait_timeout") == str(locked.LOCK_WAIT_SECONDS)
+
+
 def test_a_claim_steps_around_a_locked_row_on_the_mysql_path(as_mysql):
     first = tasks.record.enqueue("locked").id
     second = tasks.record.enqueue("free").id

@@ -27,7 +27,7 @@ from .base import (
     require_autocommit,
     with_lock_retry,
 )
-from .locked import run_around_locks, short_wait
+from .locked import no_wait, run_around_locks
 from .session import connection_session
 from .settle import bury
 from .subjects import GateRef
@@ -144,7 +144,7 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
         def fast(queue: str = queue, wanted: int = wanted, stamp: list[Any] = stamp) -> int:
             with connection.cursor() as cursor:
-                cursor.execute(short_wait(connection, with_queue_collation(CLAIM_SQL, collation)),
+                cursor.execute(no_wait(connection, with_queue_collation(CLAIM_SQL, collation)),
                                [*stamp, queue, wanted])
                 return int(cursor.rowcount)
 

@@ -93,7 +93,8 @@ DEDUP_HOLDER_SQL = (f"SELECT {{level}}, (SELECT id FROM {MESSAGE_TABLE} WHERE de
 #: commit (no holder), or still show a message that finished since, its key then taken by
 #: a new one (a wrong, finished holder). It holds a share lock on the holder until the
 #: caller's transaction ends: a worker's claim or ack of that message waits for it (the
-#: claim at most ``locked.LOCK_WAIT_SECONDS``, then steps around it).
+#: claim not at all on MariaDB, at most ``locked.LOCK_WAIT_SECONDS`` on MySQL: it steps
+#: around it).
 DEDUP_HOLDER_LOCKING_SQL = (f"SELECT id FROM {MESSAGE_TABLE} WHERE dedup_key = %s "
                             "LOCK IN SHARE MODE")
 #: Levels whose plain reads see the latest commit (MariaDB and MySQL spell them alike).

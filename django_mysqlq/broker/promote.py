@@ -22,7 +22,7 @@ from .base import (
     logger,
     placeholders,
 )
-from .locked import run_around_locks, short_wait
+from .locked import no_wait, run_around_locks
 
 #: Due scheduled messages, but not concurrency-limited ones (see ``promote_limited``).
 PROMOTE_SQL = f"""
@@ -69,7 +69,7 @@ def promote_due(limit: int = 1000, alias: str | None = None) -> int:
 
     def fast() -> int:
         with connection.cursor() as cursor:
-            cursor.execute(short_wait(connection, PROMOTE_SQL), [limit])
+            cursor.execute(no_wait(connection, PROMOTE_SQL), [limit])
             return int(cursor.rowcount)
 
     def body(cursor: Any) -> int:
