@@ -173,8 +173,8 @@ def test_a_lock_that_lasts_is_warned_of_once(monkeypatch, caplog):
     [first] = [m for m in _records(caplog, logging.INFO) if "locked by another" in m]
     assert "most likely a producer's" in first
     [warning] = _records(caplog, logging.WARNING)
-    assert warning.startswith("Queue 'default': a row has been locked by another "
-                              "transaction for "), warning
+    assert warning.startswith("Queue 'default': the fast path has met a locked row at "
+                              "every try for "), warning
     assert "information_schema.INNODB_TRX" in warning
     assert "SELECT … FOR UPDATE left open" in warning
     locked.LOCKED_ROWS.forget()  # (the next try of the fast path, now)
@@ -303,3 +303,17 @@ def test_a_worker_keeps_serving_its_other_queue_while_a_producer_holds_an_enqueu
     assert not warnings, warnings
     assert any("locked by another transaction" in line["message"]
                and line["level"] == "INFO" for line in lines), worker.output()
+
+
+def test_an_episode_the_fast_path_never_came_back_to_is_not_carried_on() -> None:
+    """A locked row met, then the queue's fast path not run for long (paused, no room):
+    the next meeting carried the old episode on (counted at once, and warned of as a lock
+    of an hour at the next look). It starts a new one now: a silent look first."""
+    rows = locked.LockedRows()
+    key = ("default", "default")
+    assert rows.found(key, waited=False)[0] == locked.LOOK
+    assert rows.found(key, waited=False)[0] == locked.FIRST
+    rows._until[key] -= 3600  # (as if an hour had passed since)
+    rows._since[key] -= 3600
+    kind, pause, lasted = rows.found(key, waited=False)
+    assert (kind, pause, lasted) == (locked.LOOK, locked.AROUND_LOOK_AGAIN_SECONDS, 0.0)

@@ -109,6 +109,12 @@ class LockedRows:
         with self._lock:
             now = time.monotonic()
             pause = self._pause.get(key)
+            if pause is not None and now - self._until.get(key, now) > AROUND_LONGEST_SECONDS:
+                # An episode the fast path never came back to (the queue paused, no room to
+                # claim, earlier queues filling each batch): this is a new one.
+                self._pause.pop(key, None)
+                self._since.pop(key, None)
+                pause = None
             looked = self._since.get(key)
             if pause is None and not waited and (
                     looked is None or now - looked > 10 * AROUND_LOOK_AGAIN_SECONDS):
@@ -228,12 +234,13 @@ def run_around_locks(alias: str, key: tuple[str, str], what: str,
                 "%d s. A warning follows if it lasts.", what, pause)
         elif kind == LASTING:
             logger.warning(
-                "%s: a row has been locked by another transaction for %d s: the fast path "
-                "met a locked row at every try since. The rest keeps flowing around it; the "
-                "locked message waits. Find the transaction that holds queue rows "
+                "%s: the fast path has met a locked row at every try for %d s (one long "
+                "transaction, or a steady stream of transactions that enqueue and stay open "
+                "a while). The rest keeps flowing around them; a locked message waits for "
+                "its lock. Find the transactions that hold queue rows "
                 "(information_schema.INNODB_TRX, its trx_started: a SELECT … FOR UPDATE "
                 "left open, a long operator transaction, a producer's transaction that "
-                "enqueued and then ran on) and end it.", what, lasted)
+                "enqueued and then ran on) and end or shorten them.", what, lasted)
         return around()
     LOCKED_ROWS.cleared(key)
     return count
