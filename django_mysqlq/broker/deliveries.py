@@ -55,6 +55,7 @@ from .group_window import (
     PENDING,
     SCHEDULED,
     retries_hold,
+    weighed_from,
 )
 from .kept import kept_bounds
 from .literals import execute_escaped
@@ -100,9 +101,9 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: its window has room: its scheduled ones under half the window (more are the look's to
 #: weigh: ``group_window``), its blocked ones under their bound (the subqueries are plain
 #: reads: they lock no message). Ready ones are claimed first, and a full window is the
-#: look's to say (the pump then looks as usual). It
-#: returns the scheduled ones too: the pump takes no more than the window's room, as the
-#: look's does (in the same statement: none more between a publish and its handler).
+#: look's to say (the pump then looks as usual). It returns the scheduled ones too: the
+#: pump takes no more than the window's room, as the look's does (in the same statement:
+#: none more between a publish and its handler).
 LOCK_GROUP_IF_ROOM_SQL = (
     f"SELECT id, position, {SCHEDULED} FROM {GROUP_TABLE} WHERE topic = %s AND"
     f" group_name = %s AND {NONE_READY} AND {SCHEDULED} < %s"
@@ -345,7 +346,7 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
                                   BLOCKED_WINDOWS * window, spec.queue, window, spec.topic,
                                   spec.group])
         look = cursor.fetchone()
-        if look is not None and look[8] is not None and int(look[8]) >= max(window // 2, 1):
+        if look is not None and look[8] is not None and int(look[8]) >= weighed_from(window):
             # Half a window of retries or more: of a group whose handler works, they
             # don't hold its pump, only its ready ones count (group_window).
             hold = retries_hold(cursor, spec.queue, window)
@@ -428,7 +429,7 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         if woken:
             cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
                 spec.queue, woken, spec.topic, spec.group, spec.queue, spec.queue, woken,
-                max(woken // 2, 1), spec.queue, BLOCKED_WINDOWS * woken,
+                weighed_from(woken), spec.queue, BLOCKED_WINDOWS * woken,
                 BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])

@@ -59,6 +59,13 @@ RETRIES_HOLD_SQL = (
 AT_BOUND_SQL = f"SELECT {PENDING} >= %s, {BLOCKED} >= %s"
 
 
+def weighed_from(window: int) -> int:
+    """How many retries make the look weigh them (``retries_hold``): half the window. A
+    woken member's quick pump takes a group only under this many, leaving the rest to the
+    look."""
+    return max(window // 2, 1)
+
+
 class Hold(NamedTuple):
     """What ``retries_hold`` found: ``held`` None when the server's answer was cut short
     (a wake-up's ``KILL QUERY`` landing in a count: look again)."""
