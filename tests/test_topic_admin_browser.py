@@ -19,13 +19,26 @@ MESSAGES = "/admin/django_mysqlq/topicmessage/"
 
 def submit(driver: Any, form: Any) -> None:
     """Submit ``form`` and wait for the next page: read before it, the list was the old
-    page's (a stale element on a fast machine)."""
+    page's (a stale element on a fast machine). A form asked about while the page goes
+    away can also answer Chromium's "Node with given id does not belong to the document"
+    (seen in CI): gone as well."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def gone(_: Any) -> bool:
+        try:
+            form.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
     form.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(form))
+    WebDriverWait(driver, 20).until(gone)
 
 
 def listed_offsets(driver: Any) -> list[int]:
