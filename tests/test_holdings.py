@@ -84,3 +84,21 @@ def test_a_timeout_abort_and_the_tasks_own_end_settle_an_attempt_once():
     assert not holdings.abort(third)
     stale = dataclasses.replace(first, claim_token="another")  # a later claim of it
     assert not holdings.abort(stale)
+
+
+def test_a_timeout_abort_finds_the_task_its_thread_began_or_stops_its_start():
+    """The abort sends the attempt's ``task_finished`` with the task and scope its thread
+    told ``began``; an abort before that leaves the attempt unstarted (``began`` False)."""
+    task, scope = object(), object()
+    holdings = _holdings()
+    started, late = _message(21), _message(22)
+    holdings.add([started, late])
+    for message in (started, late):
+        assert holdings.next() is message
+        holdings.begin(message)
+    assert holdings.began(started, task, scope)  # type: ignore[arg-type]
+    assert holdings.abort(started) and holdings.abort(late)
+    running = {t.message.id: t for t in holdings.running()}
+    assert (running[21].task, running[21].scope) == (task, scope)
+    assert not holdings.began(late, task, scope)  # type: ignore[arg-type]
+    assert (running[22].task, running[22].scope) == (None, None)

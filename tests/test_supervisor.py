@@ -100,6 +100,33 @@ def test_a_task_past_its_timeout_kills_its_child_and_is_retried(start_worker):
     assert supervisor.wait(PATIENCE) == 0, supervisor.output()
 
 
+def finished_rows(message_id: int) -> list[tuple[str, int | None]]:
+    """The ``task_finished`` signals of ``tasks.sleeps_past_timeout`` (tests/testapp)."""
+    return list(Ledger.objects.filter(label__startswith=f"sleeper:finished:{message_id}:")
+                .order_by("id").values_list("label", "value"))
+
+
+def test_a_task_past_its_timeout_in_a_child_sends_task_finished(start_worker):
+    # As any failed attempt does: its outcome, its TaskTimeout, sent inside a handler of
+    # that error (sys.exc_info()), once per attempt, by the child that ran it.
+    supervisor = start_worker("--processes", "1")
+    handle = tasks.sleeps_past_timeout.enqueue("ov")
+    wait_for(lambda: len(finished_rows(handle.id)) == 2, PATIENCE,
+             message="both attempts' task_finished")
+    prefix = f"sleeper:finished:{handle.id}"
+    assert finished_rows(handle.id) == [(f"{prefix}:retried:TaskTimeout:TaskTimeout", 1),
+                                        (f"{prefix}:failed:TaskTimeout:TaskTimeout", 2)]
+    starts = list(Ledger.objects.filter(label="ov:start").values_list("pid", flat=True))
+    signalled = list(Ledger.objects.filter(label__startswith=prefix).order_by("id")
+                     .values_list("pid", flat=True))
+    assert signalled == starts and len(set(starts)) == 2, supervisor.output()
+    assert Message.objects.get(pk=handle.id).status == "dead"
+    wait_for(lambda: supervisor.output().count("ran past its timeout; replacing it") == 2,
+             PATIENCE, message="the second child to be replaced")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(PATIENCE) == 0, supervisor.output()
+
+
 def test_a_second_signal_makes_children_exit_at_once(start_worker):
     supervisor = start_worker("--processes", "2")
     wait_for(lambda: len(live_children(supervisor)) == 2, PATIENCE, message="children")

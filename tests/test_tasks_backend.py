@@ -429,6 +429,26 @@ def test_a_task_that_always_fails_ends_failed_with_every_error(start_worker):
 
 
 @pytest.mark.worker
+def test_a_task_past_its_timeout_under_processes_ends_failed_with_its_signals(start_worker):
+    # A --processes child fails the attempt for its timeout and exits: Django's
+    # task_finished is sent all the same, READY after the first attempt, FAILED after
+    # the last, inside a handler of the TaskTimeout (Django logs its traceback).
+    result = djtasks.overruns.enqueue("ov")
+    output = run_burst(start_worker, "--processes", "1")
+    result.refresh()
+    assert result.status == FAILED and result.is_finished, output
+    timeout = "django_mysqlq.exceptions.TaskTimeout"
+    assert [error.exception_class_path for error in result.errors] == [timeout] * 2
+    rid = result.id
+    assert ledger("signal:") == [
+        (f"signal:started:{rid}:RUNNING:-", 1), (f"signal:finished:{rid}:READY:TaskTimeout", 1),
+        (f"signal:started:{rid}:RUNNING:-", 2), (f"signal:finished:{rid}:FAILED:TaskTimeout", 2),
+    ], output
+    assert f"Task id={rid} path=tests.testapp.djtasks.overruns state=FAILED" in output
+    assert "state=FAILED\nTraceback (most recent call last)" in output
+
+
+@pytest.mark.worker
 def test_per_task_and_per_backend_attempts(start_worker):
     once = djtasks.fails_once.enqueue("once")
     twice = djtasks.two_tries.enqueue("twice")

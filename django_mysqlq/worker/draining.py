@@ -20,7 +20,7 @@ from ..exceptions import TaskTimeout
 from ..messages import AttemptResult, ClaimedMessage, Runner
 from ..models import Outcome
 from ..signals import worker_stopped
-from . import childreport
+from . import childreport, timeout_end
 from .attempt_log import AttemptLine
 from .executor import NOT_RECORDED
 from .holdings import RunningTask
@@ -183,8 +183,9 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
 
     A thread can't be stopped from outside, so the process goes: the supervisor starts a
     fresh one. Other tasks running here are recovered by peers as lost. The attempt gets
-    its line and its count like any other, and the count goes to the supervisor
-    (``childreport``): a death here makes a ``--burst`` run exit ``EXIT_DEAD``.
+    its line, its count and its ``task_finished`` like any other (``timeout_end``), and
+    the count goes to the supervisor (``childreport``): a death here makes a ``--burst``
+    run exit ``EXIT_DEAD``.
 
     The task may end meanwhile: whichever comes first settles the attempt, once
     (``Holdings.abort``/``may_end``). If its thread was first (it is acking or failing
@@ -215,10 +216,9 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     broker.finish_by(end)
     if worker.acker is not None:
         worker.acker.finish_by(end)
-    recorded = False
+    outcome: str | None = None
     try:
         outcome = broker.fail(message, runner, result)
-        recorded = True
         _timed_out(worker, line, outcome, result)
         release_unstarted(worker)
         if worker.acker is not None:
@@ -227,8 +227,11 @@ def abort_for_timeout(worker: Worker, task: RunningTask, elapsed: float) -> None
     except DatabaseError as exc:
         logger.warning("Could not record the timeout (%s); peers will recover the claims.",
                        exc)
-        if not recorded:
-            _timed_out(worker, line, str(Outcome.LOST), result, NOT_RECORDED)
+        if outcome is None:
+            outcome = str(Outcome.LOST)
+            _timed_out(worker, line, outcome, result, NOT_RECORDED)
+    # Last, with the claims settled: what a receiver does delays nothing but this exit.
+    timeout_end.tell_finished(task, outcome, error)
     childreport.send()
     logging.shutdown()
     os._exit(EXIT_TIMEOUT)

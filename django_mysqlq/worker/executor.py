@@ -72,6 +72,15 @@ def _always() -> bool:
     return True
 
 
+def _always_begins(task: QueueTask[Any, Any], scope: AttemptScope | None) -> bool:
+    return True
+
+
+#: Told the task and its attempt's scope just before the attempt starts (``task_started``):
+#: False if the attempt was failed for its timeout already (``Holdings.began``).
+Began = Callable[[QueueTask[Any, Any], AttemptScope | None], bool]
+
+
 def _run_atomically(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
                     message: ClaimedMessage, runner: Runner, started_at: dt.datetime,
                     may_end: Callable[[], bool]) -> Any:
@@ -131,7 +140,7 @@ class AckSink(Protocol):
 
 def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
             acks: AckSink | None = None, started_at: dt.datetime | None = None,
-            may_end: Callable[[], bool] = _always) -> str:
+            may_end: Callable[[], bool] = _always, began: Began = _always_begins) -> str:
     """Run one message to its end; return the outcome recorded in history.
 
     With ``acks``, a success is handed over to be acked in a batch (and logged once its
@@ -139,7 +148,8 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     the worker let it start (default: now). Every other end is logged here, once.
     ``may_end``: asked once the task returned or raised; False when the attempt was failed
     for its timeout meanwhile (``Holdings.may_end``): then nothing of it is recorded or
-    logged here, and ``ABORTED`` is returned.
+    logged here, and ``ABORTED`` is returned (whoever failed it sends its ``task_finished``
+    with the task and the scope ``began`` was told of: ``timeout_end``).
     """
     if started_at is None:
         started_at = broker.database_now()
@@ -167,6 +177,8 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     marks = broker.activity_marks()
     # Hooks (Django's @task) wrap the call: context, their signals, a JSON return value.
     scope = task.hooks.begin(message, runner, started_at) if task.hooks is not None else None
+    if not began(task, scope):
+        return ABORTED
     value: Any = None
     acked = False
     try:
@@ -187,7 +199,7 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
     except ClaimLost:
         line.write(str(Outcome.LOST), detail="a peer recovered its claim while it ran; its "
                    "transaction was rolled back and it runs again")
-        return _finished(task, scope, message, str(Outcome.LOST), None, None)
+        return send_finished(task, scope, message, str(Outcome.LOST), None, None)
     except BaseException as exc:  # noqa: BLE001 - the task boundary: every failure is recorded
         line.stop_clock()
         # Settled inside the handler, so task_finished receivers see the exception as
@@ -229,7 +241,7 @@ def execute(message: ClaimedMessage, runner: Runner, give_up: threading.Event,
         line.write(str(Outcome.SUCCEEDED if acked else Outcome.LOST),
                    detail="" if acked else detail)
     # Not acked: the message stays queued and runs again, so say so.
-    return _finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
+    return send_finished(task, scope, message, str(Outcome.SUCCEEDED if acked else Outcome.LOST),
                      None, value)
 
 
@@ -286,11 +298,14 @@ def _failed(task: QueueTask[Any, Any], scope: AttemptScope | None, message: Clai
                    "owner decides what happens next")
     else:
         line.write(outcome, result, decision.why if written is not None else NOT_RECORDED)
-    return _finished(task, scope, message, outcome, error, None)
+    return send_finished(task, scope, message, outcome, error, None)
 
 
-def _finished(task: QueueTask[Any, Any], scope: AttemptScope | None, message: ClaimedMessage,
-              outcome: str, error: BaseException | None, value: Any) -> str:
+def send_finished(task: QueueTask[Any, Any], scope: AttemptScope | None,
+                  message: ClaimedMessage, outcome: str, error: BaseException | None,
+                  value: Any) -> str:
+    """``task_finished``, and the end of its scope (a Django task's), once an attempt's
+    outcome is recorded; inside the handler of ``error`` when there is one."""
     broker.send_robust(task_finished, task, message_id=message.id, attempt=message.attempt,
                        outcome=outcome, error=error)
     if scope is not None:

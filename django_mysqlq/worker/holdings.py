@@ -17,8 +17,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from ..messages import ClaimedMessage
+from ..tasks import AttemptScope, QueueTask
 
 Pair = tuple[int, str]
 
@@ -36,6 +38,10 @@ class RunningTask:
     ending: bool = False
     #: Failed for its timeout by the control thread: its thread records nothing of it.
     aborted: bool = False
+    #: Its task and its attempt's scope, once its thread is about to start it
+    #: (``Holdings.began``): for a timeout's abort to send its ``task_finished``.
+    task: QueueTask[Any, Any] | None = None
+    scope: AttemptScope | None = None
 
 
 class Verdict(enum.Enum):
@@ -259,6 +265,20 @@ class Holdings:
             self._waiting.pop(message.id, None)
             self._running[message.id] = RunningTask(message, now, started_at, marked=marked)
         return Verdict.START, started_at
+
+    def began(self, message: ClaimedMessage, task: QueueTask[Any, Any],
+              scope: AttemptScope | None) -> bool:
+        """A task thread about to start ``message`` (its ``task_started``): remember its task
+        and scope, for the abort of its timeout to end it with. False if that abort came
+        first: the attempt is failed, nothing of it starts."""
+        with self._lock:
+            running = self._running.get(message.id)
+            if running is None or running.message.claim_token != message.claim_token:
+                return True
+            if running.aborted:
+                return False
+            running.task, running.scope = task, scope
+            return True
 
     def may_end(self, message: ClaimedMessage) -> bool:
         """A task thread whose task returned or raised: may it settle the attempt (ack,

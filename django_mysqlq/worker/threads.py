@@ -96,7 +96,8 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
     handover = worker.acker.handover() if worker.acker is not None else None
     try:
         outcome = execute(message, runner, worker.give_up, handover, started_at,
-                          functools.partial(worker.holdings.may_end, message))
+                          functools.partial(worker.holdings.may_end, message),
+                          functools.partial(worker.holdings.began, message))
     except Exception:  # noqa: BLE001 - logged (quietly: see log.quietly)
         # execute() records every task failure itself; this is a bug or an outage it
         # could not ride out. The claim stays; a peer recovers it.

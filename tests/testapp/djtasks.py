@@ -159,6 +159,13 @@ def timed(value):
     return value
 
 
+@task(timeout=1, max_attempts=2, retry_backoff=0)
+def overruns(label):
+    """Sleeps well past its 1 s timeout: a ``--processes`` child fails it and exits."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    time.sleep(60)
+
+
 def plain_function(label):
     """Not a task: the queue must never call it."""
     Ledger.objects.create(label=label, pid=os.getpid())
@@ -168,7 +175,7 @@ alias_of_add = add  # another name for add: not add's own module path
 
 
 def _record_signal(kind, task_result, **kwargs):
-    if task_result.task.module_path.endswith((".flaky", ".always_fails", ".add")):
+    if task_result.task.module_path.endswith((".flaky", ".always_fails", ".add", ".overruns")):
         handled = sys.exc_info()[0]
         Ledger.objects.create(
             label=f"signal:{kind}:{task_result.id}:{task_result.status}:"

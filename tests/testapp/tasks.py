@@ -2,11 +2,13 @@
 
 import functools
 import os
+import sys
 import time
 
 from django.db import connection
 
 from django_mysqlq import queue_task
+from django_mysqlq.signals import task_finished
 
 from .models import Ledger
 
@@ -137,6 +139,29 @@ def atomic_returns_coroutine(label: str):
 def hangs(label: str) -> None:
     Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
     time.sleep(60)
+
+
+@queue_task(timeout=1, max_attempts=2, retry_backoff=0)
+def sleeps_past_timeout(label: str) -> None:
+    """Sleeps well past its 1 s timeout: a ``--processes`` child fails it and exits
+    (tests/test_supervisor.py); its ``task_finished`` is recorded (below)."""
+    Ledger.objects.create(label=f"{label}:start", pid=os.getpid())
+    time.sleep(60)
+
+
+def _sleeper_finished(sender, message_id, attempt, outcome, error, **kwargs):
+    """``task_finished`` of ``sleeps_past_timeout`` as a Ledger row: the outcome, the
+    error and the exception being handled as the receiver runs (``-``: none)."""
+    if getattr(sender, "name", None) != sleeps_past_timeout.name:
+        return
+    handled = sys.exc_info()[0]
+    Ledger.objects.create(
+        label=f"sleeper:finished:{message_id}:{outcome}:{type(error).__name__}:"
+              f"{handled.__name__ if handled else '-'}",
+        value=attempt, pid=os.getpid())
+
+
+task_finished.connect(_sleeper_finished, dispatch_uid="tests.tasks.sleeper_finished")
 
 
 @queue_task(max_attempts=1)
