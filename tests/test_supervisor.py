@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
+import time
 
 import pytest
 
 from django_mysqlq.models import Attempt, Message, Worker
+from django_mysqlq.worker.draining import EXIT_DEAD, EXIT_TIMEOUT
+from django_mysqlq.worker.options import WorkerOptions
+from django_mysqlq.worker.supervisor import Child, Supervisor
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
@@ -125,6 +130,52 @@ def test_a_task_past_its_timeout_in_a_child_sends_task_finished(start_worker):
              PATIENCE, message="the second child to be replaced")
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(PATIENCE) == 0, supervisor.output()
+
+
+def test_a_child_ended_by_a_timeout_is_replaced_at_once(start_worker):
+    # Each attempt ends its child within a second or two of its start: a deliberate exit,
+    # not a crash loop, so the next child starts at once (it waited 1 s, then 2 s).
+    handle = tasks.sleeps_past_timeout.enqueue("ov")
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "1")
+    status = supervisor.wait(60)
+    output = supervisor.output()
+    assert status == EXIT_DEAD, output
+    assert Message.objects.get(pk=handle.id).status == "dead", output
+    lines = [line for line in output.splitlines() if "ran past its timeout; replacing" in line]
+    assert len(lines) == 2, output
+    assert all(line.endswith(" ended after a task ran past its timeout; replacing it.")
+               for line in lines), output
+    assert "died quickly" not in output
+
+
+def _ended(supervisor: Supervisor, status: int, caplog: pytest.LogCaptureFixture) -> str:
+    """What the supervisor says of a child that ended ``status`` just after its start;
+    its slot's next child may start at once only if it says no delay."""
+    caplog.clear()
+    supervisor._replace(Child(slot=0, pid=4242, started=time.monotonic(), report_fd=-1),
+                        status)
+    [message] = caplog.messages
+    at_once = supervisor._not_before[0] <= time.monotonic()
+    assert at_once == message.endswith("replacing it."), message
+    return message.removeprefix("Worker process 4242 ")
+
+
+def test_timeouts_are_replaced_at_once_and_a_crash_loop_still_backs_off(caplog):
+    caplog.set_level(logging.INFO, logger="django_mysqlq")
+    supervisor = Supervisor(WorkerOptions(queues=("default",)), 1)
+    crashed, killed, timed_out = 1 << 8, signal.SIGKILL, EXIT_TIMEOUT << 8
+    assert _ended(supervisor, crashed, caplog) == \
+        "exited with status 1; replacing it in 1.0s (it died quickly)."
+    assert _ended(supervisor, killed, caplog) == \
+        "killed by SIGKILL; replacing it in 2.0s (it died quickly)."
+    for _ in range(3):
+        assert _ended(supervisor, timed_out, caplog) == \
+            "ended after a task ran past its timeout; replacing it."
+    # A crash after that starts the pauses over; they grow again while it lasts.
+    assert _ended(supervisor, crashed, caplog).endswith(" in 1.0s (it died quickly).")
+    assert _ended(supervisor, crashed, caplog).endswith(" in 2.0s (it died quickly).")
+    assert _ended(supervisor, killed, caplog).endswith(" in 4.0s (it died quickly).")
+    assert supervisor.restarts == 8
 
 
 def test_a_second_signal_makes_children_exit_at_once(start_worker):

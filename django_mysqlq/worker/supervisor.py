@@ -2,9 +2,10 @@
 
 The supervisor runs no task and holds no database connection while its children run
 (it reads the queue's state once, before forking them). It restarts a child that
-died (crash, ``kill -9``, OOM), replaces one that exited after ``--max-tasks`` or
-``--max-memory`` or a task timeout, and passes a stop on (SIGTERM, SIGINT, SIGHUP) so
-every child drains gracefully; after a second signal the children exit at once. It tells
+died (crash, ``kill -9``, OOM: after a growing pause when they die soon after their
+start), replaces one that exited after ``--max-tasks`` or ``--max-memory`` or a task
+timeout (at once), and passes a stop on (SIGTERM, SIGINT, SIGHUP) so every child drains
+gracefully; after a second signal the children exit at once. It tells
 its children on signals of their own (``stopping.DRAIN_SIGNAL``, ``EXIT_SIGNAL``): a stop
 sent to the whole process group reaches each child too, and is one stop, not two.
 
@@ -39,7 +40,8 @@ from .stopping import CHILD_SIGNALS, DRAIN_SIGNAL, EXIT_SIGNAL, STOP_SIGNALS, in
 
 logger = logging.getLogger("django_mysqlq")
 
-#: A child that dies sooner than this after its start counts as crash-looping.
+#: A child that dies sooner than this after its start counts as crash-looping (one that
+#: exits ``EXIT_TIMEOUT``, ended by a task's timeout, never does).
 QUICK_DEATH_SECONDS = 5.0
 RESTART_BACKOFF_MAX = 30.0
 TICK_SECONDS = 0.2
@@ -227,7 +229,10 @@ class Supervisor:
             reason = "was recycled (--max-tasks or --max-memory)"
         else:
             reason = _describe_exit(status)
-        quick = time.monotonic() - child.started < QUICK_DEATH_SECONDS and not clean
+        # A child that ended itself after a task's timeout started and ran it: no crash,
+        # however soon it came. It is replaced at once, and resets the slot's pause.
+        deliberate = clean or code == EXIT_TIMEOUT
+        quick = time.monotonic() - child.started < QUICK_DEATH_SECONDS and not deliberate
         delay = min(self._backoff.get(child.slot, 0.5) * 2, RESTART_BACKOFF_MAX) if quick else 0
         self._backoff[child.slot] = delay or 0.5
         self._not_before[child.slot] = time.monotonic() + delay
