@@ -444,3 +444,45 @@ def test_a_woken_pump_whose_count_comes_back_null_looks_instead(monkeypatch) -> 
     pumped, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(BATCH),
                                            sequence=True, woken=True)
     assert (pumped.made, len(claimed)) == (3, 3)
+
+
+def test_the_woken_lock_counts_the_groups_retries_once() -> None:
+    """The woken pump's lock read the group's scheduled deliveries twice (the select
+    list's count and the condition's): two walks of the claim index's range, up to a
+    window each, in the statement between a publish and its handler. It counts them once
+    now, with the same answer: the room it takes is the window's less those."""
+    import json
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    feed = Topic("wokenonce")
+    made = made_group("wokenonce", "billing")
+    feed.publish_many([{"n": n} for n in range(2)])
+    broker.sequence("wokenonce")
+    assert broker.pump_group(made, BATCH, WINDOW).made == 2
+    fail(claim(made, 2))
+    feed.publish_many([{"n": n} for n in range(10)])  # not sequenced: as a publish wakes
+    with CaptureQueriesContext(connection) as sent:
+        pumped, claimed = broker.pump_claiming(made, BATCH, WINDOW, claim_for(BATCH),
+                                               sequence=True, woken=True)
+    assert (pumped.made, len(claimed)) == (BATCH, BATCH)  # room: 6 - 2 scheduled
+    [lock] = [q["sql"] for q in sent.captured_queries
+              if q["sql"].endswith("FOR UPDATE SKIP LOCKED") and "'scheduled'" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE FORMAT=JSON " + lock)
+        plan = json.loads(cursor.fetchone()[0])
+    scans = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "status` = 'scheduled'" in str(node.get("attached_condition", "")):
+                scans.append(node["r_loops"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(plan)
+    assert scans == [1], plan

@@ -103,11 +103,13 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: reads: they lock no message). Ready ones are claimed first, and a full window is the
 #: look's to say (the pump then looks as usual). It returns the scheduled ones too: the
 #: pump takes no more than the window's room, as the look's does (in the same statement:
-#: none more between a publish and its handler).
+#: none more between a publish and its handler). The scheduled ones are counted once, in
+#: a one-row derived table (a plain read, made before the group's row is read, as the
+#: condition's subquery was) that both the select list and the condition read.
 LOCK_GROUP_IF_ROOM_SQL = (
-    f"SELECT id, position, {SCHEDULED} FROM {GROUP_TABLE} WHERE topic = %s AND"
-    f" group_name = %s AND {NONE_READY} AND {SCHEDULED} < %s"
-    f" AND {BLOCKED} < %s FOR UPDATE SKIP LOCKED")
+    f"SELECT id, position, scheduled FROM {GROUP_TABLE} JOIN (SELECT {SCHEDULED} AS"
+    f" scheduled) AS room WHERE topic = %s AND group_name = %s AND {NONE_READY} AND"
+    f" scheduled < %s AND {BLOCKED} < %s FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its deliveries ready or scheduled (retries) counted up
 #: to the window, and (only when it is not behind: the look walks the offset index's NULL
@@ -428,9 +430,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         oversized.clear()
         if woken:
             cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
-                spec.queue, woken, spec.topic, spec.group, spec.queue, spec.queue, woken,
-                weighed_from(woken), spec.queue, BLOCKED_WINDOWS * woken,
-                BLOCKED_WINDOWS * woken])
+                spec.queue, woken, spec.topic, spec.group, spec.queue, weighed_from(woken),
+                spec.queue, BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
