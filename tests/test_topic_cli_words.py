@@ -14,8 +14,9 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from django_mysqlq import broker
-from tests.operator_support import OPERATOR
-from tests.topic_ops_support import group, handle, publish
+from django_mysqlq.messages import AttemptResult
+from tests.operator_support import OPERATOR, RUNNER
+from tests.topic_ops_support import claim, group, handle, publish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,7 +59,7 @@ def test_queuestats_shows_each_topic_s_last_publish_and_a_rate_of_two_decimals()
     [header] = [line for line in lines if line.startswith("topic ")]
     [row] = [line for line in lines if line.startswith("orders ")]
     assert re.split(r"\s{2,}", row) == ["orders", "1", "1", "1", "1", "1", "0.02",
-                                        f"{last:%Y-%m-%d %H:%M:%S}"]
+                                        f"{last:%Y-%m-%d %H:%M:%S} UTC"]
     # The columns line up (they were joined with two spaces, whatever their widths).
     assert header.index("msg/s") + len("msg/s") == row.index("0.02") + len("0.02")
     assert header.index("last-publish") + len("last-publish") == len(row)
@@ -116,3 +117,38 @@ def test_lookup_s_refusal_names_only_the_options_lookup_has(given: list[str]) ->
         run("queuetopic", "lookup", "--topic", "orders", *given)
     named = set(re.findall(r"--[a-z][a-z-]*", str(raised.value)))
     assert named and named <= _lookup_options(), (named, str(raised.value))
+
+
+#: A date and time as the text outputs print them (to the minute or the second).
+PRINTED_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d(?::\d\d)?(?![\d:]| UTC)")
+
+
+def test_every_time_the_topic_commands_print_says_it_is_utc() -> None:
+    """The lookup's publish, run and next-try times, the trace's "moved past it by … at",
+    the groups table's ``changed`` and ``queuestats``' last publish were printed without
+    a zone (UTC, unlike what queueschedule, queuepurge, queuepipeline and the pump
+    problem's "since" print): each now ends in ``UTC``. ``--json`` stays ISO 8601 with
+    ``+00:00``."""
+    made = group("orders", "billing")
+    publish("orders", 4)
+    broker.pump(made, batch=2, window=100)
+    first, second = claim(made, 2)
+    broker.fail(first, RUNNER, AttemptResult(
+        started_at=broker.database_now(), error_class="RuntimeError",
+        error_message="card declined", traceback="..."), retry=True, retry_in=600)
+    broker.ack(second, RUNNER, AttemptResult(started_at=broker.database_now()))
+    traced = run("queuetopic", "lookup", "--topic", "orders", "--since", "1h")
+    assert " published " in traced and ", next try at " in traced and " at " in traced
+    [message, *_] = json.loads(run("queuetopic", "lookup", "--topic", "orders", "--since",
+                                   "1h", "--json"))["messages"]
+    [delivery] = message["deliveries"]
+    assert message["published_at"].endswith("+00:00")
+    assert delivery["next_try_at"].endswith("+00:00")
+    broker.reset_group("orders", "billing", broker.ResetTarget(to_offset=4), OPERATOR)
+    blamed = run("queuetopic", "lookup", "--topic", "orders", "--offset", "3")
+    assert "moved past it by" in blamed
+    listed = run("queuetopic", "groups")
+    stats = run("queuestats")
+    for text, times in ((traced, 7), (blamed, 2), (listed, 1), (stats, 1)):
+        assert len(re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d", text)) >= times, text
+        assert not PRINTED_TIME.findall(text), text

@@ -42,7 +42,7 @@ def topics() -> dict[str, str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT topic, MAX(published_at) FROM mysqlq_topic_message "
                        "GROUP BY topic")
-        newest = {name: f"{when:%Y-%m-%d %H:%M:%S}" for name, when in cursor.fetchall()}
+        newest = {name: f"{when:%Y-%m-%d %H:%M:%S} UTC" for name, when in cursor.fetchall()}
     assert newest["aardvark"] > newest["zebra"]
     return newest
 

@@ -299,7 +299,7 @@ def without_delivery(topic: str, sequenced: dict[int, dt.datetime | None],
                 reason = STARTED_AFTER
             elif _since(moved_at, sequenced_at):
                 reason = MOVED_OR_MISSING.format(by=moved_by or "an operator",
-                                                 at=f"{moved_at:%Y-%m-%d %H:%M:%S}")
+                                                 at=f"{moved_at:%Y-%m-%d %H:%M:%S} UTC")
             else:
                 reason = LINK_MISSING
             result[offset].append(NoDelivery(str(name), reason))

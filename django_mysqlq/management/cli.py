@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,15 @@ DURATION_OPTIONS = {
     **dict.fromkeys(("--older-than", "--dead-older-than", "--workers-older-than", "--delay"),
                     "a duration"),
 }
+
+
+def utc(moment: dt.datetime, seconds: bool = True) -> str:
+    """A time in a command's text output: ``2026-11-24 08:03:11 UTC`` (as ``queueschedule``,
+    ``queuepurge`` and ``queuepipeline`` print theirs; ``--json`` gives ISO 8601 with
+    ``+00:00``). An aware time is shown in UTC; a naive one is the server's UTC."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S UTC}" if seconds else f"{moment:%Y-%m-%d %H:%M UTC}"
 
 
 class DurationParser(CommandParser):

@@ -78,7 +78,7 @@ def _table(data: ops.Dashboard) -> str:
 
 
 def _when(moment: dt.datetime | None) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment is not None else "-"
+    return cli.utc(moment) if moment is not None else "-"
 
 
 def _topic_lines(data: ops.Dashboard) -> list[str]:

@@ -29,7 +29,8 @@ def _age(seconds: float | None) -> str:
 def groups_table(states: list[broker.GroupState]) -> str:
     rows: list[tuple[str, ...]] = [GROUP_COLUMNS]
     for g in states:
-        changed = f"{g.changed_at:%Y-%m-%d %H:%M} {g.changed_by}" if g.changed_at else "-"
+        changed = (f"{cli.utc(g.changed_at, seconds=False)} {g.changed_by}" if g.changed_at
+                   else "-")
         rows.append((g.topic, g.group, str(g.position), str(g.last_offset), g.lag_shown,
                      _age(g.oldest_age_seconds), str(g.dead), changed))
     widths = [max(len(row[i]) for row in rows) for i in range(len(GROUP_COLUMNS))]
@@ -41,8 +42,7 @@ def groups_table(states: list[broker.GroupState]) -> str:
 def _problems(states: list[broker.GroupState]) -> list[str]:
     """A line under the table for each group whose pump a member said can't go on."""
     lines = [f"{g.topic} / {g.group}: its pump can't go on"
-             + (f" (since {g.pump_problem_at:%Y-%m-%d %H:%M:%S} UTC)" if g.pump_problem_at
-                else "")
+             + (f" (since {cli.utc(g.pump_problem_at)})" if g.pump_problem_at else "")
              + f": {g.pump_problem}" for g in states if g.pump_problem]
     return ["", *lines] if lines else []
 
@@ -248,15 +248,14 @@ class Command(cli.SaysDatabaseErrors):
         if not found.messages:
             self.stdout.write(topicops.no_match(topic, options["offset"]))
         for m in found.messages:
-            published = (f"{m.published_at:%Y-%m-%d %H:%M:%S}" if m.published_at
+            published = (cli.utc(m.published_at) if m.published_at
                          else "- (a zero date: changed by hand)")
             self.stdout.write(f"{topic}@{m.offset} key={m.key!r} published {published} "
                               f"payload={_cut(m.payload, 200)}")
             for d in traces.get(m.offset or 0, []):
                 mark = " (replay)" if d.replay else ""
-                when = f" at {d.handled_at:%Y-%m-%d %H:%M:%S}" if d.handled_at else ""
-                then = (f", next try at {d.next_try_at:%Y-%m-%d %H:%M:%S}"
-                        if d.next_try_at else "")
+                when = f" at {cli.utc(d.handled_at)}" if d.handled_at else ""
+                then = f", next try at {cli.utc(d.next_try_at)}" if d.next_try_at else ""
                 error = f"; last error: {_cut(d.last_error, 300)}" if d.last_error else ""
                 self.stdout.write(f"  {d.group}{mark}: #{d.message_id} {d.outcome}{when}"
                                   f" by {d.handled_by or '-'} ({_attempts(d)}){then}{error}")
