@@ -34,7 +34,7 @@ topic_pumped = Signal()
 #: handler when it passes its ``timeout`` (besides ``task_overran``), with a log line.
 topic_handler_overran = Signal()
 #: A consumer group's pump stopped where a member can't go on by itself (its pump fails,
-#: a message too big for a delivery, a position past the topic's end): sender the topic
+#: a message too big for a delivery): sender the topic
 #: name; ``group``, ``problem`` (what ``queuetopic groups`` shows). Sent by each member
 #: once per cause, with an error log line (an alert hook).
 topic_group_stopped = Signal()

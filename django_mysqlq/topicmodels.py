@@ -116,7 +116,7 @@ class TopicGroup(models.Model):
     moved_forward_at = models.DateTimeField(null=True, blank=True)
     moved_forward_by = models.CharField(max_length=200, blank=True, default="", db_default="")
     #: Why the group's pump can't go on, as its members last said (a failing statement, a
-    #: message too big for a delivery, a position past the topic's end), and since when.
+    #: message too big for a delivery), and since when.
     #: Cleared by the next pump that moves the position, and by a reset.
     pump_problem = models.TextField(blank=True, default="", db_default="")
     pump_problem_at = models.DateTimeField(null=True, blank=True)

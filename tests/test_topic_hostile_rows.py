@@ -16,6 +16,7 @@ import pytest
 from django.core.management import call_command
 
 from django_mysqlq import broker
+from django_mysqlq.broker import topics
 from django_mysqlq.models import Message, TopicGroup, TopicMessage
 from tests.burst import assert_succeeded, enqueue_good
 from tests.conftest import raw_connection, wait_for
@@ -217,9 +218,8 @@ def waiting_for_topic_row(topic: str) -> bool:
     conn = raw_connection()
     try:
         cursor = conn.cursor()
-        cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = "
-                       "CONCAT('SELECT last_offset FROM mysqlq_topic WHERE name = ', "
-                       "QUOTE(%s), ' FOR UPDATE')", [topic])
+        cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = %s",
+                       [topics.LOCK_TOPIC_SQL.replace("%s", f"'{topic}'")])
         return bool(cursor.fetchone()[0])
     finally:
         conn.close()

@@ -145,54 +145,28 @@ def test_a_group_row_deleted_while_its_members_run_is_made_again_after_its_last_
         "offset", flat=True)) == [1, 2, 3, 4]  # none lost, none twice
 
 
-def test_a_position_set_past_the_last_offset_waits_and_says_so(caplog) -> None:
-    """Before, the pump said nothing and went on from there once the topic got that far:
-    the offsets between were never delivered to the group."""
-    billing = spec("ahead", "billing")
-    Topic("ahead").publish_many(["a", "b"])
-    broker.sequence("ahead")
+def test_a_negative_position_delivers_from_the_first_kept_message() -> None:
+    """(A position past the last offset: tests/test_topic_past_end.py.)"""
+    billing = spec("negative", "billing")
+    Topic("negative").publish_many(["a", "b"])
+    broker.sequence("negative")
     broker.create_group(billing)
-    TopicGroup.objects.filter(topic="ahead").update(position=10)
-    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
-    assert pumped == broker.Pumped(0, False, ahead=(10, 2))
-    duty = TopicDuty([], threading.Event(), get_settings())
-    with caplog.at_level(logging.ERROR, logger="django_mysqlq"):
-        for _ in range(3):  # once per cause, not every round
-            duty.trouble.pumped(billing, pumped)
-    [record] = caplog.records
-    assert record.getMessage().startswith(
-        "Group 'billing' of topic 'ahead' is at position 10, past the topic's last offset 2")
-    assert "queuetopic reset billing --topic ahead --to-offset 3" in record.getMessage()
-    # Said on the group's row too, for queuetopic groups and the admin.
-    [state] = broker.groups("ahead", "billing")
-    assert state.pump_problem.startswith("at position 10, past the topic's last offset 2")
-    assert state.pump_problem_at is not None
-    out = StringIO()
-    call_command("queuetopic", "groups", "--topic", "ahead", stdout=out)
-    assert "ahead / billing: its pump can't go on (since " in out.getvalue()
-    assert "--to-offset 3" in out.getvalue()
-    TopicGroup.objects.filter(topic="ahead").update(position=-5)  # negative: from the start
+    TopicGroup.objects.filter(topic="negative").update(position=-5)
     assert broker.pump_group(billing, batch=10, window=10).made == 2
-    assert broker.position("ahead", "billing") == 2
-    [state] = broker.groups("ahead", "billing")
-    assert (state.pump_problem, state.pump_problem_at) == ("", None)  # the move cleared it
+    assert broker.position("negative", "billing") == 2
 
 
-def test_a_position_put_back_by_hand_clears_the_note_at_the_next_look(caplog) -> None:
-    """Put back with an UPDATE to the last offset (not a reset), the group has nothing
-    to pump: no move of the position clears the note. Before, it stayed (and the admin
-    said "stopped") until the next publish."""
+def test_a_row_fixed_by_hand_clears_the_note_at_the_next_look(caplog) -> None:
+    """A row fixed by hand so that the group has every message leaves nothing to pump: no
+    move of the position clears the note. Before, it stayed (and the admin said
+    "stopped") until the next publish."""
     billing = spec("putback", "billing")
     Topic("putback").publish_many(["a", "b"])
     broker.sequence("putback")
     broker.create_group(billing)
-    TopicGroup.objects.filter(topic="putback").update(position=9)
-    duty = TopicDuty([], threading.Event(), get_settings())
-    pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
-    duty.trouble.pumped(billing, pumped)
-    assert broker.groups("putback", "billing")[0].pump_problem.startswith("at position 9")
-    assert broker.pump_group(billing, batch=10, window=10).noted
     TopicGroup.objects.filter(topic="putback").update(position=2)
+    duty = TopicDuty([], threading.Event(), get_settings())
+    assert broker.note_pump_problem("putback", "billing", "its pump failed: fixed since")
     pumped = broker.pump_group(billing, batch=10, window=10, sequence=True)
     assert pumped == broker.Pumped(0, False, noted=True)
     with caplog.at_level(logging.WARNING, logger="django_mysqlq"):

@@ -100,30 +100,34 @@ def test_a_group_whose_pump_fails_holds_up_no_other_group_or_queue(start_worker)
     assert broker.groups("opsfeed", "ops")[0].pump_problem == ""
 
 
-def test_a_row_fixed_by_hand_clears_its_note_without_a_publish(start_worker) -> None:
-    # The operator puts a position set past the topic's end back by hand (not with a
-    # reset): nothing is left to pump, so no move of the position clears the note; the
-    # member's next look does, without waiting for the next publish.
+def test_a_position_set_past_the_end_is_set_back_and_a_fixed_row_s_note_cleared(
+        start_worker) -> None:
     worker = start_worker("--concurrency", "2", "--groups", "ops", env=ENV)
     wait_for(lambda: TopicGroup.objects.filter(group_name="ops").exists(),
              timeout=60, message="the group's row")
     Topic("opsfeed").publish({"label": "fixed", "seq": 0})
     wait_for(lambda: GateRun.objects.filter(label="fixed", edge="end").exists(),
              timeout=30, message="the ops group to handle the first message")
+    # The operator sets the position past the topic's end by hand: the next messages
+    # published get the offsets between, and every one of them reaches the group.
     last = TopicState.objects.get(name="opsfeed").last_offset
     TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=last + 5)
-    wait_for(lambda: broker.groups("opsfeed", "ops")[0].pump_problem.startswith(
-        f"at position {last + 5}, past the topic's last offset {last}"),
-             timeout=30, message="the member to note the position past the end")
-    TopicGroup.objects.filter(topic="opsfeed", group_name="ops").update(position=last)
+    for seq in range(1, 8):
+        Topic("opsfeed").publish({"label": "fixed", "seq": seq})
+    wait_for(lambda: GateRun.objects.filter(label="fixed", edge="end").count() == 8,
+             timeout=30, message="the group to handle every message published since")
+    said = (f"Group 'ops' of topic 'opsfeed' was at position {last + 5}, past the topic's "
+            f"last offset {last}")
+    assert said in worker.output(), worker.output()[-3000:]
+    assert broker.position("opsfeed", "ops") == last + 7
+    # A row fixed by hand leaves nothing to pump, so no move of the position clears the
+    # note of its problem; the member's next look does, without waiting for a publish.
+    assert broker.note_pump_problem("opsfeed", "ops", "its pump failed: fixed by hand")
     wait_for(lambda: broker.groups("opsfeed", "ops")[0].pump_problem == "", timeout=15,
              message="the member's look to clear the note")
     [state] = broker.groups("opsfeed", "ops")
     assert state.pump_problem_at is None
     assert "the note of its problem is cleared" in worker.output(), worker.output()[-3000:]
-    Topic("opsfeed").publish({"label": "fixed", "seq": 1})  # and it goes on from there
-    wait_for(lambda: GateRun.objects.filter(label="fixed", edge="end").count() == 2,
-             timeout=30, message="the group to handle the next message")
 
 
 def test_a_burst_member_ends_past_a_group_whose_pump_fails(start_worker) -> None:

@@ -150,7 +150,8 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
         state = self._state(obj)
         if state is None:
             return "-"
-        return f"{state.lag:,}+" if state.unsequenced_capped else f"{state.lag:,}"
+        shown = f"{state.lag:,}+" if state.unsequenced_capped else f"{state.lag:,}"
+        return f"{shown} (past end)" if state.past_end is not None else shown
 
     @admin.display(description="oldest unhandled")
     def oldest(self, obj: TopicGroup) -> str:
@@ -172,7 +173,13 @@ class TopicGroupAdmin(DatabaseMixin, ReadOnlyAdminMixin, _Base):
     @admin.display(description="pump")
     def pump(self, obj: TopicGroup) -> str:
         """"ok", or "stopped" with what a member said (the whole of it on the group's
-        page and in ``queuetopic groups``)."""
+        page and in ``queuetopic groups``); "past the end" for a position past its
+        topic's end that no member has set back yet."""
+        state = self._state(obj)
+        if not obj.pump_problem and state is not None and state.position_problem:
+            return format_html('<span class="position-problem errornote" title="{}">past the '
+                               'end: position {} &gt; last offset {}</span>',
+                               state.position_problem, state.position, state.past_end)
         if not obj.pump_problem:
             return "ok"
         short = obj.pump_problem if len(obj.pump_problem) <= 80 else obj.pump_problem[:79] + "…"

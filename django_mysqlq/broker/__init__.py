@@ -46,6 +46,7 @@ guarded by the token so a late ack never touches a message a peer has since reco
 ``oversized``  stored messages too big for a delivery or a broadcast read
 ``deliveries`` consumer groups: their rows, the pump that turns messages into deliveries
 ``delivery_insert`` the pump's INSERT of deliveries (the first few claimed by its member)
+``group_ahead`` a group's position past its topic's end: set back by its pump, shown
 ``dead_letter`` a group's dead deliveries: listed, requeued
 ``topic_problems`` why a group's pump can't go on, kept on its row for operators
 ``usage``      whether a queue or task name appears in the tables (operators' typos)

@@ -103,12 +103,13 @@ LOCK_GROUP_SQL = (f"SELECT id, position FROM {GROUP_TABLE} WHERE topic = %s AND 
 #: reads: they lock no message). Ready ones are claimed first, and a full window is the
 #: look's to say (the pump then looks as usual). It returns the scheduled ones too: the
 #: pump takes no more than the window's room, as the look's does (in the same statement:
-#: none more between a publish and its handler). The scheduled ones are counted once, in
-#: a one-row derived table (a plain read, made before the group's row is read, as the
-#: condition's subquery was) that both the select list and the condition read.
+#: none more between a publish and its handler), counted once (a one-row derived table,
+#: a plain read). A group past its topic's last offset is the look's (``group_ahead``):
+#: this pump would read on after its position, past the offsets its round stamps.
 LOCK_GROUP_IF_ROOM_SQL = (
     f"SELECT id, position, scheduled FROM {GROUP_TABLE} JOIN (SELECT {SCHEDULED} AS"
-    f" scheduled) AS room WHERE topic = %s AND group_name = %s AND {NONE_READY} AND"
+    f" scheduled) AS room WHERE topic = %s AND group_name = %s AND position <= (SELECT"
+    f" last_offset FROM {TOPIC_TABLE} WHERE name = %s) AND {NONE_READY} AND"
     f" scheduled < %s AND {BLOCKED} < %s FOR UPDATE SKIP LOCKED")
 #: The pump's look before its transaction (autocommit, no lock): whether the group is
 #: behind its topic's last offset, its deliveries ready or scheduled (retries) counted up
@@ -252,8 +253,8 @@ class Pumped(NamedTuple):
     busy: bool = False
     #: The group stopped before this message: its delivery would not fit in a statement.
     oversized: Oversized | None = None
-    #: The group's position and its topic's last offset when the position is past it
-    #: (changed by hand): the offsets between would be skipped.
+    #: The look found the group's position past its topic's last offset (changed by
+    #: hand): (position, last offset). A sequencing round then set it back (``group_ahead``).
     ahead: tuple[int, int] | None = None
     #: The group's row carries a note of a pump problem (``topic_problems``): one that
     #: has every sequenced message clears it (``clear_pump_problem``), since a hand fix
@@ -363,8 +364,10 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         return Pumped(0, True), []
     behind, pending, unsequenced = bool(look[0]), int(look[1]), bool(look[2])
     noted, none_ready, blocked = bool(look[5]), bool(look[6]), int(look[7])
-    if int(look[3]) > int(look[4]):
-        return Pumped(0, False, ahead=(int(look[3]), int(look[4])), noted=noted), []
+    if int(look[3]) > int(look[4]):  # a round sets it back (group_ahead); then look again
+        stamped = in_transaction(alias, lambda cursor: sequence_round(
+            cursor, spec.topic, SEQUENCE_BATCH, skip_locked=True))
+        return Pumped(0, True, busy=stamped is None, ahead=(int(look[3]), int(look[4]))), []
     room = window - pending
     take = 0
     if room <= 0 or blocked >= BLOCKED_WINDOWS * window:
@@ -430,8 +433,9 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         oversized.clear()
         if woken:
             cursor.execute(LOCK_GROUP_IF_ROOM_SQL, [
-                spec.queue, woken, spec.topic, spec.group, spec.queue, weighed_from(woken),
-                spec.queue, BLOCKED_WINDOWS * woken, BLOCKED_WINDOWS * woken])
+                spec.queue, woken, spec.topic, spec.group, spec.topic, spec.queue,
+                weighed_from(woken), spec.queue, BLOCKED_WINDOWS * woken,
+                BLOCKED_WINDOWS * woken])
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()

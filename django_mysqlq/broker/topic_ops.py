@@ -16,7 +16,9 @@ from .base import (
     default_alias,
     placeholders,
 )
+from .group_ahead import reset_hint
 from .kept import checked_first, kept_bounds
+from .topic_repairs import HIGHEST_OFFSET_SQL
 from .topics import OFFSET_INDEX, TOPIC_MESSAGE_TABLE, TOPIC_TABLE
 
 GROUP_TABLE = "mysqlq_topic_group"
@@ -128,6 +130,11 @@ class GroupState:
     #: problem said; see ``topic_problems``).
     pump_problem: str = ""
     pump_problem_at: dt.datetime | None = None
+    #: The topic's end (its last offset, or a higher offset a message has: a counter
+    #: lowered by hand) when the position is past it (changed by hand): the next messages
+    #: published would get the offsets between and the group would skip them. A member's
+    #: pump sets it back (``group_ahead``); None when not past it.
+    past_end: int | None = None
 
     @property
     def task_name(self) -> str:
@@ -155,8 +162,23 @@ class GroupState:
     @property
     def lag_shown(self) -> str:
         """The lag as text: ``123+`` when the unsequenced count stopped at its cap (the
-        real lag is more)."""
-        return f"{self.lag}+" if self.unsequenced_capped else str(self.lag)
+        real lag is more); ``0 (past end)`` when the position is past the topic's end
+        (``position_problem`` says what that means)."""
+        shown = f"{self.lag}+" if self.unsequenced_capped else str(self.lag)
+        return f"{shown} (past end)" if self.past_end is not None else shown
+
+    @property
+    def position_problem(self) -> str:
+        """What a position past the topic's end means, and its remedy ("" when not)."""
+        if self.past_end is None:
+            return ""
+        end, skipped = self.past_end, self.position - self.past_end
+        which = (f"message published (offset {end + 1})" if skipped == 1 else
+                 f"{skipped} messages published (offsets {end + 1} to {self.position})")
+        return (f"position {self.position} is past the topic's last offset {end} (changed "
+                f"by hand?): the next {which} would not reach the group. A member of the "
+                f"group sets it back to {end} at its next look, cancelling nothing; with "
+                f"none running: {reset_hint(self.topic, self.group, end)}")
 
     @property
     def dead(self) -> int:
@@ -177,6 +199,8 @@ class GroupState:
             "pump_problem": self.pump_problem,
             "pump_problem_at": (self.pump_problem_at.isoformat()
                                 if self.pump_problem_at else None),
+            "past_end": self.past_end is not None,
+            "position_problem": self.position_problem,
         }
 
 
@@ -204,6 +228,7 @@ def groups(topic: str | None = None, group: str | None = None, *,
                 firsts[state.topic] = checked_first(cursor, state.topic, state.first_offset,
                                                     state.last_offset)
             state.first_offset = firsts[state.topic]
+        _past_end(cursor, found)
         if not lag or not found:
             return found
         by_task = {state.task_name: state for state in found}
@@ -227,6 +252,21 @@ def groups(topic: str | None = None, group: str | None = None, *,
             if published is not None:
                 state.oldest_age_seconds = max(0.0, (now - published).total_seconds())
     return found
+
+
+def _past_end(cursor: Any, found: list[GroupState]) -> None:
+    """Mark the groups whose position is past their topic's end: its last offset, or the
+    highest offset a message has (read only for those groups, once a topic)."""
+    highest: dict[str, int] = {}
+    for state in found:
+        if state.position <= state.last_offset:
+            continue
+        if state.topic not in highest:
+            cursor.execute(HIGHEST_OFFSET_SQL, [state.topic])
+            highest[state.topic] = int(cursor.fetchone()[0] or 0)
+        end = max(state.last_offset, highest[state.topic])
+        if state.position > end:
+            state.past_end = end
 
 
 def _oldest(cursor: Any, state: GroupState) -> tuple[int | None, dt.datetime | None] | None:

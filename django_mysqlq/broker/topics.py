@@ -51,6 +51,7 @@ from .base import (
     logger,
     send_robust,
 )
+from .group_ahead import ANY_PAST_END, set_back_past_end
 from .packets import escaped_size, refuse_past_packet, split_by_size, statement_room
 from .park import wake
 from .topic_repairs import DUPLICATE_KEY, counter_behind, log_sequenced_again, sequenced_before
@@ -80,8 +81,10 @@ PUBLISH_SQL = (f"INSERT INTO {TOPIC_MESSAGE_TABLE} (topic, msg_key, payload, pub
 #: The topic's row, made by the first sequencing round.
 CREATE_TOPIC_SQL = (f"INSERT IGNORE INTO {TOPIC_TABLE} (name, last_offset, first_offset, "
                     "created_at) VALUES (%s, 0, 1, UTC_TIMESTAMP(6))")
-#: The sequencer's lock: one round per topic at a time, in order.
-LOCK_TOPIC_SQL = f"SELECT last_offset FROM {TOPIC_TABLE} WHERE name = %s FOR UPDATE"
+#: The sequencer's lock: one round per topic at a time, in order; and whether a group of
+#: the topic is past its last offset (``group_ahead``: set back before offsets are given).
+LOCK_TOPIC_SQL = (f"SELECT last_offset, {ANY_PAST_END} FROM {TOPIC_TABLE} t WHERE name = %s"
+                  " FOR UPDATE")
 #: The worker's round: the same lock, skipped while another caller holds it.
 LOCK_TOPIC_SKIP_SQL = f"{LOCK_TOPIC_SQL} SKIP LOCKED"
 #: Whether any committed row of the topic lacks an offset (autocommit: no lock, no wait).
@@ -306,7 +309,8 @@ def unsequenced_ids(cursor: Any, topic: str, batch: int) -> Unsequenced:
 def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = False
                    ) -> int | None:
     """One sequencing round in the caller's open transaction: how many were stamped, or
-    None when ``skip_locked`` found the topic's row held (or missing)."""
+    None when ``skip_locked`` found the topic's row held (or missing), or the row of one
+    of its groups past its last offset (``group_ahead``)."""
     cursor.execute(LOCK_TOPIC_SKIP_SQL if skip_locked else LOCK_TOPIC_SQL, [topic])
     row = cursor.fetchone()
     if row is None and skip_locked:
@@ -316,6 +320,11 @@ def sequence_round(cursor: Any, topic: str, batch: int, skip_locked: bool = Fals
         cursor.execute(LOCK_TOPIC_SQL, [topic])
         row = cursor.fetchone()
     last = int(row[0])
+    if row[1]:  # (a group past the end: none of the offsets after it may be skipped)
+        end = set_back_past_end(cursor, topic, last, skip_locked)
+        if end is None:
+            return None
+        last = end
     ids, again = unsequenced_ids(cursor, topic, batch)
     if not ids:
         return 0

@@ -2,8 +2,9 @@
 
 Two kinds of trouble stop a group's pump while the worker's other groups and queues go
 on: its pump *fails* (a row changed by hand, a value out of range: the server refuses a
-statement), or it *stops* before a message it can't deliver (too big) or at a position
-past the topic's end. Each is logged once per cause, written on the group's row for the
+statement), or it *stops* before a message it can't deliver (too big). (A position past
+the topic's end no longer stops it: the pump sets it back, see ``broker.group_ahead``.)
+Each is logged once per cause, written on the group's row for the
 operator (``queuetopic groups``, the admin: ``broker.note_pump_problem``), and a failing
 pump is tried again after a pause that doubles up to :data:`LONGEST_PAUSE` rather than at
 every round (every 20 ms on a busy worker).
@@ -19,6 +20,7 @@ from django.db import DatabaseError
 
 from .. import broker
 from ..broker.base import CONNECTION_LOST
+from ..broker.oversized import Oversized
 from ..log import Failures, one_line
 from ..signals import topic_group_stopped
 
@@ -53,8 +55,7 @@ class GroupTrouble:
         #: Groups whose pump fails on their own: they wait, the others go on.
         self.failing: Failures[GroupName] = Failures()
         #: Groups stopped by a row only an operator can fix, logged once per cause: to
-        #: the offset of a message too big for its delivery, or to minus a position past
-        #: the topic's last offset.
+        #: the offset of a message too big for its delivery.
         self.stopped: dict[GroupName, int] = {}
         #: Failing groups' next try (monotonic) and their failures in a row.
         self._next_try: dict[GroupName, float] = {}
@@ -107,9 +108,9 @@ class GroupTrouble:
         name = (spec.topic, spec.group)
         self._next_try.pop(name, None)
         self._in_a_row.pop(name, None)
-        if pumped.ahead is not None or pumped.oversized is not None:
-            self._stopped_at(spec, pumped)
-        elif pumped.made:
+        if pumped.oversized is not None:
+            self._stopped_at(spec, pumped.oversized)
+        elif pumped.made or pumped.ahead is not None:
             self.stopped.pop(name, None)
         # (Not just no error: a pump that found the row held tried nothing. Its move of
         # the position cleared the note on the group's row.)
@@ -135,29 +136,14 @@ class GroupTrouble:
                            "offset: its pump goes on; the note of its problem is cleared.",
                            spec.group, spec.topic)
 
-    def _stopped_at(self, spec: broker.GroupSpec, pumped: broker.Pumped) -> None:
-        """Log and note a group stopped at a position past its topic's last offset, or
-        before a message too big for its delivery, once per cause."""
+    def _stopped_at(self, spec: broker.GroupSpec, oversized: Oversized) -> None:
+        """Log and note a group stopped before a message too big for its delivery, once
+        per message."""
         name = (spec.topic, spec.group)
-        if pumped.ahead is not None:
-            at, last = pumped.ahead
-            if self.stopped.get(name) == -at:
-                return
-            self.stopped[name] = -at
-            fix = (f"manage.py queuetopic reset {spec.group} --topic {spec.topic} "
-                   f"--to-offset {last + 1}")
-            logger.error(
-                "Group %r of topic %r is at position %d, past the topic's last offset %d "
-                "(changed by hand?): it waits there and would skip offsets %d to %d. "
-                "Put it back: %s.", spec.group, spec.topic, at, last, last + 1, at, fix)
-            self._note(spec, f"at position {at}, past the topic's last offset {last} "
-                       f"(changed by hand?): it waits there. Put it back: {fix}")
+        if self.stopped.get(name) == oversized.offset:
             return
-        assert pumped.oversized is not None
-        if self.stopped.get(name) == pumped.oversized.offset:
-            return
-        self.stopped[name] = pumped.oversized.offset
-        described = pumped.oversized.describe(spec.topic, spec.group)
+        self.stopped[name] = oversized.offset
+        described = oversized.describe(spec.topic, spec.group)
         logger.error("%s", described)
         self._note(spec, described)
 

@@ -40,10 +40,13 @@ def groups_table(states: list[broker.GroupState]) -> str:
 
 
 def _problems(states: list[broker.GroupState]) -> list[str]:
-    """A line under the table for each group whose pump a member said can't go on."""
+    """A line under the table for each group whose pump a member said can't go on, and
+    for each whose position is past its topic's end."""
     lines = [f"{g.topic} / {g.group}: its pump can't go on"
              + (f" (since {cli.utc(g.pump_problem_at)})" if g.pump_problem_at else "")
              + f": {g.pump_problem}" for g in states if g.pump_problem]
+    lines.extend(f"{g.topic} / {g.group}: {g.position_problem}" for g in states
+                 if g.position_problem)
     return ["", *lines] if lines else []
 
 
