@@ -40,6 +40,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from ..conf import get_settings
 from ..signals import topic_published
 from .base import (
+    NOW_SQL,
     all_or_none,
     aware_utc,
     connection_for,
@@ -74,6 +75,9 @@ DELIVERY_ROW_BYTES = 8192
 SEQUENCE_BATCH = 1000
 
 _PUBLISH_ROW = "(%s, %s, %s, UTC_TIMESTAMP(6))"
+#: A row of a call that takes several statements: the publish time read once
+#: (``NOW_SQL``), so all its rows share one, as one statement's rows do.
+_PUBLISH_ROW_AT = "(%s, %s, %s, %s)"
 #: Publish: one or more ``{rows}``. The offset stays NULL until the sequencer stamps it.
 PUBLISH_SQL = (f"INSERT INTO {TOPIC_MESSAGE_TABLE} (topic, msg_key, payload, published_at) "
                "VALUES {rows}")
@@ -155,12 +159,16 @@ def publish(topic: str, rows: Sequence[tuple[str | None, str]],
     def insert() -> int:
         first = 0
         with connection_for(alias).cursor() as cursor:
+            at: tuple[Any, ...] = ()
+            if len(chunks) > 1:  # (one statement's UTC_TIMESTAMP(6) is one time already)
+                cursor.execute(NOW_SQL)
+                at = (cursor.fetchone()[0],)
+            row = _PUBLISH_ROW_AT if at else _PUBLISH_ROW
             for chunk in chunks:
                 params: list[Any] = []
                 for key, payload in chunk:
-                    params.extend((topic, key, payload))
-                cursor.execute(PUBLISH_SQL.format(rows=", ".join([_PUBLISH_ROW] * len(chunk))),
-                               params)
+                    params.extend((topic, key, payload, *at))
+                cursor.execute(PUBLISH_SQL.format(rows=", ".join([row] * len(chunk))), params)
                 first = first or int(cursor.lastrowid)
         return first
 
