@@ -67,6 +67,21 @@ def test_payload_errors_name_the_topic_and_write_nothing() -> None:
     assert not TopicMessage.objects.exists()
 
 
+def test_a_tuple_payload_is_taken_as_a_list_as_task_arguments_are() -> None:
+    """JSON has no tuples: as enqueue() takes a tuple argument as the list it becomes
+    (docs/tasks.md), publish takes a tuple payload, and docs/streams.md says so."""
+    from pathlib import Path
+
+    orders = Topic("orders")
+    orders.publish((1, 2), key=5)
+    orders.publish_many([{"pair": ("a", "b")}])
+    assert list(TopicMessage.objects.filter(topic="orders").order_by("id").values_list(
+        "payload", flat=True)) == ["[1,2]", '{"pair":["a","b"]}']
+    docs = " ".join((Path(__file__).resolve().parent.parent / "docs" / "streams.md")
+                    .read_text().split())
+    assert "a tuple is taken as the list it becomes, as task arguments are" in docs
+
+
 def test_publish_many_splits_to_fit_max_allowed_packet() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT @@max_allowed_packet")
