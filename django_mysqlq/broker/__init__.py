@@ -87,7 +87,6 @@ from .dead_letter import dead_deliveries, requeue_dead
 from .defer import Deferral, defer
 from .deliveries import (
     GroupSpec,
-    Pumped,
     create_group,
     group_behind,
     position,
@@ -155,6 +154,7 @@ from .overview import (
 )
 from .park import idle_wait, listen, wake
 from .promote import promote_due, promote_limited
+from .pumped import Pumped, group_row_free
 from .purge import (
     count_dead_before,
     count_history_before,
@@ -309,6 +309,7 @@ __all__ = [
     "free_unique_keys",
     "gates_of",
     "group_behind",
+    "group_row_free",
     "groups",
     "has_pending",
     "has_unsequenced",

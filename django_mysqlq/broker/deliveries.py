@@ -30,7 +30,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.db import DatabaseError
 
@@ -62,6 +62,7 @@ from .literals import execute_escaped
 from .oversized import PUMP_READ_SQL, Oversized, fitting
 from .packets import row_room
 from .park import wake
+from .pumped import Pumped
 from .topics import (
     OFFSET_INDEX,
     SEQUENCE_BATCH,
@@ -69,8 +70,8 @@ from .topics import (
     TOPIC_TABLE,
     sequence_round,
 )
+from .topictables import GROUP_TABLE as GROUP_TABLE
 
-GROUP_TABLE = "mysqlq_topic_group"
 DELIVERY_TABLE = "mysqlq_topic_delivery"
 #: Create a group where it has no row yet, at its start: latest starts after the last
 #: offset given out, earliest before the first one kept (the parameter:
@@ -147,6 +148,8 @@ LINK_SQL = (f"INSERT INTO {DELIVERY_TABLE} (message_id, topic, group_name, msg_o
 #: (A pump that moves the position ends whatever problem its group had: ``topic_problems``.)
 MOVE_SQL = (f"UPDATE {GROUP_TABLE} SET position = %s, pumped_at = UTC_TIMESTAMP(6), "
             "pump_problem = '', pump_problem_at = NULL WHERE id = %s")
+#: What :func:`_pump` made when its group's row was held (not woken: see LOCK_GROUP_SQL).
+HELD = -2
 #: A group's position (None: no such group).
 POSITION_SQL = f"SELECT position FROM {GROUP_TABLE} WHERE topic = %s AND group_name = %s"
 
@@ -238,28 +241,6 @@ def pump(spec: GroupSpec, batch: int, window: int, alias: str | None = None,
     draining member then pumps one big batch now and then, not a few rows every round;
     with none ready, retries scheduled for later don't make it wait for that much room)."""
     return pump_group(spec, batch, window, alias, least).made
-
-
-class Pumped(NamedTuple):
-    """What :func:`pump_group` did."""
-
-    #: Deliveries made.
-    made: int
-    #: The group was behind its topic's last offset (False: it had every sequenced
-    #: message; only sequencing gives it more).
-    behind: bool
-    #: Another caller held the topic's sequencing lock: look again shortly (its commit
-    #: wakes nobody).
-    busy: bool = False
-    #: The group stopped before this message: its delivery would not fit in a statement.
-    oversized: Oversized | None = None
-    #: The look found the group's position past its topic's last offset (changed by
-    #: hand): (position, last offset). A sequencing round then set it back (``group_ahead``).
-    ahead: tuple[int, int] | None = None
-    #: The group's row carries a note of a pump problem (``topic_problems``): one that
-    #: has every sequenced message clears it (``clear_pump_problem``), since a hand fix
-    #: that left nothing to pump is not followed by a move of the position.
-    noted: bool = False
 
 
 def group_behind(spec: GroupSpec, alias: str | None = None, window: int | None = None
@@ -387,12 +368,14 @@ def pump_claiming(spec: GroupSpec, batch: int, window: int, claim: PumpClaim | N
         # topic's new messages, as a caught-up one does: see _pump.)
         made, claimed, oversized = _pump(spec, wanted, alias, keep=keep, claim=claiming,
                                          sequence_if_empty=sequence)
-        return Pumped(max(made, 0), True, busy=made < 0, oversized=oversized), claimed
+        return Pumped(max(made, 0), True, busy=made == -1, oversized=oversized,
+                      group_lock=made != HELD), claimed
     if not (sequence and unsequenced):
         return Pumped(0, False, noted=noted), []
     made, claimed, oversized = _pump(spec, wanted, alias, sequence_first=True, keep=keep,
                                      claim=claiming)
-    return Pumped(max(made, 0), False, busy=made < 0, oversized=oversized), claimed
+    return Pumped(max(made, 0), False, busy=made == -1, oversized=oversized,
+                  group_lock=made != HELD), claimed
 
 
 def _missing(spec: GroupSpec, alias: str) -> Pumped:
@@ -412,8 +395,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
           keep: int = 0, claim: PumpClaim | None = None, sequence_if_empty: bool = False,
           woken: int = 0) -> tuple[int, list[ClaimedMessage], Oversized | None]:
     """The pump's transaction: up to ``wanted`` deliveries (-1 when it found the topic's
-    row held), those it claimed for ``claim``, and the message it stopped before because
-    its delivery would not fit in a statement (see oversized.py).
+    row held, :data:`HELD` the group's), those it claimed for ``claim``, and the message
+    it stopped before because its delivery would not fit in a statement (see oversized.py).
 
     ``sequence_first``: stamp the topic's new messages, then read. ``sequence_if_empty``:
     stamp them only when nothing is left after the group's position although it is
@@ -439,6 +422,8 @@ def _pump(spec: GroupSpec, wanted: int, alias: str, sequence_first: bool = False
         else:
             cursor.execute(LOCK_GROUP_SQL, [spec.topic, spec.group])
         row = cursor.fetchone()
+        if row is None and not woken:
+            return HELD, [], []  # (another member's pump, or a stranger: group_lock)
         if row is None or (woken and row[2] is None):
             # (A producer's wake-up landing in the count's subquery can make MariaDB
             # answer NULL, as in the look: nothing is known, so the member looks.)

@@ -31,6 +31,7 @@ from ..routing import bind_alias, on_alias
 from ..topicnames import LATEST
 from ..topics import Subscription, TopicEvent, subscriptions
 from . import fatal
+from .group_holds import HELD_LOG_SECONDS, GroupHolds
 from .group_trouble import GroupTrouble, loop_handles
 from .queues import in_turn
 
@@ -38,9 +39,7 @@ logger = logging.getLogger("django_mysqlq")
 
 #: Shortest pause between two pumps of a busy worker (a parked one pumps before parking).
 PUMP_SECONDS = 0.02
-#: A topic's row held this long by someone else (a sequencing round holds it for
-#: milliseconds) is a stranger's lock: logged once, and looked at less and less often.
-HELD_LOG_SECONDS = 5.0
+#: A topic's row held by someone else is followed as a group's is (group_holds).
 HELD_LONGEST_PAUSE = 1.0
 #: Messages a broadcast reader takes per read.
 BROADCAST_BATCH = 500
@@ -150,6 +149,8 @@ class TopicDuty:
         #: and those of them logged.
         self._held_since: dict[str, float] = {}
         self._held_logged: set[str] = set()
+        #: Groups whose row another session holds (a stranger's lock stops the group).
+        self.group_holds = GroupHolds()
         #: Groups whose pump fails on its own or stopped where an operator must help.
         self.trouble = GroupTrouble()
         self.reader: BroadcastReader | None = None
@@ -234,8 +235,9 @@ class TopicDuty:
             self.trouble.pumped(spec, pumped)
             self.taken += len(claimed)
             self._note_held(spec.topic, pumped)
+            self.group_holds.note(spec, pumped)
             made += pumped.made
-            busy = busy or pumped.busy
+            busy = busy or pumped.busy or pumped.group_lock is False
             more = more or (bool(claimed) and pumped.behind and len(claimed) >= room)
         self.sequencer_busy = busy
         if looked:  # (a round with no room leaves it: the next one with room runs at once)
@@ -252,11 +254,12 @@ class TopicDuty:
                    if spec.queue in active and not self.trouble.waits_for_operator(spec))
 
     def busy_pause(self) -> float:
-        """How long to wait before looking again while a topic's row is held: short while
-        it is another member's round, up to a second while a stranger keeps it."""
-        if not self._held_since:
+        """How long to wait before looking again while a topic's (or group's) row is held:
+        short while it is another member's round, up to a second while a stranger keeps it."""
+        held_since = [*self._held_since.values(), *self.group_holds.since.values()]
+        if not held_since:
             return PUMP_SECONDS
-        held = time.monotonic() - min(self._held_since.values())
+        held = time.monotonic() - min(held_since)
         return min(HELD_LONGEST_PAUSE, max(PUMP_SECONDS, held / 20))
 
     def _note_held(self, topic: str, pumped: broker.Pumped) -> None:
