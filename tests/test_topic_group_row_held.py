@@ -15,6 +15,11 @@ import signal
 
 import pytest
 
+from django_mysqlq import broker
+from django_mysqlq.models import Message
+from django_mysqlq.topics import subscriptions
+from django_mysqlq.worker.topics import group_spec
+from tests.burst import assert_succeeded, enqueue_good
 from tests.conftest import wait_for
 from tests.testapp import topic_handlers
 from tests.testapp.models import GateRun
@@ -73,3 +78,68 @@ def test_a_stranger_holding_a_groups_row_is_logged_and_a_burst_member_says_so(st
     output = worker.output()
     assert output.count(HELD) == 1, output[-3000:]
     assert "Database error in the worker loop" not in output
+
+
+def test_a_worker_starts_though_a_stranger_holds_the_topic_table(start_worker):
+    """Every row of mysqlq_topic locked (with the gaps: a new topic's INSERT waits): the
+    start's INSERT IGNORE waited 50 s at a time, over and over, and the worker served
+    nothing meanwhile nor heard its stop. Now each row waits its bound (2 s), is logged
+    with the held table and left for later: the worker starts, serves its task queue,
+    stops at once on SIGTERM, and makes the rows once the lock is gone."""
+    label = "topic-table-held"
+    broker.ensure_topic("other")
+    stranger = Stranger("SELECT name FROM mysqlq_topic FOR UPDATE", [])
+    try:
+        worker = start_worker(*WORKER, env=ENV)
+        quitter = start_worker(*WORKER, env=ENV)
+        started(worker)
+        started(quitter)
+        tasks = [enqueue_good(f"{label}-{i}") for i in range(3)]
+        wait_for(lambda: "Topic 'ledger': its row could not be made: another session holds "
+                 "a lock on mysqlq_topic (" in worker.output(), timeout=20,
+                 message="the held table logged")
+        assert broker.position("ledger", "billing") is None
+        assert_tasks_done(tasks)
+        quitter.signal(signal.SIGTERM)
+        assert quitter.wait(timeout=10) == 0, quitter.output()[-3000:]
+    finally:
+        stranger.release()
+    wait_for(lambda: "Group 'billing' of topic 'ledger': its row is made" in worker.output(),
+             timeout=90, message="the group's row made once the lock is gone")
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    wait_for(lambda: handled(label, "billing") == {0, 1}, timeout=20,
+             message="billing to handle messages published after")
+    assert_succeeded(*tasks)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert "Database error in the worker loop" not in worker.output()
+
+
+def test_a_new_group_waits_for_a_held_group_table_and_the_worker_starts(start_worker):
+    label = "group-table-held"
+    [billing] = [group_spec(s) for s in subscriptions.groups()
+                 if s.topic == "ledger" and s.group == "billing"]
+    broker.ensure_topic("ledger")
+    broker.create_group(billing)
+    stranger = Stranger("SELECT id FROM mysqlq_topic_group FOR UPDATE", [])
+    try:
+        worker = start_worker(*WORKER, "--groups", "billing,audit", env=ENV)
+        started(worker)
+        wait_for(lambda: "Group 'audit' of topic 'ledger': its row could not be made: "
+                 "another session holds a lock on mysqlq_topic_group" in worker.output(),
+                 timeout=20, message="the held table logged")
+    finally:
+        stranger.release()
+    wait_for(lambda: "Group 'audit' of topic 'ledger': its row is made" in worker.output(),
+             timeout=90, message="the group's row made once the lock is gone")
+    topic_handlers.ledger.publish_many([{"label": label, "seq": seq} for seq in (0, 1)])
+    wait_for(lambda: handled(label, "audit") == {0, 1} and handled(label, "billing") == {0, 1},
+             timeout=20, message="both groups to handle messages published after")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert "Database error in the worker loop" not in worker.output()
+
+
+def assert_tasks_done(ids: list[int]) -> None:
+    wait_for(lambda: not Message.objects.filter(pk__in=ids).exists(), timeout=20,
+             message="the task queue to be served meanwhile")

@@ -14,6 +14,7 @@ Broadcast subscriptions run in a thread of every worker process.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import threading
 import time
@@ -28,12 +29,12 @@ from ..exceptions import PayloadDecodeError
 from ..log import Failures, one_line
 from ..messages import ClaimedMessage
 from ..routing import bind_alias, on_alias
-from ..topicnames import LATEST
 from ..topics import Subscription, TopicEvent, subscriptions
 from . import fatal
 from .group_holds import HELD_LOG_SECONDS, GroupHolds
-from .group_trouble import GroupTrouble, loop_handles
+from .group_trouble import GroupTrouble
 from .queues import in_turn
+from .topic_setup import TopicSetup, held_advice, made, sequence_at_start
 
 logger = logging.getLogger("django_mysqlq")
 
@@ -49,48 +50,6 @@ BROADCAST_BATCH = 500
 #: (kilobytes) still come 500 a read, and one read (the driver's rows, their text, the
 #: decoded values) stays within tens of MiB a process.
 BROADCAST_BYTES = 16 * 2**20
-
-
-def sequence_at_start(topic: str, wait: bool = False) -> None:
-    """Stamp the topic's waiting messages as a worker starts. One whose stamping fails on
-    its own (its ``last_offset`` changed by hand, out of range) must not keep the worker
-    from starting: it is logged, and its groups' pumps and readers say it again. With
-    ``wait``, a row held by another session (its stamping round: at any of the rounds of
-    a backlog) is waited for, up to ``UPKEEP_LOCK_WAIT_SECONDS``: a broadcast reader's
-    start and a new group at the latest offset need every waiting message stamped."""
-    try:
-        if wait:
-            _sequence_waiting(topic)
-        else:
-            broker.try_sequence(topic)
-    except DatabaseError as exc:
-        if loop_handles(exc):
-            raise
-        logger.error("Topic %r: its waiting messages could not be given offsets as this "
-                     "worker started: %s. The worker starts; the topic's groups and readers "
-                     "get no new messages until they can (see manage.py queuetopic groups).",
-                     topic, one_line(str(exc)))
-
-
-def _sequence_waiting(topic: str) -> None:
-    """Stamp the topic's messages inserted before now, waiting a bounded time for its row
-    at each round (not for later ones: a publisher outpacing the rounds must not keep
-    the start from ending)."""
-    newest = broker.newest_message_id()
-    if not broker.has_unsequenced(topic, up_to_id=newest):
-        return  # (a stranger's lock on an idle topic holds up no start)
-    seconds = get_settings().UPKEEP_LOCK_WAIT_SECONDS
-    try:
-        with broker.bounded_lock_waits(seconds):
-            broker.sequence(topic, up_to_id=newest)
-    except DatabaseError as exc:
-        if not broker.is_lock_wait(exc):
-            raise
-        logger.warning("Topic %r: another session held its row for %d s as this process "
-                       "started (a transaction left open? see information_schema.INNODB_TRX)"
-                       ": its broadcast subscribers and new groups start at the last offset "
-                       "given out, so messages published before the start that get theirs "
-                       "later reach them too.", topic, seconds)
 
 
 class Claimer(Protocol):
@@ -153,6 +112,8 @@ class TopicDuty:
         self.group_holds = GroupHolds()
         #: Groups whose pump fails on its own or stopped where an operator must help.
         self.trouble = GroupTrouble()
+        #: Groups whose row (or their topic's) a stranger's lock kept from being made.
+        self.setup = TopicSetup()
         self.reader: BroadcastReader | None = None
         listeners = subscriptions.broadcast() if broadcast else []
         if listeners:
@@ -171,19 +132,10 @@ class TopicDuty:
     def start(self) -> None:
         """Create this worker's groups (where they have no row) and start the broadcast
         reader at the latest offset of its topics."""
-        for topic in self.topics:
-            broker.ensure_topic(topic)
-            # A group made now at the latest offset begins after the messages committed
-            # before it: another process stamping them holds the topic's row, and the
-            # offset read before its round ends would hand the group that backlog (so
-            # the groups are made right after their topic's wait, not after all of
-            # them). Else not waiting: a stranger holding the row must not stop a start.
-            specs = [spec for spec in self.specs if spec.topic == topic]
-            sequence_at_start(topic, wait=any(
-                spec.start == LATEST and broker.position(topic, spec.group) is None
-                for spec in specs))
-            for spec in specs:
-                broker.create_group(spec)
+        for topic in self.topics:  # (a row held by a stranger is left for later)
+            if self.stop.is_set():
+                return
+            self.setup.start(topic, [spec for spec in self.specs if spec.topic == topic])
         if self.reader is not None and not self.reader.is_alive():
             self.reader.begin()
             self.reader.start()
@@ -207,10 +159,11 @@ class TopicDuty:
         # Each round starts at the next group: the room a worker has goes to its groups
         # in turn, not always to the first (a member of several groups serves them all).
         self._turn = (self._turn + 1) % len(self.specs)
+        self.setup.retry()
         for spec in [*self.specs[self._turn:], *self.specs[:self._turn]]:
             # A group that has every sequenced message sequences its topic's new ones in
             # its pump's transaction; one still behind has work without them.
-            if self.trouble.resting(spec, now):
+            if self.trouble.resting(spec, now) or self.setup.waits(spec):
                 continue  # (before pump_room: the room it reserves is given back below)
             room = claimer.pump_room(spec.queue) if claimer is not None else -1
             if room == 0 and self._claims():
@@ -340,7 +293,10 @@ class BroadcastReader(threading.Thread):
 
     def _begin(self) -> None:
         for topic in self.listeners:
-            broker.ensure_topic(topic)
+            if not made(functools.partial(broker.ensure_topic, topic)):
+                logger.warning("Topic %r: its row could not be made: %s. Its broadcast "
+                               "handlers hear its messages once it is (from its first "
+                               "offset).", topic, held_advice("mysqlq_topic"))
             # Another process stamping the topic's backlog holds its row for that
             # round: the last offset read before it ends would be older than the
             # backlog, and this process would hear messages published before it began.
