@@ -172,3 +172,88 @@ def test_a_claim_cut_short_before_it_claimed_anything_says_nothing(monkeypatch, 
     monkeypatch.undo()
     assert "part-way" not in caplog.text
     assert Message.objects.get().status == "ready"
+
+
+
+def _read_back_fails(monkeypatch, at: int = 1) -> None:
+    """The ``at``-th read-back of a claim's rows fails, as a lost connection would (after
+    the claim statement committed)."""
+    claim_module = importlib.import_module("django_mysqlq.broker.claim")
+    real, reads = claim_module.with_lock_retry, []
+
+    def failing(alias, operation, *args, **kwargs):
+        if getattr(operation, "__name__", "") == "read":
+            reads.append(alias)
+            if len(reads) == at:
+                raise OperationalError(2013, "Lost connection to server during query")
+        return real(alias, operation, *args, **kwargs)
+
+    monkeypatch.setattr(claim_module, "with_lock_retry", failing)
+
+
+def _given_back(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
+
+
+def test_a_read_back_cut_short_says_how_many_it_gave_back(monkeypatch, caplog):
+    """The read-back of the rows a claim took fails: they are given back, and the warning
+    counts them. That path released them without a word (and when earlier queues had
+    yielded batches, the warning counted only those)."""
+    first = [tasks.on_other_queue.enqueue(f"o{n}").id for n in range(2)]
+    batch = [tasks.record.enqueue(f"d{n}").id for n in range(3)]
+    _read_back_fails(monkeypatch, at=2)
+    with pytest.raises(OperationalError), caplog.at_level(logging.WARNING, "django_mysqlq"):
+        claim(("other", "default"))
+    monkeypatch.undo()
+    assert _given_back(caplog) == ["A claim failed part-way; 5 message(s) already claimed "
+                                   "from this claim were given back."]
+    rows = {m.pk: (m.status, m.attempts, m.claim_token)
+            for m in Message.objects.filter(pk__in=first + batch)}
+    assert rows == {pk: ("ready", 0, None) for pk in first + batch}, rows
+    caplog.clear()
+    _read_back_fails(monkeypatch, at=1)  # the only queue's: said too
+    with pytest.raises(OperationalError), caplog.at_level(logging.WARNING, "django_mysqlq"):
+        claim(("default",))
+    monkeypatch.undo()
+    assert _given_back(caplog) == ["A claim failed part-way; 3 message(s) already claimed "
+                                   "from this claim were given back."]
+    assert {m.id for m in claim(("other", "default"))} == set(first + batch)
+
+
+def test_a_throttled_read_back_cut_short_says_how_many_it_gave_back(monkeypatch, caplog):
+    from tests.testapp.rated_tasks import per_account
+
+    ids = [per_account.enqueue(account, 0, "read-back").id for account in ("a", "b")]
+    _read_back_fails(monkeypatch)
+    with pytest.raises(OperationalError), caplog.at_level(logging.WARNING, "django_mysqlq"):
+        broker.claim_throttled(["default"], 10, WORKER, 60)
+    monkeypatch.undo()
+    assert _given_back(caplog) == ["A claim failed part-way; 2 message(s) already claimed "
+                                   "from the rate-limited keys were given back."]
+    rows = {m.pk: (m.status, m.attempts, m.claim_token)
+            for m in Message.objects.filter(pk__in=ids)}
+    assert rows == {pk: ("throttled", 0, None) for pk in ids}, rows
+
+
+def test_a_claim_that_claimed_nothing_gives_nothing_back(monkeypatch, caplog):
+    """The first statement fails (the server went away): nothing was claimed, so nothing
+    is released and nothing said. It used to try a release all the same and, that failing
+    too, warn that '0 message(s) already claimed could not be given back'."""
+    tasks.record.enqueue("first")
+    claim_module = importlib.import_module("django_mysqlq.broker.claim")
+    releases = []
+
+    def lost(*args, **kwargs):
+        raise OperationalError(2013, "Lost connection to server during query")
+
+    def release(alias, token):
+        releases.append(token)
+        lost()
+
+    monkeypatch.setattr(claim_module, "run_around_locks", lost)
+    monkeypatch.setattr(claim_module, "_release_token", release)
+    with pytest.raises(OperationalError), caplog.at_level(logging.INFO, "django_mysqlq"):
+        claim(("default", "other"))
+    monkeypatch.undo()
+    assert releases == []
+    assert "given back" not in caplog.text

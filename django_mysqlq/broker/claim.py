@@ -160,8 +160,10 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
         def around(body: Callable[[Any], int] = body) -> int:
             return in_transaction(alias, body)
 
+        before, taken = len(claimed), 0
         try:
-            if not run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around):
+            taken = run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around)
+            if not taken:
                 continue
             rows = _read_claimed(alias, token)
             for row in rows:
@@ -173,24 +175,32 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
                     bury(alias, int(row[0]), token, message,
                          GateRef.of(str(row[1]), gate_mode, gate_key), gate_mode)
         except DatabaseError:
-            # (This queue's batch too, by its token: a bury that failed left the rest of
-            # it claimed, held by nobody, until its lease ran out.)
-            give_back_tokens(alias, sorted({m.claim_token for m in claimed} | {token}),
-                             len(claimed), "this claim")
+            # (This queue's batch too, by its token, once its claim went through: a
+            # read-back cut short or a bury that failed left it claimed, held by nobody,
+            # until its lease ran out. Nothing to give back when nothing was claimed.)
+            tokens = {m.claim_token for m in claimed} | ({token} if taken else set())
+            give_back_tokens(alias, sorted(tokens), before + taken, "this claim")
             raise
     return claimed
 
 
-def read_claimed_messages(alias: str, token: str) -> list[ClaimedMessage]:
-    """The messages claimed under ``token``, read back (rows that can't be run go dead)."""
+def read_claimed_messages(alias: str, token: str, count: int,
+                          source: str) -> list[ClaimedMessage]:
+    """The ``count`` messages claimed under ``token``, read back (rows that can't be run
+    go dead); if that fails, they are given back (said as claimed from ``source``) before
+    the error is raised."""
     claimed: list[ClaimedMessage] = []
-    for row in _read_claimed(alias, token):
-        message = _message(row, token)
-        if isinstance(message, ClaimedMessage):
-            claimed.append(message)
-        else:
-            bury(alias, int(row[0]), token, message,
-                 GateRef.of(str(row[1]), row[13], row[12]), row[13])
+    try:
+        for row in _read_claimed(alias, token):
+            message = _message(row, token)
+            if isinstance(message, ClaimedMessage):
+                claimed.append(message)
+            else:
+                bury(alias, int(row[0]), token, message,
+                     GateRef.of(str(row[1]), row[13], row[12]), row[13])
+    except DatabaseError:
+        give_back_tokens(alias, [token], count, source)
+        raise
     return claimed
 
 
@@ -215,27 +225,18 @@ def _message(row: Sequence[Any], token: str) -> ClaimedMessage | str:
         )
     except (TypeError, ValueError, AttributeError) as exc:
         return f"the row can't be read ({type(exc).__name__}: {exc}): it was changed by hand"
-def _read_claimed(alias: str, token: str) -> list[Any]:
-    """Read a committed claim back; if that fails, give the batch back before raising.
 
-    Without this a read-back cut short (a late wake-up, a dropped connection) would leave
-    rows claimed by a worker that never received them.
-    """
+
+def _read_claimed(alias: str, token: str) -> list[Any]:
+    """Read a committed claim back. If that fails, the caller gives the batch back (with
+    the others it claimed, and says how many): a read-back cut short (a dropped
+    connection) must not leave rows claimed by a worker that never received them."""
     def read() -> list[Any]:
         with connection_for(alias).cursor() as cursor:
             cursor.execute(READ_CLAIMED_SQL, [token])
             return list(cursor.fetchall())
 
-    try:
-        return with_lock_retry(alias, read)
-    except DatabaseError:
-        try:
-            close_if_broken(alias)
-            with_lock_retry(alias, lambda: _release_token(alias, token))
-        except DatabaseError:
-            logger.warning("A claimed batch (token %s) could not be read back nor released; "
-                           "its lease will run out and a peer will recover it.", token)
-        raise
+    return with_lock_retry(alias, read)
 
 
 def give_back_tokens(alias: str, tokens: Sequence[str], count: int, source: str) -> None:
@@ -244,8 +245,9 @@ def give_back_tokens(alias: str, tokens: Sequence[str], count: int, source: str)
     knows of (said if the release fails).
 
     Said at WARNING with the number the release found claimed; nothing when it found none
-    (the failure came before anything was claimed: a producer's late wake-up, ``KILL
-    QUERY``, cutting the first statement short).
+    (a peer recovered them meanwhile). Callers pass only tokens that hold rows: a claim cut
+    short before it claimed anything (a producer's late wake-up, ``KILL QUERY``, ending the
+    first statement) has nothing to give back and says nothing.
     """
     if not tokens:
         return

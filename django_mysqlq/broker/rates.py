@@ -231,7 +231,8 @@ def _claim_throttled(queues: Sequence[str], limit: int, worker_id: str,
             if taken:  # the keys claimed before are nobody's otherwise: give them back
                 give_back_tokens(alias, [token], taken, "earlier rate keys")
             raise
-    return read_claimed_messages(alias, token) if taken else []
+    return (read_claimed_messages(alias, token, taken, "the rate-limited keys")
+            if taken else [])
 
 
 #: Seconds a key without messages keeps its row (its next start past): retention then
