@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 from django_mysqlq import broker
 from django_mysqlq.broker import locked
 from django_mysqlq.models import Message
-from tests.conftest import wait_for
+from django_mysqlq.worker.upkeep import Housekeeping
+from tests.conftest import raw_connection, wait_for
 from tests.test_locked_and_bad_rows import RowLock
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
@@ -317,3 +318,60 @@ def test_an_episode_the_fast_path_never_came_back_to_is_not_carried_on() -> None
     rows._since[key] -= 3600
     kind, pause, lasted = rows.found(key, waited=False)
     assert (kind, pause, lasted) == (locked.LOOK, locked.AROUND_LOOK_AGAIN_SECONDS, 0.0)
+
+
+# ------------------------------------------------------------------ a table's lock
+
+
+@pytest.fixture
+def table_locked() -> Iterator[None]:
+    """A stranger's ``LOCK TABLES mysqlq_message WRITE`` (as an ALTER TABLE waiting for its
+    turn would): any statement on the table waits ``lock_wait_timeout`` for its metadata
+    lock, then fails with 1205, the error a row's lock gives."""
+    stranger = raw_connection()
+    try:
+        stranger.cursor().execute("LOCK TABLES mysqlq_message WRITE")
+        yield
+    finally:
+        stranger.close()  # (its LOCK TABLES ends with it)
+
+
+def test_a_tables_lock_is_not_taken_for_a_rows_by_the_promotion(table_locked, caplog):
+    """The promotion of due messages waits once for the table, its bounded wait, and is
+    skipped for the round. The fast path took the 1205 for a row's lock (met at once, as
+    it waits for none): it waited again after each brief pause and then stepped around,
+    waiting once more, five times the bound in all, every round."""
+    housekeeping = Housekeeping("w1", 1)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="django_mysqlq"):
+        housekeeping.promotion_round()
+    took = time.monotonic() - started
+    assert 1 <= took < 2.5, took
+    assert _records(caplog, logging.WARNING) == [
+        "Worker w1: upkeep step 'promotion of due messages' skipped: mysqlq_message is "
+        "locked by another session (lock wait timeout 1 s); retrying next round."]
+    assert not [m for m in _records(caplog, logging.INFO) if "row is locked" in m]
+    assert not locked.LOCKED_ROWS.around(("default", "promotion of due messages"))
+
+
+def test_a_tables_lock_is_not_taken_for_a_rows_by_the_claim(table_locked, caplog):
+    """A server whose ``lock_wait_timeout`` is short (1 s here): the claim waits once and
+    raises, saying it was the table's lock; no locked-row episode, nothing said of a
+    producer's row. It waited four times (the fast path), then eight more (the step
+    around, retried as any lock wait)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION lock_wait_timeout = 1")
+    try:
+        started = time.monotonic()
+        with pytest.raises(OperationalError) as raised, \
+                caplog.at_level(logging.INFO, logger="django_mysqlq"):
+            broker.claim(["default", "other"], 10, "w", lease_seconds=30)
+        took = time.monotonic() - started
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION lock_wait_timeout = DEFAULT")
+    assert 1 <= took < 2.5, took
+    assert broker.is_lock_wait(raised.value)
+    assert "waiting for the table's metadata lock" in str(raised.value)
+    assert not [r for r in caplog.records if r.name == "django_mysqlq"]
+    assert not locked.LOCKED_ROWS.around(("default", "default"))

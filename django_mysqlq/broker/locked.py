@@ -26,6 +26,11 @@ transaction, most likely: it commits soon) and counted in ``lock_waits``; a WARN
 follows once the pause has grown to ``AROUND_WARNING_SECONDS``, the fast path having met a
 locked row at every try for about 15 s: a transaction that holds queue rows that long is
 one to find.
+
+A table's metadata lock (``LOCK TABLES``, an ``ALTER TABLE``) gives the same error, 1205,
+after ``lock_wait_timeout``: on MariaDB one that came after a wait can't be a row's (the
+statement waits for none), and is raised at once (``TableLockWait``), not retried nor
+stepped around.
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ LOCK_WAIT_TIMEOUT = 1205
 #: in milliseconds (six claimers on one queue: half their statements met one at once,
 #: under 2% after these).
 BRIEF_LOCK_PAUSES = (0.005, 0.02, 0.05)
+#: MariaDB: the fast statements wait for no row lock, so a lock wait timeout that came only
+#: after this long was a wait for the table's metadata lock (another session's ``LOCK
+#: TABLES``, an ``ALTER TABLE`` running or waiting for its turn: ``lock_wait_timeout``,
+#: whole seconds). It is neither retried nor stepped around (``SKIP LOCKED`` skips rows,
+#: not a table): the caller gets it at once (``TableLockWait``).
+TABLE_LOCK_SECONDS = 0.5
 #: MariaDB: the pause after a first locked row met without a wait, before the fast path
 #: looks again (nothing said, nothing counted if it is gone by then).
 AROUND_LOOK_AGAIN_SECONDS = 0.5
@@ -83,6 +94,11 @@ SESSION_WAIT_ATTRIBUTE = "_django_mysqlq_short_lock_wait"
 LOOK = "look"
 FIRST = "first"
 LASTING = "lasting"
+
+
+class TableLockWait(OperationalError):
+    """A fast statement's lock wait timeout (1205, as ``is_lock_wait`` says) that was a
+    wait for the table's metadata lock, not for a row: see ``TABLE_LOCK_SECONDS``."""
 
 
 class LockedRows:
@@ -191,16 +207,29 @@ def no_wait(connection: BaseDatabaseWrapper, sql: str) -> str:
 
 def _fast(alias: str, fast: Callable[[], int]) -> int:
     """``fast()``, retried on deadlocks; on MariaDB also after ``BRIEF_LOCK_PAUSES``
-    when it met a locked row (it waited for none)."""
+    when it met a locked row (it waited for none), but not after a wait for the table's
+    metadata lock: that raises ``TableLockWait`` at once."""
     pauses: tuple[float, ...] | None = None
+    began = [0.0]
+
+    def timed() -> int:
+        began[0] = time.monotonic()
+        return fast()
+
     while True:
         try:
-            return with_lock_retry(alias, fast, codes=frozenset({DEADLOCK}))
+            return with_lock_retry(alias, timed, codes=frozenset({DEADLOCK}))
         except OperationalError as exc:
             if error_code(exc) != LOCK_WAIT_TIMEOUT or past_deadline():
                 raise
+            waited = time.monotonic() - began[0]
+            mariadb = connection_for(alias).mysql_is_mariadb  # type: ignore[attr-defined]
+            if mariadb and waited >= TABLE_LOCK_SECONDS:
+                raise TableLockWait(
+                    LOCK_WAIT_TIMEOUT, f"Lock wait timeout exceeded after {waited:.0f} s "
+                    "waiting for the table's metadata lock (another session's LOCK TABLES, "
+                    "or an ALTER TABLE), not for a row's lock") from exc
             if pauses is None:
-                mariadb = connection_for(alias).mysql_is_mariadb  # type: ignore[attr-defined]
                 pauses = BRIEF_LOCK_PAUSES if mariadb else ()
             if not pauses:
                 raise
@@ -213,14 +242,16 @@ def run_around_locks(alias: str, key: tuple[str, str], what: str,
     """``fast()``, or ``around()`` (SKIP LOCKED) while a locked row is in ``key``'s way.
 
     ``fast`` is retried here on deadlocks (and briefly on a locked row, see ``_fast``);
-    ``around`` runs its own transaction (and its retries: ``in_transaction``).
+    ``around`` runs its own transaction (and its retries: ``in_transaction``). A wait for
+    the table's metadata lock (``TableLockWait``) is raised as it is: no row is in the
+    way, and ``around`` would wait for the table too.
     """
     if LOCKED_ROWS.around(key):
         return around()
     try:
         count = _fast(alias, fast)
     except OperationalError as exc:
-        if error_code(exc) != LOCK_WAIT_TIMEOUT:
+        if error_code(exc) != LOCK_WAIT_TIMEOUT or isinstance(exc, TableLockWait):
             raise
         waited = not connection_for(alias).mysql_is_mariadb  # type: ignore[attr-defined]
         kind, pause, lasted = LOCKED_ROWS.found(key, waited)
