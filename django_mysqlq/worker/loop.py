@@ -8,7 +8,6 @@ and settle them on their own connections. The loop holds no SQL: it calls the br
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -19,7 +18,7 @@ import uuid
 from django.db import DatabaseError
 
 from .. import broker
-from ..conf import QueueSettings, get_settings
+from ..conf import get_settings
 from ..log import one_line
 from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
@@ -27,6 +26,7 @@ from ..signals import task_overran, worker_started
 from . import draining, fatal, queues, schedules, topic_alerts, troubles
 from .acker import Acker
 from .budget import TaskBudget
+from .due import Due
 from .gate import SoloGate
 from .holdings import Holdings
 from .options import WorkerOptions
@@ -64,29 +64,6 @@ PAUSE_CHECK_SECONDS = 1.0
 #: Seconds between two records of which messages started (recovery counts the attempt of a
 #: lost message only if it started; one that started since is taken for unstarted).
 MARK_SECONDS = 1.0
-
-
-@dataclasses.dataclass
-class Due:
-    """Monotonic times at which the control loop's periodic duties are next due."""
-
-    beat: float
-    #: Next check that the claims waiting here are still ours (while some wait).
-    verify: float
-    mark: float
-    recovery: float
-    stale_check: float
-    promote: float
-    summary: float
-    paused_check: float
-
-    @classmethod
-    def starting_now(cls, settings: QueueSettings) -> Due:
-        now = time.monotonic()
-        summary = now + settings.SUMMARY_SECONDS if settings.SUMMARY_SECONDS else float("inf")
-        # Sweep at once: a restarted worker frees its previous life's claims.
-        return cls(beat=now + settings.HEARTBEAT_SECONDS, verify=now, mark=now, recovery=now,
-                   stale_check=now, promote=now, summary=summary, paused_check=now)
 
 
 class Worker:
