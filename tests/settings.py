@@ -111,6 +111,10 @@ if os.environ.get("MYSQLQ_TEST_STALL_AT"):  # tests/test_topic_kill_steps.py's w
     from tests import stall_at
 
     stall_at.install()
+if os.environ.get("MYSQLQ_TEST_CLAIM_WATCH"):  # tests/test_parked_claims.py's worker
+    from tests import claim_watch
+
+    claim_watch.install()
 if os.environ.get("MYSQLQ_TEST_EXITING_RECEIVERS"):  # tests/test_signal_receivers.py's worker
     from tests import exiting_receivers
 

@@ -91,8 +91,8 @@ RATE_WAIT = f"""(
      WHERE r.queue IN ({{rate_queues}}) AND {CLAIMABLE_IN_KEY})"""
 #: Parks an idle worker: returns at once if its queues have ready messages, a scheduled
 #: message or a schedule's occurrence is due, else sleeps (at most %s seconds, or until
-#: the next one is due) until a producer's KILL QUERY cuts the SLEEP short. The check and
-#: the sleep are one statement, so a wake-up can't fall between them.
+#: the next one is due: then 'due' too) until a producer's KILL QUERY cuts the SLEEP
+#: short. The check and the sleep are one statement, so a wake-up can't fall between them.
 _IDLE_WAIT_SQL = f"""
 SELECT CASE
          WHEN %s = 'leader' AND {{leader_due}} THEN 'sweep'
@@ -101,6 +101,7 @@ SELECT CASE
                        WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
          WHEN due.wait <= 0 THEN 'due'
          WHEN SLEEP(LEAST(%s, due.wait)) = 1 THEN 'woken'
+         WHEN due.wait < %s THEN 'due'
          ELSE 'slept'
        END,
        (SELECT COALESCE(GROUP_CONCAT(queue ORDER BY queue SEPARATOR ','), '')
@@ -132,10 +133,12 @@ def listen(worker_id: str, listening: bool) -> None:
 def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
               watched: Sequence[str] = (), worker_id: str | None = None,
               rates: bool = False, lock_wait: int | None = None) -> tuple[str, str | None]:
-    """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due``, ``woken``
-    (``interrupted`` if the wake-up came before the statement's checks ran) or ``slept``;
-    with the paused ones among the ``watched`` queues as they were when it returned
-    (comma-separated, None when interrupted), so a parked worker sees a pause for free.
+    """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due`` (at once,
+    or after sleeping until it came due), ``woken`` (``interrupted`` if the wake-up came
+    before the statement's checks ran) or ``slept`` (the whole ``seconds``: nothing came
+    due, nobody woke it, so there is nothing new to claim); with the paused ones among
+    the ``watched`` queues as they were when it returned (comma-separated, None when
+    interrupted), so a parked worker sees a pause for free.
 
     ``sweep_check`` folds the recovery duty into the park, so an idle cluster pays no
     separate sweep: ``leader`` returns ``sweep`` at once if any message is claimed (there
@@ -158,7 +161,7 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
         "{rate_wait}", RATE_WAIT.replace("{rate_queues}", ", ".join(["%s"] * len(queues)))
         if rates else "NULL")
     params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
-              *watched, seconds, *([*queues, True] if rates else [])]
+              seconds, *watched, seconds, *([*queues, True] if rates else [])]
     connection = connection_for()
     sql = bounded_statement(connection, sql, lock_wait)
     held = session.cluster and worker_id is not None

@@ -199,8 +199,12 @@ class Worker:
             try:
                 self._upkeep()
                 pumped = self.topics.pump(claimer=self.claimer)
-                claimed = self.topics.taken + (
-                    0 if self._nothing_ready and not pumped else self._claim())
+                claiming = bool(pumped) or not self._nothing_ready
+                if claiming and self._listening:
+                    # Parked no more: a producer's wake-up must go to a parked worker.
+                    broker.listen(self.id, False)
+                    self._listening = False
+                claimed = self.topics.taken + (self._claim() if claiming else 0)
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
@@ -346,10 +350,9 @@ class Worker:
             self._nothing_ready = True
         else:
             # Slept through: nothing was ready or due when the park began, and a producer
-            # or the due time would have cut it short. Parks watch the schedule, so the
-            # periodic promotion can wait too. A park that ends at a rate-limited key's
-            # next start also reads 'slept': a worker with such tasks claims right away.
-            self._nothing_ready = not self._rated
+            # or the due time (a rate-limited key's next start too: 'due') would have cut
+            # it short. Parks watch the schedule, so the periodic promotion can wait too.
+            self._nothing_ready = True
             due.promote = max(due.promote, time.monotonic() + conf.POLL_SECONDS)
 
     def _room(self) -> int:

@@ -200,13 +200,19 @@ class RateWatch:
     def park(self, queues: Sequence[str], seconds: float, sweep_check: str, rated: bool,
              **kwargs: Any) -> tuple[str, str | None]:
         """``broker.idle_wait``, reading the rate keys only when the table is not locked;
-        a park that gave up waiting for it ends at once (``interrupted``)."""
+        a park that gave up waiting for it ends at once (``interrupted``), one that read it
+        ends the lock episode (an idle worker claims nothing after a park that slept). A
+        park cut short before it ran (``interrupted``: a wake-up while it waited for the
+        table, say) tells nothing of the table."""
         rates = rated and self.usable()
         try:
-            return broker.idle_wait(queues, seconds, sweep_check, rates=rates,
-                                    lock_wait=self.lock_wait if rates else None, **kwargs)
+            parked = broker.idle_wait(queues, seconds, sweep_check, rates=rates,
+                                      lock_wait=self.lock_wait if rates else None, **kwargs)
         except DatabaseError as exc:
             if not (rates and broker.is_lock_wait(exc)):
                 raise
             self.locked()
             return "interrupted", None
+        if rates and parked[0] != "interrupted":
+            self.cleared()
+        return parked
