@@ -4,7 +4,8 @@ Loaded by tests/settings.py in a worker subprocess when ``MYSQLQ_TEST_CLAIM_WATC
 file: before each claim statement of the process (the plain claim, the claim by ids, the
 throttled claim: ``SET status = 'claimed', claim_token``), the same connection reads
 whether the worker's row says it listens there (parked, for producers' wake-ups to
-``KILL QUERY`` it), and the file gets a line ``listening=<0|1>``
+``KILL QUERY`` it), and the file gets a line ``listening=<0|1>``; every other statement
+of the process gets a line ``-``, so the file also counts them
 (tests/test_parked_claims.py). Test code only: the library is not patched; the statement
 is observed through Django's own ``execute_wrapper`` hook.
 """
@@ -24,12 +25,14 @@ LISTENING_SQL = ("SELECT COUNT(*) FROM mysqlq_worker "
 
 def _watch(path: str) -> Any:
     def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        line = "-"
         if CLAIM.search(sql):
             cursor = context["cursor"].cursor  # the driver's: past the wrappers
             cursor.execute(LISTENING_SQL)
             (listening,) = cursor.fetchone()
-            with open(path, "a") as out:
-                out.write(f"listening={int(listening)}\n")
+            line = f"listening={int(listening)}"
+        with open(path, "a") as out:
+            out.write(f"{line}\n")
         return execute(sql, params, many, context)
     return wrapper
 

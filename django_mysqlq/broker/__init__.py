@@ -152,7 +152,7 @@ from .overview import (
     worker_troubles,
     workers_alive,
 )
-from .park import idle_wait, listen, wake
+from .park import idle_wait, listen, ready_floor, wake
 from .promote import promote_due, promote_limited
 from .pumped import Pumped, group_row_free
 from .purge import (
@@ -356,6 +356,7 @@ __all__ = [
     "queue_overview",
     "queues_holding",
     "read_after",
+    "ready_floor",
     "recover",
     "register_worker",
     "release",

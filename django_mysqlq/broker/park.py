@@ -89,16 +89,18 @@ RATE_WAIT = f"""(
     SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(r.next_at)) / 1000000
       FROM {RATE_TABLE} AS r FORCE INDEX (mysqlq_rate_due)
      WHERE r.queue IN ({{rate_queues}}) AND {CLAIMABLE_IN_KEY})"""
-#: Parks an idle worker: returns at once if its queues have ready messages, a scheduled
-#: message or a schedule's occurrence is due, else sleeps (at most %s seconds, or until
-#: the next one is due: then 'due' too) until a producer's KILL QUERY cuts the SLEEP
-#: short. The check and the sleep are one statement, so a wake-up can't fall between them.
+#: Parks an idle worker: returns at once if its queues have ready messages (past those
+#: it could not claim: ``ready_floor``), a scheduled message or a schedule's occurrence
+#: is due, else sleeps (at most %s seconds, or until the next one is due: then 'due'
+#: too) until a producer's KILL QUERY cuts the SLEEP short. The check and the sleep are
+#: one statement, so a wake-up can't fall between them.
 _IDLE_WAIT_SQL = f"""
 SELECT CASE
          WHEN %s = 'leader' AND {{leader_due}} THEN 'sweep'
          WHEN %s = 'follower' AND {{follower_due}} THEN 'sweep'
          WHEN EXISTS (SELECT 1 FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
-                       WHERE queue IN ({{queues}}) AND status = 'ready') THEN 'ready'
+                       WHERE queue IN ({{queues}}) AND status = 'ready' AND id > %s)
+              THEN 'ready'
          WHEN due.wait <= 0 THEN 'due'
          WHEN SLEEP(LEAST(%s, due.wait)) = 1 THEN 'woken'
          WHEN due.wait < %s THEN 'due'
@@ -132,7 +134,8 @@ def listen(worker_id: str, listening: bool) -> None:
 
 def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
               watched: Sequence[str] = (), worker_id: str | None = None,
-              rates: bool = False, lock_wait: int | None = None) -> tuple[str, str | None]:
+              rates: bool = False, lock_wait: int | None = None,
+              ready_after: int = 0) -> tuple[str, str | None]:
     """Park until woken, work is ready or ``seconds`` pass: ``ready``, ``due`` (at once,
     or after sleeping until it came due), ``woken`` (``interrupted`` if the wake-up came
     before the statement's checks ran) or ``slept`` (the whole ``seconds``: nothing came
@@ -149,7 +152,8 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
     With ``rates`` (a worker that claims throttled messages) the park also ends when a
     rate-limited key of its queues may start its next message (``RATE_WAIT``), and
     ``lock_wait`` bounds its wait for the tables' metadata locks (a stranger's ``LOCK
-    TABLES`` on the rate keys; MariaDB): the lock-wait timeout is raised.
+    TABLES`` on the rate keys; MariaDB): the lock-wait timeout is raised. Ready messages
+    with ids up to ``ready_after`` don't count (``ready_floor``).
     """
     session = connection_session()
     leader_due, leader_params, follower_due, follower_params = leader.park_checks(session)
@@ -160,8 +164,9 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
         "{queues}", ", ".join(["%s"] * len(watched)), 1).replace(
         "{rate_wait}", RATE_WAIT.replace("{rate_queues}", ", ".join(["%s"] * len(queues)))
         if rates else "NULL")
-    params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues, seconds,
-              seconds, *watched, seconds, *([*queues, True] if rates else [])]
+    params = [sweep_check, *leader_params, sweep_check, *follower_params, *queues,
+              ready_after, seconds, seconds, *watched, seconds,
+              *([*queues, True] if rates else [])]
     connection = connection_for()
     sql = bounded_statement(connection, sql, lock_wait)
     held = session.cluster and worker_id is not None
@@ -191,6 +196,33 @@ def idle_wait(queues: Sequence[str], seconds: float, sweep_check: str = "",
         if held and error_code(exc) == DEADLOCK:  # rung from another node: hold aborted
             return "woken", None
         raise
+
+
+#: The highest id of the ready messages of these queues (0: none).
+READY_FLOOR_SQL = f"""
+SELECT COALESCE(MAX(id), 0) FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+ WHERE queue IN ({{queues}}) AND status = 'ready'
+"""
+
+
+def ready_floor(queues: Sequence[str]) -> int:
+    """The highest id among the ready messages of ``queues``: read when a park said
+    ``ready`` and the claim that followed may take none of them (another transaction
+    holds their rows: a ``SELECT … FOR UPDATE`` left open). The next parks pass over
+    them (``idle_wait``'s ``ready_after``): they would end at once, again and again, the
+    worker going round without a pause while those rows stay locked. A message enqueued
+    later has a higher id; one that becomes ready otherwise (recovered, resumed) wakes
+    the parked workers."""
+    if not queues:
+        return 0
+
+    def run() -> int:
+        with connection_for().cursor() as cursor:
+            cursor.execute(READY_FLOOR_SQL.format(queues=", ".join(["%s"] * len(queues))),
+                           list(queues))
+            return int(cursor.fetchone()[0])
+
+    return with_lock_retry(default_alias(), run)
 
 
 def _park(cursor: Any, sql: str, params: list[Any]) -> tuple[str, str | None]:

@@ -97,6 +97,12 @@ class Worker:
         #: The last park found nothing ready and nobody woke it: the next park's own
         #: check covers the claim, so an idle worker costs one query per park.
         self._nothing_ready = False
+        #: Ready rows none of which the last claim could take (another transaction holds
+        #: them): parks pass over ids up to the first until the monotonic time, the
+        #: second, instead of ending at once, again and again (``broker.ready_floor``).
+        self._floor = (0, 0.0)
+        #: Their highest id, read when the last park said 'ready' (else None).
+        self._floor_seen: int | None = None
         self._reconnected = False
         #: The worker's queues minus those an operator paused, re-read every second while
         #: busy; a parked worker learns of a change from its park statement.
@@ -208,9 +214,13 @@ class Worker:
                 self._nothing_ready = False
                 if self._finished(claimed):
                     return
+                seen, self._floor_seen = self._floor_seen, None
                 if claimed:
                     self._poll = IDLE_BACKOFF_START
+                    self._floor = (0, 0.0)
                 else:
+                    if seen is not None:  # the park saw ready rows, none could be taken
+                        self._floor = (seen, time.monotonic() + self.settings.POLL_SECONDS)
                     self._idle()
                 error_delay = ERROR_BACKOFF[0]
             except DatabaseError as exc:
@@ -329,9 +339,11 @@ class Worker:
             if self.topics.sequencer_busy:
                 self.wakeup.wait(self.topics.busy_pause())
             return
+        floor, until = self._floor
         result, paused = self.rate_watch.park(self._active, min(self._park, until_upkeep),
                                               sweep_check, self._rated,
-                                              watched=self.options.queues, worker_id=self.id)
+                                              watched=self.options.queues, worker_id=self.id,
+                                              ready_after=floor if now < until else 0)
         if paused is not None and paused != self._paused_seen:
             self._paused_seen = paused
             self._refresh_paused()
@@ -345,6 +357,8 @@ class Worker:
                 due.promote = 0.0
             broker.listen(self.id, False)
             self._listening = False
+            if result == "ready":  # (if the claim takes none of them: see _floor)
+                self._floor_seen = broker.ready_floor(self._active)
         elif result == "sweep":
             # Not a wake-up: stay parked; the next park looks for ready work first.
             self._nothing_ready = True
