@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,6 +61,18 @@ SELECT id FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
  LIMIT %s
    FOR UPDATE SKIP LOCKED
 """
+#: A locked row met by the claim: the queue's first committed ready rows (a plain read:
+#: a producer's insert not yet committed is not among them)...
+READY_COMMITTED_SQL = f"""
+SELECT id FROM {MESSAGE_TABLE} FORCE INDEX ({CLAIM_INDEX})
+ WHERE queue = CONVERT(%s USING utf8mb4){{queue_collation}} AND status = 'ready'
+ ORDER BY priority DESC, id
+ LIMIT %s
+"""
+#: ... and those of them no other transaction holds (a held one is skipped).
+UNHELD_OF_SQL = f"SELECT id FROM {MESSAGE_TABLE} WHERE id IN ({{ids}}) FOR UPDATE SKIP LOCKED"
+#: Between the two looks of ``held_ready``: another claim's rows are free in milliseconds.
+HELD_LOOK_AGAIN_SECONDS = 0.05
 #: ... then claimed by id, in the same transaction.
 CLAIM_IDS_SQL = f"""
 UPDATE {MESSAGE_TABLE}{_CLAIM_SET}
@@ -118,6 +131,30 @@ def claim_sql_for(collation: str | None) -> str:
     return with_queue_collation(CLAIM_SQL, collation)
 
 
+def _held_ids(alias: str, queue: str, limit: int, collation: str | None) -> set[int]:
+    def body(cursor: Any) -> set[int]:
+        cursor.execute(with_queue_collation(READY_COMMITTED_SQL, collation), [queue, limit])
+        ids = [int(row[0]) for row in cursor.fetchall()]
+        if not ids:
+            return set()
+        cursor.execute(UNHELD_OF_SQL.format(ids=placeholders(len(ids))), ids)
+        return set(ids) - {int(row[0]) for row in cursor.fetchall()}
+
+    return in_transaction(alias, body)
+
+
+def held_ready(alias: str, queue: str, limit: int, collation: str | None) -> bool:
+    """Whether another transaction holds one of the queue's first ``limit`` committed
+    ready rows at two looks ``HELD_LOOK_AGAIN_SECONDS`` apart (a claim's rows are held
+    for its statement only): what the claim met is then a stranger's lock, not a
+    producer's insert still uncommitted (``locked.run_around_locks``)."""
+    first = _held_ids(alias, queue, limit, collation)
+    if not first:
+        return False
+    time.sleep(HELD_LOOK_AGAIN_SECONDS)
+    return bool(first & _held_ids(alias, queue, limit, collation))
+
+
 def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
           alias: str | None = None) -> list[ClaimedMessage]:
     """Claim up to ``limit`` ready messages, taking the queues in the order given.
@@ -162,7 +199,9 @@ def claim(queues: Sequence[str], limit: int, worker_id: str, lease_seconds: floa
 
         before, taken = len(claimed), 0
         try:
-            taken = run_around_locks(alias, (alias, queue), f"Queue {queue!r}", fast, around)
+            taken = run_around_locks(
+                alias, (alias, queue), f"Queue {queue!r}", fast, around,
+                functools.partial(held_ready, alias, queue, wanted, collation))
             if not taken:
                 continue
             rows = _read_claimed(alias, token)

@@ -21,11 +21,14 @@ by then: a producer's short transaction), then 5 s, growing while a locked row i
 met. MySQL's smallest lock wait is 1 s: there the fast statements wait that long (the
 session's wait), once per pause, and a lock that outlasted it starts the episode at once.
 
-A lock still there when the fast path looks again is said at INFO (a producer's
-transaction, most likely: it commits soon) and counted in ``lock_waits``; a WARNING
-follows once the pause has grown to ``AROUND_WARNING_SECONDS``, the fast path having met a
-locked row at every try for about 15 s: a transaction that holds queue rows that long is
-one to find.
+A lock still there when the fast path looks again is said at INFO and counted in
+``lock_waits``; a WARNING follows once the pause has grown to ``AROUND_WARNING_SECONDS``,
+the fast path having met a locked row at every try for about 15 s: a transaction that
+holds queue rows that long is one to find. The claim first asks whether a committed ready
+row is held (``held``: a plain read, then the same rows ``SKIP LOCKED``, twice): rows a
+producer inserted and has not committed are invisible to everyone until it commits and
+cost nobody anything, so a site whose producers keep short transactions open one after
+another (the stream met at every look) is stepped around in silence, uncounted.
 
 A table's metadata lock (``LOCK TABLES``, an ``ALTER TABLE``) gives the same error, 1205,
 after ``lock_wait_timeout``: on MariaDB one that came after a wait can't be a row's (the
@@ -131,9 +134,7 @@ class LockedRows:
                 self._pause.pop(key, None)
                 self._since.pop(key, None)
                 pause = None
-            looked = self._since.get(key)
-            if pause is None and not waited and (
-                    looked is None or now - looked > 10 * AROUND_LOOK_AGAIN_SECONDS):
+            if _first_look(pause, self._since.get(key), now, waited):
                 self._since[key] = now  # (a look long ago, never followed: a new one)
                 self._until[key] = now + AROUND_LOOK_AGAIN_SECONDS
                 return LOOK, AROUND_LOOK_AGAIN_SECONDS, 0.0
@@ -148,6 +149,24 @@ class LockedRows:
             else:
                 kind = ""
             return kind, self._pause[key], now - since
+
+    def looks_first(self, key: tuple[str, str], waited: bool) -> bool:
+        """Whether a meeting now would be a first look (``found`` would say ``LOOK``):
+        nothing to judge yet."""
+        with self._lock:
+            now = time.monotonic()
+            pause = self._pause.get(key)
+            if pause is not None and now - self._until.get(key, now) > AROUND_LONGEST_SECONDS:
+                pause = None
+            return _first_look(pause, self._since.get(key), now, waited)
+
+    def uncommitted(self, key: tuple[str, str]) -> None:
+        """The rows in the way were inserted by a transaction not yet committed (no
+        committed row is held): step around them for ``AROUND_FIRST_SECONDS``, in silence;
+        an episode of held rows, if one is on, is left as it is."""
+        with self._lock:
+            now = time.monotonic()
+            self._until[key] = max(self._until.get(key, now), now + AROUND_FIRST_SECONDS)
 
     def cleared(self, key: tuple[str, str]) -> None:
         """The fast path went through: the lock is gone."""
@@ -165,6 +184,12 @@ class LockedRows:
             self._until.clear()
             self._pause.clear()
             self._since.clear()
+
+
+def _first_look(pause: float | None, looked: float | None, now: float, waited: bool) -> bool:
+    """No episode on, no wait, and no look lately (or one long ago, never followed)."""
+    return pause is None and not waited and (
+        looked is None or now - looked > 10 * AROUND_LOOK_AGAIN_SECONDS)
 
 
 LOCKED_ROWS = LockedRows()
@@ -238,13 +263,17 @@ def _fast(alias: str, fast: Callable[[], int]) -> int:
 
 
 def run_around_locks(alias: str, key: tuple[str, str], what: str,
-                     fast: Callable[[], int], around: Callable[[], int]) -> int:
+                     fast: Callable[[], int], around: Callable[[], int],
+                     held: Callable[[], bool] | None = None) -> int:
     """``fast()``, or ``around()`` (SKIP LOCKED) while a locked row is in ``key``'s way.
 
     ``fast`` is retried here on deadlocks (and briefly on a locked row, see ``_fast``);
     ``around`` runs its own transaction (and its retries: ``in_transaction``). A wait for
     the table's metadata lock (``TableLockWait``) is raised as it is: no row is in the
-    way, and ``around`` would wait for the table too.
+    way, and ``around`` would wait for the table too. ``held``: whether a committed row
+    in the way is held by another transaction, asked before a meeting is judged (counted,
+    said); when it says no, the rows were a producer's not yet committed: stepped around
+    in silence (``LockedRows.uncommitted``).
     """
     if LOCKED_ROWS.around(key):
         return around()
@@ -254,15 +283,20 @@ def run_around_locks(alias: str, key: tuple[str, str], what: str,
         if error_code(exc) != LOCK_WAIT_TIMEOUT or isinstance(exc, TableLockWait):
             raise
         waited = not connection_for(alias).mysql_is_mariadb  # type: ignore[attr-defined]
+        if held is not None and not LOCKED_ROWS.looks_first(key, waited) and not held():
+            LOCKED_ROWS.uncommitted(key)
+            return around()
         kind, pause, lasted = LOCKED_ROWS.found(key, waited)
         if kind != LOOK:
             stats.count(LOCK_WAIT_TIMEOUT)
         if kind == FIRST:
             logger.info(
-                "%s: a row is locked by another transaction, most likely a producer's that "
-                "enqueued it and has not committed yet (it commits soon); stepping around it "
+                "%s: a row is locked by another transaction, %s; stepping around it "
                 "with SELECT … FOR UPDATE SKIP LOCKED, and trying the fast path again in "
-                "%d s. A warning follows if it lasts.", what, pause)
+                "%d s. A warning follows if it lasts.", what,
+                "a ready message (a SELECT … FOR UPDATE, or an update not yet committed)"
+                if held is not None else "most likely a producer's that enqueued it and has "
+                "not committed yet (it commits soon)", pause)
         elif kind == LASTING:
             logger.warning(
                 "%s: the fast path has met a locked row at every try for %d s (one long "
