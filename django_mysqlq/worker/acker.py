@@ -12,6 +12,11 @@ gate ready, which may be all there is to do), and the worker's control loop is n
 after it to claim that one; a worker with claimed messages waiting batches them as usual.
 One whose gate, or unique key's row, another transaction holds (a producer's long
 transaction) is left out of its batch and tried again shortly, so the rest flow.
+
+A message lost with its worker before runs alone (``gate.SoloGate``); ``flush`` has what
+is pending written at once, and waits for it, before such a message starts and after its
+success: if it kills its process again, no finished, unacked task goes down with it (one
+did, and recovery charged it an attempt at every crash until it went dead).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ Finished = tuple[ClaimedMessage, Runner, AttemptResult]
 JOIN_MARGIN = SHORTEST_BOUND
 #: Seconds before a success whose gate was held by another transaction is tried again.
 BUSY_RETRY_SECONDS = 0.25
+#: How often ``flush`` looks at its stop event while it waits.
+FLUSH_SLICE_SECONDS = 0.2
 
 
 def _no_report(**counts: int) -> None:
@@ -95,6 +102,8 @@ class Acker:
         self._oldest = 0.0
         #: A success with a gate waits in ``_pending``: every add wakes the acker then.
         self._gated_pending = False
+        #: Threads waiting in ``flush``: what is pending is written without the delay.
+        self._flushing = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mysqlq-acker", daemon=True)
@@ -157,6 +166,22 @@ class Acker:
             if first or self._gated_pending or len(self._pending) >= self.batch_size:
                 self._cond.notify_all()
 
+    def flush(self, cancelled: threading.Event) -> bool:
+        """Write every success handed over so far now, without the batching delay, and wait
+        until none is unacked (acked, or given up on: it runs again); False if
+        ``cancelled`` is set or the acker stops first (the stop writes them)."""
+        with self._cond:
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._pending or self._writing or self._busy:
+                    if cancelled.is_set() or self._stopping:
+                        return False
+                    self._cond.wait(FLUSH_SLICE_SECONDS)
+                return True
+            finally:
+                self._flushing -= 1
+
     def finish_by(self, end: float) -> None:
         """A stop began: every ack from now on must end by ``end`` (``time.monotonic()``)."""
         self._end = end
@@ -198,7 +223,7 @@ class Acker:
                         self._oldest = now
                     self._pending[:0] = due
                 if self._pending and (
-                    self._stopping
+                    self._stopping or self._flushing
                     or len(self._pending) >= self.batch_size
                     or now - self._oldest >= self.delay
                     or (any(m.gate_key is not None for m, _, _ in self._pending)

@@ -65,9 +65,14 @@ def run_task_thread(worker: Worker) -> None:
 
 
 def _run_one(worker: Worker, message: ClaimedMessage, runner: Runner) -> None:
-    # A message lost with its worker before runs alone (see gate.SoloGate).
+    # A message lost with its worker before runs alone (see gate.SoloGate), and only once
+    # every success before it is acked: if it crashes again, it takes none of them along.
     solo = message.losses > 0
     if not worker.gate.enter(solo):
+        worker.holdings.give_back(message)  # stopping
+        return
+    if solo and not _acked_so_far(worker):
+        worker.gate.leave(solo)
         worker.holdings.give_back(message)  # stopping
         return
     try:
@@ -113,7 +118,16 @@ def _run_entered(worker: Worker, message: ClaimedMessage, runner: Runner, solo: 
         worker.stats.add(ran=1, **{counter: 1})
     else:
         worker.stats.ran_one()
+    if solo and handover is not None and handover.used:
+        # A suspect's own success is acked before anything starts after it.
+        _acked_so_far(worker)
     worker.holdings.finish(message)
+
+
+def _acked_so_far(worker: Worker) -> bool:
+    """Have the acker write the successes handed over so far and wait for it; False if the
+    worker stops first (its stop writes them)."""
+    return worker.acker is None or worker.acker.flush(worker.stop_request.event)
 
 
 def _record_start(worker: Worker, message: ClaimedMessage,
