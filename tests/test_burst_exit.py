@@ -5,6 +5,8 @@ Real ``runqueueworker --burst`` processes, one or under a ``--processes`` superv
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from django_mysqlq.models import Message
@@ -93,3 +95,22 @@ def test_a_burst_supervisor_with_exit_zero_exits_0_after_a_timeout_death(start_w
     supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "1",
                               "--exit-zero")
     assert supervisor.wait(timeout=60) == 0, supervisor.output()
+
+
+def test_a_message_buried_by_recovery_counts_as_dead_for_the_burst(start_worker):
+    # A task that kills its process goes dead in the sweep that recovers its last crash,
+    # not in a task thread: the child whose sweep buried it counts it, and says so.
+    killer = tasks.exits_process.enqueue("k").id  # 2 attempts
+    tasks.record.enqueue("fine")
+    supervisor = start_worker("--burst", "--burst-wait", "1", "--processes", "1",
+                              "--json-summary")
+    status = supervisor.wait(timeout=90)
+    output = supervisor.output()
+    assert status == EXIT_DEAD, output
+    assert Message.objects.get(pk=killer).status == "dead"
+    assert f"1 recovered message(s) went dead: lost with their worker during their last " \
+        f"attempt (WorkerLost): #{killer}" in output
+    summary = json.loads(next(line for line in reversed(output.splitlines())
+                              if line.startswith("{")))
+    assert summary["dead"] == 1, output
+    assert "messages went dead meanwhile" in output

@@ -105,7 +105,10 @@ def test_a_lost_message_on_its_last_attempt_dies_only_if_it_had_started():
     thread = threading.Thread(target=peer)
     thread.start()
     thread.join()
-    wait_for(lambda: broker.recover(), timeout=5, message="a recovery")
+    recovered = wait_for(lambda: broker.recover(), timeout=5, message="a recovery")
+    # The sweep says which it buried: the worker that ran it counts them in its `dead`.
+    assert sorted(recovered) == sorted([started.id, waiting.id])
+    assert recovered.dead == [started.id]
     assert Message.objects.get(pk=started.id).status == "dead"
     assert Message.objects.get(pk=waiting.id).status == "ready"
     assert outcomes(started.id) == ["failed"]

@@ -106,7 +106,7 @@ def test_a_claim_renewed_after_the_sweep_read_it_is_left_to_its_owner():
                                                       30),
                                   broker.connection_identity()[0]))
     assert renewed_on[0] == 1
-    assert recovery._recover_one(alias, *lost) is False
+    assert recovery._recover_one(alias, *lost) is None  # (the outcome when recovered)
     row = Message.objects.get(pk=handle.id)
     assert (row.status, row.claim_token, row.losses) == ("claimed", claimed.claim_token, 0)
     assert row.owner_connection == renewed_on[1]

@@ -15,11 +15,13 @@ would). Timeouts are liveness bounds.
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 
 import pytest
 
 from django_mysqlq.models import Attempt, Message
+from django_mysqlq.worker.draining import EXIT_DEAD
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
 
@@ -34,6 +36,12 @@ def enqueue_the_batch() -> tuple[int, list[int]]:
     crasher = tasks.crash3.enqueue().id
     later = tasks.innocent.enqueue_many([(i,) for i in range(4, 9)])
     return crasher, [handle.id for handle in [*first, *later]]
+
+
+def summary_of(output: str) -> dict:
+    line = next((line for line in reversed(output.splitlines()) if line.startswith("{")), "")
+    assert line, output[-3000:]
+    return json.loads(line)
 
 
 def assert_only_the_offender_paid(crasher: int, innocents: list[int], output: str) -> None:
@@ -62,11 +70,13 @@ def test_under_processes_a_repeat_offender_costs_its_neighbours_nothing(start_wo
     crasher, innocents = enqueue_the_batch()
     worker = start_worker(*WORKER_ARGS, "--processes", "1")
     try:
-        worker.wait(timeout=120)
+        status = worker.wait(timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running: {worker.output()[-3000:]}")
     output = worker.output()
     assert_only_the_offender_paid(crasher, innocents, output)
+    assert status == EXIT_DEAD, output[-3000:]
+    assert summary_of(output)["dead"] == 1, output[-3000:]
 
 
 def test_a_single_process_restarted_after_each_crash_costs_its_neighbours_nothing(
@@ -84,6 +94,9 @@ def test_a_single_process_restarted_after_each_crash_costs_its_neighbours_nothin
             break
     output = "\n".join(outputs)
     assert_only_the_offender_paid(crasher, innocents, output)
+    # The run that recovered the offender's last crash buried it: its --burst says so.
+    assert statuses[-1] == EXIT_DEAD, (statuses, outputs[-1][-3000:])
+    assert summary_of(outputs[-1])["dead"] == 1, outputs[-1][-3000:]
 
 
 def test_a_suspects_own_success_is_acked_before_anything_starts_after_it(start_worker):

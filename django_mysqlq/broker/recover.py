@@ -172,6 +172,15 @@ def release_strays(worker_id: str, keep: Sequence[str] = (), alias: str | None =
 LostClaim = tuple[int, str, str, subjects.GateRef | None, str | None, Any, Any]
 
 
+class Recovered(list[int]):
+    """What ``recover`` returns: the ids it recovered (a list, as before), and in ``dead``
+    those it buried: lost during their last attempt, recovery left them dead."""
+
+    def __init__(self, ids: Sequence[int] = (), dead: Sequence[int] = ()) -> None:
+        super().__init__(ids)
+        self.dead: list[int] = list(dead)
+
+
 def _lost_claims(cursor: Any, liveness: str, server_start: int) -> list[LostClaim]:
     """``(id, token, reason, gate, gate_mode, owner, lease)`` of claims whose owner is gone
     or whose lease ran out; ``owner`` and ``lease`` as read, the verdict's grounds."""
@@ -211,8 +220,9 @@ def loss_reason(owner: int | None, owner_start: int | None, expired: bool, live:
 
 
 def recover(liveness: str | None = None, alias: str | None = None, *,
-            keep_lock: bool = False) -> list[int]:
-    """Give the claims of vanished workers back to the queue; return the recovered ids.
+            keep_lock: bool = False) -> Recovered:
+    """Give the claims of vanished workers back to the queue; return the recovered ids,
+    with those this call left dead in ``.dead`` (a ``Recovered``, which is a list).
 
     Only one sweeper runs at a time (``GET_LOCK``, or on a Galera cluster a lease row:
     ``leader``); others return at once. With ``keep_lock`` the lock stays held by this
@@ -232,10 +242,10 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
     with connection_for(alias).cursor() as cursor:
         lead = leader.take(alias, cursor, session, keep=keep_lock)
         if lead is None:
-            return []
+            return Recovered()
         try:
             lost = _lost_claims(cursor, liveness, server_start)
-            recovered = _recover_all(alias, lost)
+            recovered, dead = _recover_all(alias, lost)
         finally:
             leader.end(cursor, lead)
     ids = [message_id for message_id, *_ in recovered]
@@ -244,11 +254,12 @@ def recover(liveness: str | None = None, alias: str | None = None, *,
                        "; ".join(f"#{m} ({reason})" for m, _, reason, *_ in recovered))
         send_robust(messages_recovered, None, message_ids=ids)
         park.wake_for(ids, alias)
-    return ids
+    return Recovered(ids, dead)
 
 
-def _recover_all(alias: str, lost: list[LostClaim]) -> list[LostClaim]:
-    """Recover each lost claim in a transaction of its own; return those recovered.
+def _recover_all(alias: str, lost: list[LostClaim]) -> tuple[list[LostClaim], list[int]]:
+    """Recover each lost claim in a transaction of its own; return those recovered, and
+    the ids of those among them that went dead.
 
     Each waits at most ``UPKEEP_LOCK_WAIT_SECONDS`` for its gate and its row: one that
     another session holds (a producer's transaction left open after enqueuing to the same
@@ -256,6 +267,7 @@ def _recover_all(alias: str, lost: list[LostClaim]) -> list[LostClaim]:
     sweep of every other lost claim and the leader's claims, at every round.
     """
     recovered: list[LostClaim] = []
+    dead: list[int] = []
     skipped: list[int] = []
     held: set[subjects.GateRef] = set()  # gates found held: their others skip without a wait
     if lost:
@@ -265,8 +277,11 @@ def _recover_all(alias: str, lost: list[LostClaim]) -> list[LostClaim]:
                 try:
                     if gate in held:
                         raise GateHeld(gate)
-                    if _recover_one(alias, *claim):
+                    outcome = _recover_one(alias, *claim)
+                    if outcome is not None:
                         recovered.append(claim)
+                    if outcome == Outcome.FAILED:
+                        dead.append(claim[0])
                 except GateHeld as exc:
                     held.add(exc.gate)
                     skipped.append(claim[0])
@@ -275,7 +290,7 @@ def _recover_all(alias: str, lost: list[LostClaim]) -> list[LostClaim]:
                         raise
                     skipped.append(claim[0])
     _report_skipped(alias, skipped)
-    return recovered
+    return recovered, dead
 
 
 def _report_skipped(alias: str, skipped: list[int]) -> None:
@@ -296,20 +311,21 @@ def _report_skipped(alias: str, skipped: list[int]) -> None:
 
 def _recover_one(alias: str, message_id: int, token: str, reason: str,
                  gate: subjects.GateRef | None, gate_mode: str | None,
-                 owner: Any, lease: Any) -> bool:
-    """Recover one lost claim if it still stands as the sweep read it (``owner``, ``lease``);
-    False when it was acked, released or renewed meanwhile."""
+                 owner: Any, lease: Any) -> str | None:
+    """Recover one lost claim if it still stands as the sweep read it (``owner``, ``lease``)
+    and return the attempt's outcome (``failed``: now dead); None when it was acked,
+    released or renewed meanwhile."""
     # The gate first (its lock comes before the message's on every path), in case the
     # message dies here and frees its slot.
     frees = gate is not None and subjects.frees_when_dead(gate_mode)
     promoted: list[tuple[int, str]] = []
 
-    def body(cursor: Any) -> bool:
+    def body(cursor: Any) -> str | None:
         gates = _lock_gate(cursor, gate) if frees and gate else {}
         cursor.execute(LOCK_LOST_SQL, [message_id, token, owner, lease])
         row = cursor.fetchone()
         if row is None:
-            return False  # acked, released or renewed meanwhile
+            return None  # acked, released or renewed meanwhile
         started, last_attempt = bool(row[0]), bool(row[1])
         outcome = Outcome.FAILED if started and last_attempt else Outcome.LOST
         note = reason if started else f"{reason}; {NOT_STARTED}"
@@ -318,7 +334,7 @@ def _recover_one(alias: str, message_id: int, token: str, reason: str,
         cursor.execute(RECOVER_SQL, [f"WorkerLost: {note}", message_id, token])
         if frees and gate is not None and outcome == Outcome.FAILED:
             promoted[:] = subjects.release(cursor, {gate: 1}, gates)
-        return True
+        return str(outcome)
 
     recovered = in_transaction(alias, body)
     subjects.wake_promoted(alias, promoted)

@@ -23,7 +23,7 @@ from ..log import one_line
 from ..messages import ClaimedMessage
 from ..registry import import_task_modules, registry
 from ..signals import task_overran, worker_started
-from . import draining, fatal, queues, schedules, topic_alerts, troubles
+from . import draining, fatal, queues, schedules, sweep, topic_alerts, troubles
 from .acker import Acker
 from .budget import TaskBudget
 from .due import Due
@@ -274,7 +274,7 @@ class Worker:
 
     def _sweep(self, now: float) -> None:
         """Recover vanished workers' claims (the leader), or see if the leader is gone."""
-        self.stats.add(recovered=len(broker.recover(keep_lock=True)))
+        sweep.recover_lost(self.stats, self.id)
         self._schedule_sweep(now)
 
     def _schedule_sweep(self, now: float) -> None:
