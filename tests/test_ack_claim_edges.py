@@ -113,10 +113,10 @@ def test_an_error_claiming_a_later_queue_gives_back_the_batch_already_claimed(mo
     claim_module = importlib.import_module("django_mysqlq.broker.claim")
     real = claim_module.run_around_locks
 
-    def fails_on_other(alias, key, what, fast, around):
+    def fails_on_other(alias, key, what, fast, around, held=None):
         if key[1] == "other":
             raise OperationalError(2013, "Lost connection to server during query")
-        return real(alias, key, what, fast, around)
+        return real(alias, key, what, fast, around, held)
 
     monkeypatch.setattr(claim_module, "run_around_locks", fails_on_other)
     with pytest.raises(OperationalError) as raised:
@@ -163,7 +163,7 @@ def test_a_claim_cut_short_before_it_claimed_anything_says_nothing(monkeypatch, 
     tasks.record.enqueue("first")
     claim_module = importlib.import_module("django_mysqlq.broker.claim")
 
-    def interrupted(alias, key, what, fast, around):
+    def interrupted(alias, key, what, fast, around, held=None):
         raise OperationalError(1317, "Query execution was interrupted")
 
     monkeypatch.setattr(claim_module, "run_around_locks", interrupted)
