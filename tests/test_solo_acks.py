@@ -22,12 +22,14 @@ import pytest
 
 from django_mysqlq.models import Attempt, Message
 from django_mysqlq.worker.draining import EXIT_DEAD
-from tests.testapp import tasks
+from tests.testapp import crash_tasks as tasks
 from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 WORKER_ARGS = ("--queues", "crash2", "--concurrency", "4", "--burst", "--json-summary")
+#: The workers of these tests know the crash2 queue's tasks (no other worker does).
+RIG = {"MYSQLQ_TEST_EXTRA_TASK_MODULES": "tests.testapp.crash_tasks"}
 
 
 def enqueue_the_batch() -> tuple[int, list[int]]:
@@ -68,7 +70,7 @@ def assert_only_the_offender_paid(crasher: int, innocents: list[int], output: st
 
 def test_under_processes_a_repeat_offender_costs_its_neighbours_nothing(start_worker):
     crasher, innocents = enqueue_the_batch()
-    worker = start_worker(*WORKER_ARGS, "--processes", "1")
+    worker = start_worker(*WORKER_ARGS, "--processes", "1", env=RIG)
     try:
         status = worker.wait(timeout=120)
     except subprocess.TimeoutExpired:
@@ -84,7 +86,7 @@ def test_a_single_process_restarted_after_each_crash_costs_its_neighbours_nothin
     crasher, innocents = enqueue_the_batch()
     statuses, outputs = [], []
     for _ in range(10):  # three counted crashes, a first that may not count, the last run
-        worker = start_worker(*WORKER_ARGS)
+        worker = start_worker(*WORKER_ARGS, env=RIG)
         try:
             statuses.append(worker.wait(timeout=60))
         except subprocess.TimeoutExpired:
@@ -108,7 +110,7 @@ def test_a_suspects_own_success_is_acked_before_anything_starts_after_it(start_w
     crasher = tasks.crash3.using(delay=1.5).enqueue().id
     worker = start_worker("--queues", "crash2", "--concurrency", "2", "--processes", "1",
                           "--burst", "--burst-wait", "5", "--json-summary",
-                          env={"MYSQLQ_TEST_ACK_DELAY": "5"})
+                          env={**RIG, "MYSQLQ_TEST_ACK_DELAY": "5"})
     try:
         worker.wait(timeout=120)
     except subprocess.TimeoutExpired:

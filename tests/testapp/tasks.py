@@ -466,16 +466,3 @@ def fails_verbosely(size: int) -> None:
 # Ordered, limited, unique and rate-limited tasks: workers register them.
 from . import gated, rated_tasks, unique_tasks  # noqa: E402, F401
 
-
-@queue_task(queue="crash2", max_attempts=3, retry_backoff=0)
-def crash3() -> None:
-    """Kills its process at every run: a repeat offender (tests/test_solo_acks.py)."""
-    Ledger.objects.create(label="crash3:start", pid=os.getpid())
-    os._exit(1)
-
-
-@queue_task(queue="crash2", max_attempts=3, retry_backoff=0)
-def innocent(i: int) -> int:
-    """Queued beside ``crash3``: it must never be charged for the offender's repeat crashes."""
-    Ledger.objects.create(label=f"inn:{i}", pid=os.getpid())
-    return i
